@@ -1,0 +1,3 @@
+from sciencebench.cli import main
+
+main()

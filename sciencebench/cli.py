@@ -1,0 +1,329 @@
+"""The command line: parse, call the library, turn known errors into one line.
+
+Exit codes: 0 success; 1 a job finished with errored trials (or a runtime
+failure); 2 bad input, with nothing written and nothing enqueued.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from sciencebench import __version__
+from sciencebench.config import Settings
+from sciencebench.errors import InputError, SciencebenchError
+from sciencebench.paths import JobPaths
+from sciencebench.submit import SubmitOptions
+
+err = Console(stderr=True, highlight=False)
+out = Console(highlight=False)
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    err.print(f"sciencebench: error: {message}", markup=False, soft_wrap=True)
+    sys.exit(code)
+
+
+def _handle_errors[**P, R](fn: Callable[P, R]) -> Callable[P, R]:
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except InputError as exc:
+            _fail(str(exc), 2)
+        except SciencebenchError as exc:
+            _fail(str(exc), 1)
+        except KeyboardInterrupt:
+            _fail("interrupted", 130)
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="sciencebench")
+def main() -> None:
+    """Run SWE-bench-science task selections with Pier across worker hosts.
+
+    `submit` validates a materialized selection and sends one Celery task per
+    trial (task x attempt) to the Redis broker; workers run Pier; a chord
+    finalizer writes result.json, summary.json and summary.csv. Broker:
+    SCIENCEBENCH_BROKER_URL (default redis://localhost:6379/0).
+    """
+
+
+def _selection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        click.option("--path", type=click.Path(path_type=Path), required=True,
+                     help="Materialized selection directory (task_NNN/ directories)."),
+        click.option("--task-id", help="Narrow the selection, e.g. 002,005-007 (inclusive ranges)."),
+        click.option("--agent", default="nop", show_default=True,
+                     help="Pier harness: codex, claude-code, mini-swe-agent, oracle, nop, ..."),
+        click.option("--env", "env", default="docker", show_default=True,
+                     help="Docker backend with the offline network policy."),
+        click.option("--env-file", type=click.Path(path_type=Path),
+                     help="Provider/harness env file (KEY=value); values never leave this file."),
+        click.option("--model", "models", multiple=True, help="Model route; repeatable."),
+        click.option("--agent-env", multiple=True, metavar="KEY=VALUE",
+                     help="Extra harness environment value; repeatable; always redacted."),
+        click.option("--agent-kwarg", multiple=True, metavar="KEY=VALUE",
+                     help="Extra Pier agent keyword; repeatable."),
+        click.option("--n-concurrent", type=int, default=1, show_default=True,
+                     help="Cluster-wide cap on simultaneously running trials of this job."),
+        click.option("--n-attempts", type=int, default=1, show_default=True, help="Attempts per task."),
+        click.option("--max-retries", type=int, default=0, show_default=True,
+                     help="Retries of a trial after an infrastructure failure."),
+        click.option("--agent-timeout-multiplier", type=float,
+                     help="Multiplier for the agent stage timeout."),
+        click.option("--verifier-timeout-multiplier", type=float,
+                     help="Multiplier for the verifier and build timeouts."),
+        click.option("--jobs-dir", type=click.Path(path_type=Path), default=Path("jobs"),
+                     show_default=True, help="Directory for jobs (shared with the workers)."),
+        click.option("--job-name", help="Stable job name used in result paths (default: agent-timestamp)."),
+        click.option("--platform", default="linux/amd64", show_default=True,
+                     help="Docker pull and Pier image platform."),
+        click.option("--pier-bin", default="pier", show_default=True,
+                     help="Pier executable on the worker hosts."),
+        click.option("--skip-pull", is_flag=True, help="Trust local images; fail when one is missing."),
+        click.option("--no-auto-provider", is_flag=True,
+                     help="Do not translate CODEX_* profile values into Codex arguments."),
+        click.option("--no-auto-agent-adapter", is_flag=True,
+                     help="Use Pier's built-in Codex agent instead of the sciencebench adapter."),
+        click.option("--agent-import-path", help="Explicit Pier agent import path (module:Class)."),
+        click.option("--dry-run", is_flag=True,
+                     help="Validate, render and record, without running Pier."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+@main.command()
+@_selection_options
+@click.option("--local", is_flag=True,
+              help="Run in this process with --n-concurrent slots; no broker needed.")  # fmt: skip
+@click.option("--wait", is_flag=True, help="Follow the job with a live progress bar until it ends.")
+@_handle_errors
+def submit(local: bool, wait: bool, **raw: Any) -> None:
+    """Validate a selection and run every trial (task x attempt) of it.
+
+    Exits 0 when every trial finished without error, 1 when any errored
+    (with --wait or --local), 2 on bad input (nothing written or enqueued).
+    """
+    from sciencebench import submit as submitting
+    from sciencebench.runrecord import build_run_record, write_run_record
+
+    opts = SubmitOptions(
+        path=raw["path"], agent=raw["agent"], env=raw["env"], env_file=raw["env_file"],
+        models=list(raw["models"]), agent_env=list(raw["agent_env"]),
+        agent_kwargs=list(raw["agent_kwarg"]), n_concurrent=raw["n_concurrent"],
+        n_attempts=raw["n_attempts"], max_retries=raw["max_retries"],
+        agent_timeout_multiplier=raw["agent_timeout_multiplier"],
+        verifier_timeout_multiplier=raw["verifier_timeout_multiplier"],
+        jobs_dir=raw["jobs_dir"], job_name=raw["job_name"], platform=raw["platform"],
+        pier_bin=raw["pier_bin"], skip_pull=raw["skip_pull"],
+        auto_provider=not raw["no_auto_provider"], auto_agent_adapter=not raw["no_auto_agent_adapter"],
+        agent_import_path=raw["agent_import_path"], dry_run=raw["dry_run"], task_id=raw["task_id"],
+    )  # fmt: skip
+    prepared = submitting.prepare(opts)
+    settings = Settings.from_env()
+    broker = "embedded (in-process)" if local else settings.broker_url
+    record = build_run_record(prepared.job, prepared.trials[0], broker, prepared.secret_values)
+
+    if opts.dry_run:
+        write_run_record(opts.path, record, prepared.secret_values)
+        out.print(f"dry run: {len(prepared.trials)} trial(s) of {len(prepared.selection.task_ids)} "
+                  f"task(s); selection sha256 {prepared.selection.sha256}")  # fmt: skip
+        out.print("pier command: " + " ".join(record["pier_command"]), markup=False, soft_wrap=True)
+        out.print(f"run record: {opts.path / 'batch-run.json'}")
+        return
+
+    if local:
+        from sciencebench.local import run_local
+
+        prepared = _persist(prepared, record)
+        summary = run_local(prepared, settings, out)
+        _print_summary(JobPaths(prepared.job.jobs_dir, prepared.job.job_name))
+        sys.exit(1 if summary["n_errored_trials"] else 0)
+
+    from sciencebench.celery_app import create_app
+    from sciencebench.coord import RedisCoordinator
+    from sciencebench.dispatch import dispatch, follow
+
+    coord = RedisCoordinator(settings.broker_url)
+    coord.ping()
+    prepared = _persist(prepared, record)
+    app = create_app(settings)
+    final = dispatch(app, coord, prepared.job, prepared.trials)
+    job = prepared.job
+    out.print(f"submitted job [bold]{job.job_name}[/]: {len(prepared.trials)} trial(s) -> {job.job_dir}")
+    out.print(f"follow it:  sciencebench status {job.job_name} --jobs-dir {job.jobs_dir}")
+    if wait:
+        answer = follow(coord, job, [t.key for t in prepared.trials], final, err)
+        _print_summary(JobPaths(job.jobs_dir, job.job_name))
+        sys.exit(1 if answer["n_errored_trials"] else 0)
+
+
+def _persist(prepared: Any, record: dict[str, Any]) -> Any:
+    """Write what workers read (job.json, --agent-env file) and the run record."""
+    from sciencebench import submit as submitting
+    from sciencebench.runrecord import write_run_record
+
+    prepared = submitting.write_agent_env_file(prepared)
+    submitting.write_job_spec(prepared.job)
+    write_run_record(prepared.selection.path, record, prepared.secret_values)
+    return prepared
+
+
+def _print_summary(paths: JobPaths) -> None:
+    summary = json.loads(paths.summary_json.read_text(encoding="utf-8"))
+    table = Table(title=f"{paths.job_name}: {summary['trial_count']} trial(s)")
+    for column in ("task_id", "trial_id", "reward", "failure_class"):
+        table.add_column(column)
+    for row in summary["rows"]:
+        table.add_row(*(str(row[c]) for c in ("task_id", "trial_id", "reward", "failure_class")))
+    out.print(table)
+    out.print(f"results: {paths.summary_csv}")
+
+
+def _job_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--jobs-dir", type=click.Path(path_type=Path), default=Path("jobs"),
+                      show_default=True, help="Directory holding the job.")(fn)  # fmt: skip
+    return click.argument("job_name")(fn)
+
+
+def _load(jobs_dir: Path, job_name: str) -> Any:
+    from sciencebench.errors import SelectionError
+    from sciencebench.plan import JobSpec
+
+    paths = JobPaths(jobs_dir.resolve(), job_name)
+    if not paths.job_spec.is_file():
+        raise SelectionError(f"no job {job_name!r} in {jobs_dir}")
+    return JobSpec.model_validate_json(paths.job_spec.read_bytes())
+
+
+@main.command()
+@_job_option
+@_handle_errors
+def status(job_name: str, jobs_dir: Path) -> None:
+    """Show a job's counts and each trial's state and host."""
+    from sciencebench.coord import RedisCoordinator
+
+    job = _load(jobs_dir, job_name)
+    coord = RedisCoordinator(Settings.from_env().broker_url)
+    coord.ping()
+    states = coord.states(job.job_name)
+    table = Table(title=f"job {job.job_name}" + ("  (cancelled)" if coord.is_cancelled(job.job_name) else ""))
+    for column in ("trial", "state", "host"):
+        table.add_column(column)
+    counts: dict[str, int] = {}
+    for task_id in job.task_ids:
+        for attempt in range(1, job.n_attempts + 1):
+            entry = states.get(f"{task_id}#{attempt}", {"state": "unknown", "host": ""})
+            counts[entry["state"]] = counts.get(entry["state"], 0) + 1
+            table.add_row(f"task_{task_id} #{attempt}", entry["state"], entry.get("host") or "")
+    out.print(table)
+    out.print("  ".join(f"{state} {n}" for state, n in sorted(counts.items())))
+
+
+@main.command()
+@_job_option
+@_handle_errors
+def cancel(job_name: str, jobs_dir: Path) -> None:
+    """Cancel a job: queued trials end at once, running Pier processes are stopped."""
+    from sciencebench.coord import RedisCoordinator
+
+    job = _load(jobs_dir, job_name)
+    coord = RedisCoordinator(Settings.from_env().broker_url)
+    coord.ping()
+    coord.cancel(job.job_name)
+    out.print(f"job {job.job_name} cancelled; the finalizer writes its summary once trials stop")
+
+
+@main.command()
+@_job_option
+@click.option("--failed", is_flag=True, required=True, help="Re-run only the errored trials.")
+@click.option("--wait", is_flag=True, help="Follow the retry until it ends.")
+@_handle_errors
+def retry(job_name: str, jobs_dir: Path, failed: bool, wait: bool) -> None:
+    """Re-run a job's errored trials into the same job directory."""
+    from sciencebench.celery_app import create_app
+    from sciencebench.coord import RedisCoordinator
+    from sciencebench.dispatch import dispatch, follow
+    from sciencebench.retrying import failed_trials
+
+    job = _load(jobs_dir, job_name)
+    settings = Settings.from_env()
+    coord = RedisCoordinator(settings.broker_url)
+    coord.ping()
+    trials = failed_trials(job)
+    if not trials:
+        out.print(f"job {job.job_name}: no errored trials")
+        return
+    coord.uncancel(job.job_name)
+    for trial in trials:
+        coord.clear_result(job.job_name, trial.key)
+    final = dispatch(create_app(settings), coord, job, trials)
+    out.print(f"job {job.job_name}: {len(trials)} errored trial(s) sent again")
+    if wait:
+        answer = follow(coord, job, [t.key for t in trials], final, err)
+        _print_summary(JobPaths(job.jobs_dir, job.job_name))
+        sys.exit(1 if answer["n_errored_trials"] else 0)
+
+
+@main.command()
+@click.option("--jobs-dir", type=click.Path(path_type=Path), default=Path("jobs"), show_default=True)
+@click.option("--job-name", required=True, help="The job to summarize.")
+@_handle_errors
+def summarize(jobs_dir: Path, job_name: str) -> None:
+    """Rebuild result.json, summary.json and summary.csv from disk alone."""
+    from sciencebench.summary import write_summary
+
+    job = _load(jobs_dir, job_name)
+    result = write_summary(job)
+    _print_summary(JobPaths(job.jobs_dir, job.job_name))
+    sys.exit(1 if result["stats"]["n_errored_trials"] else 0)
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.option("--concurrency", type=int, default=1, show_default=True,
+              help="Trial slots of this host (parallel Pier processes).")  # fmt: skip
+@click.option("--hostname", help="Worker name (default: celery's, from this host's name).")
+@click.option("--queues", "-Q", help="Comma-separated queues to consume (default: celery).")
+@click.option("--loglevel", default="INFO", show_default=True)
+@click.option("--platform", default="linux/amd64", show_default=True,
+              help="Platform this host must run (checked at start).")  # fmt: skip
+@click.option("--skip-preflight", is_flag=True, help="Start without checking the host (tests only).")
+@_handle_errors
+def worker(concurrency: int, hostname: str | None, queues: str | None, loglevel: str,
+           platform: str, skip_preflight: bool) -> None:  # fmt: skip
+    """Run a Celery worker that executes trials on this host.
+
+    Late acks, prefetch 1, task events on, and a watchdog that re-dispatches
+    trials of lost hosts. A host that fails preflight consumes no trials.
+    """
+    from sciencebench.worker import run_worker
+
+    run_worker(concurrency=concurrency, hostname=hostname, queues=queues, loglevel=loglevel,
+               platform=platform, preflight=not skip_preflight)  # fmt: skip
+
+
+@main.command()
+@click.option("--platform", default="linux/amd64", show_default=True)
+@click.option("--jobs-dir", type=click.Path(path_type=Path), help="Shared jobs directory to check.")
+@click.option("--pier-bin", default="pier", show_default=True)
+@click.option("--broker/--no-broker", default=True, show_default=True, help="Check the broker too.")
+@_handle_errors
+def preflight(platform: str, jobs_dir: Path | None, pier_bin: str, broker: bool) -> None:
+    """Check this host can join as a worker: Engine >= 28, platform, compose v2, Pier, jobs dir, broker."""
+    from sciencebench.runtime import host_preflight
+
+    for line in host_preflight(platform=platform, jobs_dir=jobs_dir, pier_bin=pier_bin, broker=broker):
+        out.print(line, markup=False)

@@ -1,0 +1,29 @@
+"""`retry --failed`: which trials of a job to send again."""
+
+from __future__ import annotations
+
+from sciencebench.paths import JobPaths
+from sciencebench.plan import JobSpec, TrialSpec, expand
+from sciencebench.selection import load_selection
+from sciencebench.submit import task_toml_sha256
+from sciencebench.summary import load_records
+
+
+def failed_trials(job: JobSpec) -> list[TrialSpec]:
+    """Trial specs of every errored trial, rebuilt from the selection on disk.
+
+    Raises InputError when the selection no longer matches the job.
+    """
+    from sciencebench.errors import JobConflictError
+
+    records = load_records(JobPaths(job.jobs_dir, job.job_name))
+    errored = {(r.task_id, r.attempt) for r in records if r.errored}
+    if not errored:
+        return []
+    selection = load_selection(job.selection_path, ",".join(job.task_ids))
+    if selection.sha256 != job.selection_sha256:
+        raise JobConflictError(
+            f"{job.selection_path}: selection changed since job {job.job_name} was submitted"
+        )
+    hashes = {t: task_toml_sha256(selection.tasks[t].directory) for t in selection.task_ids}
+    return [t for t in expand(selection, job, hashes) if (t.task_id, t.attempt) in errored]

@@ -1,0 +1,200 @@
+"""Login-node side of a submit: options -> validated JobSpec and trials.
+
+Everything here either succeeds completely or raises an InputError before
+anything is written or enqueued.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from sciencebench.errors import InputError, JobConflictError, ProfileError
+from sciencebench.paths import JobPaths, write_atomic
+from sciencebench.plan import JobSpec, TrialSpec, expand
+from sciencebench.profiles import (
+    EnvFile,
+    is_sensitive_key,
+    parse_assignments,
+    plan_agent,
+    read_env_file,
+)
+from sciencebench.selection import Selection, load_selection
+
+_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class SubmitOptions:
+    """The seed's option table, as the CLI parsed it."""
+
+    path: Path
+    agent: str = "nop"
+    env: str = "docker"
+    env_file: Path | None = None
+    models: list[str] = field(default_factory=list)
+    agent_env: list[str] = field(default_factory=list)
+    agent_kwargs: list[str] = field(default_factory=list)
+    n_concurrent: int = 1
+    n_attempts: int = 1
+    max_retries: int = 0
+    agent_timeout_multiplier: float | None = None
+    verifier_timeout_multiplier: float | None = None
+    jobs_dir: Path = Path("jobs")
+    job_name: str | None = None
+    platform: str = "linux/amd64"
+    pier_bin: str = "pier"
+    skip_pull: bool = False
+    auto_provider: bool = True
+    auto_agent_adapter: bool = True
+    agent_import_path: str | None = None
+    dry_run: bool = False
+    task_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated submit, ready to record and dispatch."""
+
+    selection: Selection
+    job: JobSpec
+    trials: list[TrialSpec]
+    secret_values: list[str]
+    agent_env_values: dict[str, str]
+
+
+def _check_numbers(opts: SubmitOptions) -> None:
+    if opts.n_attempts < 1:
+        raise InputError("--n-attempts must be at least 1")
+    if opts.n_concurrent < 1:
+        raise InputError("--n-concurrent must be at least 1")
+    if opts.max_retries < 0:
+        raise InputError("--max-retries must be 0 or more")
+    for name, value in (
+        ("--agent-timeout-multiplier", opts.agent_timeout_multiplier),
+        ("--verifier-timeout-multiplier", opts.verifier_timeout_multiplier),
+    ):
+        if value is not None and value <= 0:
+            raise InputError(f"{name} must be greater than 0")
+    if opts.env != "docker":
+        raise InputError("--env: only 'docker' is supported (the offline network policy needs it)")
+    if opts.job_name is not None and not _JOB_NAME.match(opts.job_name):
+        raise InputError("--job-name: use letters, digits, '.', '_' and '-' (at most 128)")
+
+
+def default_job_name(agent: str) -> str:
+    return f"{agent}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+
+
+def prepare(opts: SubmitOptions) -> Prepared:
+    """Validate everything a submit needs; write nothing. Raises InputError."""
+    _check_numbers(opts)
+    selection = load_selection(opts.path, opts.task_id)
+
+    env_file: EnvFile | None = None
+    env_values: dict[str, str] = {}
+    if opts.env_file is not None:
+        env_file, env_values = read_env_file(opts.env_file)
+    agent_env = parse_assignments(opts.agent_env, "--agent-env")
+    agent_kwargs = parse_assignments(opts.agent_kwargs, "--agent-kwarg")
+    agent_plan = plan_agent(
+        agent=opts.agent,
+        env_values=env_values,
+        models=opts.models,
+        agent_kwargs=agent_kwargs,
+        agent_env=agent_env,
+        agent_import_path=opts.agent_import_path,
+        auto_provider=opts.auto_provider,
+        auto_agent_adapter=opts.auto_agent_adapter,
+        dry_run=opts.dry_run,
+    )
+    jobs_dir = opts.jobs_dir.resolve()
+    job = JobSpec(
+        job_name=opts.job_name or default_job_name(opts.agent),
+        jobs_dir=jobs_dir,
+        selection_path=selection.path,
+        selection_sha256=selection.sha256,
+        task_ids=selection.task_ids,
+        allow_restricted_licenses=selection.allow_restricted_licenses,
+        image_refs=selection.image_refs,
+        agent=agent_plan,
+        env_file=env_file,
+        env=opts.env,
+        n_concurrent=opts.n_concurrent,
+        n_attempts=opts.n_attempts,
+        max_retries=opts.max_retries,
+        agent_timeout_multiplier=opts.agent_timeout_multiplier,
+        verifier_timeout_multiplier=opts.verifier_timeout_multiplier,
+        platform=opts.platform,
+        pier_bin=opts.pier_bin,
+        skip_pull=opts.skip_pull,
+    )
+    check_job_name_free(job)
+    hashes = {task_id: task_toml_sha256(selection.tasks[task_id].directory) for task_id in selection.task_ids}
+    secrets = [v for k, v in env_values.items() if is_sensitive_key(k)] + list(agent_env.values())
+    return Prepared(
+        selection=selection,
+        job=job,
+        trials=expand(selection, job, hashes),
+        secret_values=[s for s in secrets if s],
+        agent_env_values=agent_env,
+    )
+
+
+def task_toml_sha256(task_dir: Path) -> str:
+    """Hash of a task's definition, to notice a selection changed after submit."""
+    digest = hashlib.sha256()
+    for name in ("task.toml", "pre_artifacts.sh", "instruction.md"):
+        digest.update(name.encode())
+        digest.update((task_dir / name).read_bytes())
+    return digest.hexdigest()
+
+
+def check_job_name_free(job: JobSpec) -> None:
+    """Refuse a job name already used by a different selection or agent setup."""
+    existing = JobPaths(job.jobs_dir, job.job_name).job_spec
+    if not existing.is_file():
+        return
+    try:
+        previous = JobSpec.model_validate_json(existing.read_bytes())
+    except (OSError, ValueError):
+        raise JobConflictError(f"--job-name {job.job_name}: {existing} exists but is unreadable") from None
+    if previous.selection_sha256 != job.selection_sha256 or previous.agent != job.agent:
+        raise JobConflictError(
+            f"--job-name {job.job_name}: already used in {job.jobs_dir} by a different "
+            "selection or agent configuration; choose another name"
+        )
+
+
+def write_agent_env_file(prepared: Prepared) -> Prepared:
+    """Store --agent-env values for workers in a private file beside the selection.
+
+    Values never ride in broker messages: the message names this file and its
+    hash, as it does for --env-file. The file is readable by its owner only.
+    """
+    if not prepared.agent_env_values:
+        return prepared
+    secrets_dir = prepared.selection.path / ".sciencebench" / "secrets"
+    secrets_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(secrets_dir, 0o700)
+    path = secrets_dir / f"{prepared.job.job_name}.agent-env.json"
+    text = json.dumps(prepared.agent_env_values, sort_keys=True)
+    write_atomic(path, text, mode=0o600)
+    identity = EnvFile(path=path, sha256=hashlib.sha256(text.encode()).hexdigest())
+    job = prepared.job.model_copy(update={"agent_env_file": identity})
+    trials = prepared.trials
+    return Prepared(prepared.selection, job, trials, prepared.secret_values, prepared.agent_env_values)
+
+
+def write_job_spec(job: JobSpec) -> None:
+    """Persist the JobSpec where workers, status, retry and summarize find it."""
+    paths = JobPaths(job.jobs_dir, job.job_name)
+    try:
+        write_atomic(paths.job_spec, job.model_dump_json(indent=2))
+    except OSError as exc:
+        raise ProfileError(f"--jobs-dir {job.jobs_dir}: not writable ({exc.strerror})") from None

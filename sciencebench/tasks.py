@@ -1,0 +1,92 @@
+"""Celery tasks: thin wrappers that deserialize, call the real logic, serialize.
+
+`run_trial` never raises for a failed trial: it returns the failure record so
+the chord's finalizer always runs. A duplicate delivery (the trial already
+answered the chord, or runs elsewhere) raises `Ignore`, which Celery does not
+count towards the chord.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from celery import Task, shared_task
+from celery.exceptions import Ignore
+from celery.signals import task_success
+
+from sciencebench.config import Settings
+from sciencebench.coord import Coordinator, RedisCoordinator
+from sciencebench.paths import JobPaths
+from sciencebench.plan import TrialSpec
+from sciencebench.summary import write_summary
+from sciencebench.trial import HostRuntime, WorkerContext, execute, load_job
+
+RUN_TRIAL = "sciencebench.run_trial"
+FINALIZE_JOB = "sciencebench.finalize_job"
+
+_context: WorkerContext | None = None
+_context_lock = threading.Lock()
+
+
+def install_context(ctx: WorkerContext) -> None:
+    """Set the worker context (embedded mode and tests provide their own)."""
+    global _context
+    _context = ctx
+
+
+def worker_context() -> WorkerContext:
+    """The process's WorkerContext, built on first use (after a prefork fork)."""
+    global _context
+    with _context_lock:
+        if _context is None:
+            settings = Settings.from_env()
+            coord: Coordinator = RedisCoordinator(settings.broker_url)
+            _context = WorkerContext(coord=coord, runtime=default_runtime(settings), settings=settings)
+        return _context
+
+
+def default_runtime(settings: Settings) -> HostRuntime:
+    from sciencebench.runtime import DockerRuntime
+
+    return DockerRuntime(settings)
+
+
+@shared_task(bind=True, name=RUN_TRIAL)
+def run_trial(self: Task[Any, Any], trial: dict[str, Any]) -> dict[str, Any]:
+    spec = TrialSpec.model_validate(trial)
+    request = self.request
+    redispatch = {
+        "task_id": request.id,
+        "trial": trial,
+        "chord": request.chord,
+        "group_id": request.group,
+        "group_index": request.group_index,
+    }
+    record = execute(spec, worker_context(), redispatch)
+    if record is None:
+        raise Ignore()
+    return record.model_dump(mode="json")
+
+
+@task_success.connect
+def _mark_counted(sender: Any = None, result: Any = None, **_: Any) -> None:
+    """Remember that the chord has counted this trial, so a copy is ignored."""
+    if getattr(sender, "name", None) != RUN_TRIAL or not isinstance(result, dict):
+        return
+    worker_context().coord.mark_counted(result["job_name"], f"{result['task_id']}#{result['attempt']}")
+
+
+@shared_task(name=FINALIZE_JOB)
+def finalize_job(records: list[Any], jobs_dir: str, job_name: str) -> dict[str, Any]:
+    """Chord body: write result.json, summary.json, summary.csv from disk."""
+    job = load_job(JobPaths(Path(jobs_dir), job_name))
+    result = write_summary(job)
+    stats = result["stats"]
+    return {
+        "job_name": job_name,
+        "n_total_trials": result["n_total_trials"],
+        "n_completed_trials": stats["n_completed_trials"],
+        "n_errored_trials": stats["n_errored_trials"],
+    }

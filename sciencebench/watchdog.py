@@ -1,0 +1,63 @@
+"""Lost-host recovery: re-dispatch trials whose lease expired.
+
+Every worker's main process runs one watchdog thread. A trial whose worker
+died (host killed, network cut) stops renewing its lease; within one lease
+period plus one scan the watchdog sends the same task again (same task id,
+same chord membership), long before the broker's hours-long visibility
+timeout would. A per-trial lock keeps two watchdogs from both sending it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import Celery
+
+from sciencebench.coord import Coordinator
+
+log = logging.getLogger(__name__)
+
+
+def redispatch_orphans(app: Celery, coord: Coordinator, lease_seconds: float) -> int:
+    """One scan: re-send every running trial without a live lease. Returns the count."""
+    sent = 0
+    for job, key, payload in coord.orphaned():
+        if not coord.try_lock(f"redispatch:{job}:{key}", lease_seconds):
+            continue
+        coord.clear_running(job, key)
+        coord.set_state(job, key, "queued", "")
+        app.send_task(
+            "sciencebench.run_trial",
+            args=[payload["trial"]],
+            task_id=payload["task_id"],
+            chord=payload.get("chord"),
+            group_id=payload.get("group_id"),
+            group_index=payload.get("group_index"),
+            argsrepr=repr(trial_label(payload["trial"])),
+            kwargsrepr="{}",
+        )
+        log.warning("trial %s of job %s lost its host (%s); dispatched again",
+                    key, job, payload.get("host"))  # fmt: skip
+        sent += 1
+    return sent
+
+
+def trial_label(trial: dict[str, Any]) -> str:
+    return f"task_{trial['task_id']} #{trial['attempt']}"
+
+
+def start_watchdog(app: Celery, coord: Coordinator, lease_seconds: float) -> threading.Event:
+    """Start the scanning thread; set the returned event to stop it."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(max(lease_seconds / 4, 0.5)):
+            try:
+                redispatch_orphans(app, coord, lease_seconds)
+            except Exception:  # the broker may be restarting; scan again later
+                log.warning("watchdog scan failed", exc_info=True)
+
+    threading.Thread(target=loop, name="sciencebench-watchdog", daemon=True).start()
+    return stop

@@ -1,0 +1,40 @@
+"""`sciencebench worker`: preflight, sweep leftovers, then a Celery worker.
+
+Prefork pool with `-O fair` (a slot takes a trial only when free), late acks
+and prefetch 1 (from the app), task events for Flower (`-E`), and the
+lost-host watchdog in the main process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery.signals import worker_ready
+
+from sciencebench.celery_app import app
+from sciencebench.config import Settings
+from sciencebench.coord import RedisCoordinator
+from sciencebench.watchdog import start_watchdog
+
+
+def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, loglevel: str,
+               platform: str, preflight: bool) -> None:  # fmt: skip
+    """Check the host, then run the Celery worker until it is stopped."""
+    settings = Settings.from_env()
+    coord = RedisCoordinator(settings.broker_url)
+    coord.ping()
+    if preflight:
+        from sciencebench.runtime import prepare_host
+
+        prepare_host(platform)
+
+    @worker_ready.connect(weak=False)
+    def _start_watchdog(**_: Any) -> None:
+        start_watchdog(app, coord, settings.lease_seconds)
+
+    argv = ["worker", f"--concurrency={concurrency}", f"--loglevel={loglevel}", "-E", "-O", "fair"]
+    if hostname:
+        argv.append(f"--hostname={hostname}")
+    if queues:
+        argv.append(f"--queues={queues}")
+    app.worker_main(argv)
