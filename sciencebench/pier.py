@@ -9,6 +9,7 @@ Credentials reach Pier only through its process environment: argv carries
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import re
@@ -121,7 +122,7 @@ def run_pier(
         try:
             proc = subprocess.Popen(
                 argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent,
             )  # fmt: skip
         except OSError as exc:
             log.write(f"cannot start {argv[0]}: {exc.strerror}\n".encode())
@@ -145,6 +146,21 @@ def run_pier(
         cancelled=cancelled,
         log_tail=_tail(log_path),
     )
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the worker process that started it dies.
+
+    Pier runs in its own session (so a stop reaches its whole group), which
+    also detaches it from the worker; without this, a killed worker would
+    leave an orphaned Pier running a trial that is already being redone.
+    """
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1
+# Resolved once in the parent: nothing is looked up between fork and exec.
+_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def stop_process_group(proc: subprocess.Popen[bytes], grace_sec: float = 20.0) -> None:

@@ -24,6 +24,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -58,6 +59,7 @@ class HostRuntime(Protocol):
 
     def preflight(self, job: JobSpec) -> None: ...
     def ensure_images(self, refs: list[str], platform: str, skip_pull: bool) -> None: ...
+    def live_trial(self, task_dir_name: str) -> AbstractContextManager[None]: ...
     def cleanup_trial(self, trial_name: str) -> None: ...
 
 
@@ -247,20 +249,22 @@ def _stages(
     timed("preflight", lambda: ctx.runtime.preflight(job))
     timed("pull", lambda: ctx.runtime.ensure_images(spec.image_refs, job.platform, job.skip_pull))
 
-    # A private Pier job directory; a crashed earlier attempt's leftovers go first.
-    scratch = paths.scratch_dir / f"{spec.task_id}-{spec.attempt}"
-    shutil.rmtree(scratch, ignore_errors=True)
+    # A private Pier job directory; a crashed earlier run's leftovers go first.
+    for leftover in paths.scratch_dir.glob(f"{spec.task_id}-{spec.attempt}.*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    scratch = paths.scratch_dir / f"{spec.task_id}-{spec.attempt}.{ctx.owner}"
     scratch.mkdir(parents=True)
     pier_job = "job"
     argv = pier.render_argv(job, spec, scratch, pier_job)
     env = pier.pier_environment(
         dict(os.environ), secrets, job.platform, str(Path(sciencebench.__file__).parent.parent)
     )
-    run = timed("harness", lambda: pier.run_pier(
-        argv, env, cwd=scratch, log_path=scratch / "pier.log",
-        timeout_sec=spec.expected_sec * 1.25 + 300,
-        should_stop=lambda: heartbeat.cancelled.is_set() or heartbeat.lost.is_set(),
-    ))  # fmt: skip
+    with ctx.runtime.live_trial(spec.task_dir.name):
+        run = timed("harness", lambda: pier.run_pier(
+            argv, env, cwd=scratch, log_path=scratch / "pier.log",
+            timeout_sec=spec.expected_sec * 1.25 + 300,
+            should_stop=lambda: heartbeat.cancelled.is_set() or heartbeat.lost.is_set(),
+        ))  # fmt: skip
     trial_dirs = pier.find_trial_dirs(scratch / pier_job)
     try:
         timed("cleanup", lambda: _cleanup(ctx.runtime, trial_dirs))

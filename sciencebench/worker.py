@@ -26,7 +26,7 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     if preflight:
         from sciencebench.runtime import prepare_host
 
-        prepare_host(platform)
+        prepare_host(platform, settings)
 
     @worker_ready.connect(weak=False)
     def _start_watchdog(**_: Any) -> None:

@@ -1,0 +1,560 @@
+"""sciencebench.dockerhost and preflight on the real Docker Engine 28 and real Pier.
+
+Needs `source /var/tmp/sciencebench-host/env.sh` (scripts/host-setup.sh) and
+the fixture images (scripts/fixture-images.sh). Talks only to the local engine
+and the loopback registry. Every object a test creates carries a unique name
+(`sbt<hex>...`), so tests never touch other engineers' containers or images,
+and each test removes what it created, registry manifests included.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import os
+import random
+import string
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import docker
+import pytest
+
+from sciencebench import dockerhost, preflight
+from sciencebench.errors import PullError
+
+pytestmark = pytest.mark.docker
+
+PLATFORM = "linux/amd64"
+REPO = Path(__file__).resolve().parents[2]
+PIER_BIN = str(Path(sys.executable).parent / "pier")
+
+
+# --- environment --------------------------------------------------------------
+
+
+def _images_env() -> dict[str, str]:
+    path = Path(os.environ.get("SB_STATE", "/var/tmp/sciencebench-host")) / "images.env"
+    values: dict[str, str] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                values[key.strip()] = value.strip()
+    return values
+
+
+@pytest.fixture(scope="module")
+def registry() -> str:
+    value = os.environ.get("SCIENCEBENCH_TEST_REGISTRY")
+    if not value or not os.environ.get("DOCKER_HOST"):
+        pytest.skip(
+            "no test engine/registry: source /var/tmp/sciencebench-host/env.sh (scripts/host-setup.sh)"
+        )
+    return value
+
+
+@pytest.fixture(scope="module")
+def base_image(registry: str) -> str:
+    ref = os.environ.get("SB_BASE_IMAGE") or _images_env().get("SB_BASE_IMAGE")
+    if not ref:
+        pytest.skip("no SB_BASE_IMAGE: run scripts/fixture-images.sh")
+    return ref
+
+
+@pytest.fixture(scope="module")
+def client(registry: str) -> Iterator[docker.DockerClient]:
+    connected = dockerhost.connect()
+    yield connected
+    connected.close()
+
+
+@pytest.fixture
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "state"
+    monkeypatch.setenv(dockerhost.STATE_DIR_ENV, str(path))
+    return path
+
+
+def _uid() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+def _docker(*args: str, stdin: bytes | None = None, check: bool = True) -> str:
+    result = subprocess.run(["docker", *args], input=stdin, capture_output=True, timeout=300, check=False)
+    if check and result.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args)} failed: {result.stderr.decode(errors='replace')}")
+    return result.stdout.decode()
+
+
+# --- images in the loopback registry ------------------------------------------
+
+
+class Published:
+    """Images a test pushed to the loopback registry; removed locally and remotely after."""
+
+    def __init__(self, registry: str) -> None:
+        self.registry = registry
+        self.refs: list[str] = []
+
+    def _push(self, tagged: str) -> str:
+        repo = tagged.rsplit(":", 1)[0]
+        _docker("push", "-q", tagged)
+        digests = json.loads(_docker("image", "inspect", "--format", "{{json .RepoDigests}}", tagged))
+        ref = next(d for d in digests if d.startswith(f"{repo}@"))
+        self.refs.append(ref)
+        return ref
+
+    def unique(self, name: str, size: int = 2 << 20) -> str:
+        """A new image with its own random layer; pushed, then removed locally."""
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            payload = os.urandom(size)
+            info = tarfile.TarInfo("payload.bin")
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+        tagged = f"{self.registry}/sciencebench-test/{name}:t"
+        _docker("import", "--change", 'CMD ["true"]', "-", tagged, stdin=buf.getvalue())
+        ref = self._push(tagged)
+        _docker("rmi", tagged)
+        return ref
+
+    def retag(self, source: str, name: str) -> str:
+        """`source` published again under a new repository; the new name removed locally."""
+        tagged = f"{self.registry}/sciencebench-test/{name}:t"
+        _docker("tag", source, tagged)
+        ref = self._push(tagged)
+        _docker("rmi", tagged)  # untags only: `source` keeps the layers
+        return ref
+
+    def push_existing(self, tagged: str) -> str:
+        return self._push(tagged)
+
+    def cleanup(self) -> None:
+        for ref in self.refs:
+            _docker("rmi", ref, check=False)
+            repo, digest = ref.split("@")
+            name = repo.split("/", 1)[1]
+            assert name.startswith("sciencebench-test/"), name  # never delete fixture images
+            request = urllib.request.Request(
+                f"http://{self.registry}/v2/{name}/manifests/{digest}", method="DELETE"
+            )
+            with urllib.request.urlopen(request, timeout=30) as response:  # loopback only
+                assert response.status == 202
+
+
+@pytest.fixture
+def published(registry: str) -> Iterator[Published]:
+    images = Published(registry)
+    yield images
+    images.cleanup()
+
+
+def _present(client: docker.DockerClient, ref: str) -> bool:
+    try:
+        image = client.images.get(ref)
+    except docker.errors.ImageNotFound:
+        return False
+    return dockerhost.repo_digests_contain(image.attrs.get("RepoDigests") or [], ref)
+
+
+# --- engine facts and preflight -----------------------------------------------
+
+
+def test_engine_facts_and_preflight(client: docker.DockerClient, tmp_path: Path) -> None:
+    facts = dockerhost.engine_facts(client)
+    assert preflight.parse_version(facts.server_version) >= (28, 0, 0)  # type: ignore[operator]
+    assert facts.platform == PLATFORM
+    assert facts.compose_version and facts.compose_problem is None
+    started = time.monotonic()
+    report = preflight.check_host(PLATFORM, tmp_path / "jobs", PIER_BIN)
+    first = time.monotonic() - started
+    assert report.pier_version == "0.3.0"
+    assert report.engine_version == facts.server_version
+    started = time.monotonic()
+    preflight.check_host(PLATFORM, tmp_path / "jobs", PIER_BIN)
+    assert time.monotonic() - started < first / 2  # `pier --version` is cached per process
+    print(f"\npreflight: {report}; first check {first:.1f}s")
+
+
+def test_preflight_wrong_platform(registry: str) -> None:
+    with pytest.raises(preflight.PreflightError, match="runs linux/amd64 but the job needs linux/arm64"):
+        preflight.check_host("linux/arm64", None, PIER_BIN)
+
+
+# --- pulls --------------------------------------------------------------------
+
+
+def test_ensure_pulls_by_digest_and_verifies(
+    client: docker.DockerClient, base_image: str, published: Published, state: Path
+) -> None:
+    uid = _uid()
+    fresh = published.unique(f"pull-{uid}")
+    retagged = published.retag(base_image, f"retag-{uid}")
+    assert not _present(client, fresh) and not _present(client, retagged)
+
+    puller = dockerhost.ImagePuller()
+    statuses = puller.ensure_images([fresh, retagged], PLATFORM, skip_pull=False)
+    assert [(s.ref, s.pulled) for s in statuses] == [(fresh, True), (retagged, True)]
+    for ref in (fresh, retagged):
+        repo_digests = client.images.get(ref).attrs["RepoDigests"]
+        assert ref in repo_digests
+    assert dockerhost.pull_counts(state) == {fresh.split("@")[1]: 1, retagged.split("@")[1]: 1}
+
+    # Present with the pinned digest: not pulled again, by this or another puller.
+    again = dockerhost.ImagePuller().ensure_images([fresh, retagged], PLATFORM, skip_pull=False)
+    assert not any(s.pulled for s in again)
+    assert len(dockerhost.read_pull_log(state)) == 2
+    # skip_pull trusts them too.
+    assert puller.ensure([fresh, retagged], PLATFORM, skip_pull=True).keys() == {fresh, retagged}
+    print(
+        "\npull: "
+        + ", ".join(f"{s.ref.split('/')[-1][:24]} {s.seconds:.2f}s" for s in statuses)
+        + f"; present check {max(s.seconds for s in again) * 1000:.1f} ms"
+    )
+
+
+def test_wrong_digest_fails_with_pull_error(base_image: str, state: Path) -> None:
+    repo = base_image.split("@")[0]
+    missing = f"{repo}@sha256:{uuid.uuid4().hex}{uuid.uuid4().hex}"
+    with pytest.raises(PullError) as err:
+        dockerhost.ImagePuller().ensure([missing], PLATFORM, skip_pull=False)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(f"pull of {missing} for {PLATFORM} failed: ")
+    assert "not found" in message or "manifest unknown" in message
+    assert dockerhost.pull_counts(state) == {}
+
+
+def test_skip_pull_with_missing_image_names_it(published: Published, state: Path) -> None:
+    ref = published.unique(f"skip-{_uid()}", size=1024)
+    with pytest.raises(PullError) as err:
+        dockerhost.ImagePuller().ensure([ref], PLATFORM, skip_pull=True)
+    assert str(err.value) == f"image {ref} is not present on this host, and skip_pull forbids pulling it"
+
+
+def test_pull_uses_the_hosts_credential_helper(
+    client: docker.DockerClient,
+    registry: str,
+    published: Published,
+    state: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ref = published.unique(f"cred-{_uid()}", size=1024)
+    config = tmp_path / "docker-config"
+    bin_dir = tmp_path / "bin"
+    config.mkdir()
+    bin_dir.mkdir()
+    calls = tmp_path / "helper-calls"
+    helper = bin_dir / "docker-credential-sbtest"
+    helper.write_text(
+        f'#!/bin/sh\nread server; echo "$1 $server" >> {calls}\n'
+        'printf \'{"ServerURL":"%s","Username":"sb","Secret":"pw"}\' "$server"\n'
+    )
+    helper.chmod(0o755)
+    (config / "config.json").write_text(json.dumps({"credHelpers": {registry: "sbtest"}}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(config))
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+    statuses = dockerhost.ImagePuller().ensure_images([ref], PLATFORM, skip_pull=False)
+    assert statuses[0].pulled and _present(client, ref)
+    assert calls.read_text() == f"get {registry}\n"
+
+
+_PULL_SCRIPT = """
+import json, sys, time
+from pathlib import Path
+from sciencebench.dockerhost import ImagePuller
+state, start_at, refs = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
+puller = ImagePuller(state)
+time.sleep(max(0.0, start_at - time.time()))
+print(json.dumps([s.__dict__ for s in puller.ensure_images(refs, "linux/amd64", skip_pull=False)]))
+"""
+
+
+def test_concurrent_trials_share_one_pull_per_image(
+    client: docker.DockerClient, published: Published, state: Path
+) -> None:
+    uid = _uid()
+    refs = [
+        published.unique(f"conc-a-{uid}", size=8 << 20),
+        published.unique(f"conc-b-{uid}", size=8 << 20),
+    ]
+    assert not any(_present(client, ref) for ref in refs)
+
+    start_at = time.time() + 3.0
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _PULL_SCRIPT, str(state), repr(start_at), *refs],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=REPO,
+        )
+        for _ in range(2)
+    ]
+    puller = dockerhost.ImagePuller(state)  # one per worker process, shared by its threads
+    results: list[list[dict[str, Any]]] = []
+    errors: list[BaseException] = []
+
+    def trial() -> None:
+        time.sleep(max(0.0, start_at - time.time()))
+        try:
+            results.append([s.__dict__ for s in puller.ensure_images(refs, PLATFORM, skip_pull=False)])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=trial) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err.decode()
+        results.append(json.loads(out))
+    assert not errors
+    assert len(results) == 10
+
+    counts = dockerhost.pull_counts(state)
+    assert counts == {ref.split("@")[1]: 1 for ref in refs}
+    pulled = sorted(s["ref"] for statuses in results for s in statuses if s["pulled"])
+    assert pulled == sorted(refs)
+    assert all(_present(client, ref) for ref in refs)
+    log = dockerhost.read_pull_log(state)
+    waits = [s["waited_sec"] for statuses in results for s in statuses if not s["pulled"]]
+    print(
+        f"\nconcurrent: 10 callers x 2 images -> pulls per digest {sorted(counts.values())}; "
+        f"pull seconds {[r.seconds for r in log]}; callers that waited on the lock "
+        f"{sum(w > 0.01 for w in waits)}/{len(waits)}, max wait {max(waits):.2f}s"
+    )
+
+
+# --- cleanup ------------------------------------------------------------------
+
+
+def _rand7() -> str:
+    return "".join(random.choices(string.ascii_letters + string.digits, k=7))
+
+
+def _write_project(directory: Path, base_image: str, labelled_repo: str | None = None) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "Dockerfile").write_text(f"FROM {base_image}\nRUN echo derived > /derived\n")
+    labelled = (
+        f"""
+  labelled:
+    profiles: ["publish"]
+    build:
+      context: .
+    image: {labelled_repo}:t
+"""
+        if labelled_repo
+        else ""
+    )
+    (directory / "compose.yaml").write_text(
+        f"""
+services:
+  main:
+    build:
+      context: .
+    command: ["sh", "-c", "sleep infinity"]
+    stop_signal: SIGKILL
+    volumes: ["data:/data"]
+    networks: [default, side]
+  sidecar:
+    image: {base_image}
+    command: ["sh", "-c", "sleep infinity"]
+    stop_signal: SIGKILL
+{labelled}
+volumes:
+  data: {{}}
+networks:
+  side:
+    internal: true
+"""
+    )
+    return directory / "compose.yaml"
+
+
+def _compose(project: str, compose_file: Path, *args: str) -> None:
+    _docker("compose", "-p", project, "-f", str(compose_file), *args)
+
+
+def _project_objects(client: docker.DockerClient, project: str) -> dict[str, list[str]]:
+    only = {"label": f"{dockerhost.COMPOSE_PROJECT_LABEL}={project}"}
+    return {
+        "containers": [c.name or "" for c in client.containers.list(all=True, filters=only)],
+        "networks": [n.name or "" for n in client.networks.list(filters=only)],
+        "volumes": [v.name or "" for v in client.volumes.list(filters=only)],
+        "images": [t for i in client.images.list(filters=only) for t in i.tags],
+    }
+
+
+def test_cleanup_trial_removes_project_objects_but_not_pinned_images(
+    client: docker.DockerClient, base_image: str, published: Published, registry: str, tmp_path: Path
+) -> None:
+    trial_name = f"task_{_uid()}__{_rand7()}"
+    agent_project, verifier_project = dockerhost.trial_project_names(trial_name)
+    labelled_repo = f"{registry}/sciencebench-test/labelled-{_uid()}"
+    compose_file = _write_project(tmp_path / "env", base_image, labelled_repo)
+    # A registry image that carries this project's label: cleanup must keep it.
+    _compose(agent_project, compose_file, "--profile", "publish", "build", "labelled")
+    labelled_ref = published.push_existing(f"{labelled_repo}:t")
+    _compose(agent_project, compose_file, "up", "-d", "--wait", "main", "sidecar")
+    _compose(verifier_project, compose_file, "up", "-d", "--wait", "sidecar")
+    try:
+        before = _project_objects(client, agent_project)
+        assert len(before["containers"]) == 2 and len(before["networks"]) == 2
+        assert before["volumes"] == [f"{agent_project}_data"]
+        assert f"{agent_project}-main:latest" in before["images"]
+        assert f"{labelled_repo}:t" in before["images"]
+        assert _project_objects(client, verifier_project)["containers"]
+
+        report = dockerhost.cleanup_trial(dockerhost.trial_project_names(trial_name))
+        assert report.errors == []
+        assert report.projects == [agent_project, verifier_project]
+        assert sorted(report.containers) == sorted(
+            [f"{agent_project}-main-1", f"{agent_project}-sidecar-1", f"{verifier_project}-sidecar-1"]
+        )
+        assert sorted(report.networks) == sorted(
+            [f"{agent_project}_default", f"{agent_project}_side", f"{verifier_project}_default"]
+        )
+        assert report.volumes == [f"{agent_project}_data"]
+        assert report.images == [f"{agent_project}-main:latest"]
+        assert f"{labelled_repo}:t" in report.kept_images
+
+        assert _project_objects(client, agent_project) == {
+            "containers": [],
+            "networks": [],
+            "volumes": [],
+            "images": [f"{labelled_repo}:t"],
+        }
+        assert _project_objects(client, verifier_project) == {
+            "containers": [],
+            "networks": [],
+            "volumes": [],
+            "images": [],
+        }
+        assert _present(client, base_image)
+        assert _present(client, labelled_ref)
+        # Idempotent.
+        again = dockerhost.cleanup_trial([agent_project, verifier_project])
+        assert (again.containers, again.networks, again.images, again.errors) == ([], [], [], [])
+    finally:
+        for project in (agent_project, verifier_project):
+            _docker("compose", "-p", project, "down", "-v", "--rmi", "local", check=False)
+        _docker("rmi", f"{labelled_repo}:t", check=False)
+
+
+def test_sweep_removes_orphans_only(
+    client: docker.DockerClient, base_image: str, tmp_path: Path, state: Path
+) -> None:
+    prefix = f"sbt{_uid()}"
+    orphan, active, leased = (f"{prefix}{k}__{_rand7()}" for k in "abc")
+    foreign = f"{prefix}-redis"  # a compose project that is not a Pier trial
+    compose_file = _write_project(tmp_path / "env", base_image)
+    projects = [dockerhost.compose_project_name(n) for n in (orphan, active, leased)] + [foreign]
+    for project in projects:
+        _compose(project, compose_file, "up", "-d", "--wait", "main")
+    orphan_project = projects[0]
+    try:
+        # Leased the way a trial runner does before Pier has named the trial.
+        with dockerhost.trial_lease(dockerhost.pier_trial_prefix(f"{prefix}c"), state):
+            report = dockerhost.sweep_leftovers(active={active}, prefix=prefix, state=state)
+        assert report.errors == []
+        assert report.projects == [orphan_project]
+        assert report.images == [f"{orphan_project}-main:latest"]
+        assert _project_objects(client, orphan_project) == {
+            "containers": [],
+            "networks": [],
+            "volumes": [],
+            "images": [],
+        }
+        for project in projects[1:]:
+            assert len(_project_objects(client, project)["containers"]) == 1, project
+        assert _present(client, base_image)
+
+        # The lease ended with the block: the next sweep takes the leased trial too.
+        report = dockerhost.sweep_leftovers(active={active}, prefix=prefix, state=state)
+        assert report.projects == [projects[2]]
+        assert foreign in dockerhost.compose_projects(client)
+    finally:
+        dockerhost.cleanup_trial(projects)
+    assert not {p for p in dockerhost.compose_projects(client) if p.startswith(prefix)}
+    assert _present(client, base_image)
+
+
+# --- Pier's own naming ----------------------------------------------------------
+
+
+def test_project_naming_matches_pier_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    pier_docker = importlib.import_module("pier.environments.docker.docker")
+    pier_trial = importlib.import_module("pier.trial.trial")
+    names = [
+        "task_002__AbC1xyz",
+        "Task.V2__q7RT9zz",
+        "_x__1234567",
+        "task_" + "y" * 27 + "__ZZ9zz9z",
+        "weird name+chars__abcdefg",
+    ]
+    for name in names:
+        assert dockerhost.compose_project_name(name) == pier_docker._sanitize_docker_compose_project_name(
+            name
+        )
+        fake_trial = SimpleNamespace(config=SimpleNamespace(trial_name=name))
+        for key in ("trial", "step-1", "a much longer step name that forces truncation"):
+            expected = pier_trial.Trial._separate_verifier_session_id(fake_trial, key)
+            assert dockerhost.verifier_session_id(name, key) == expected
+
+
+def test_real_pier_trial_uses_the_predicted_project(base_image: str, tmp_path: Path) -> None:
+    task_name = f"sbt{_uid()}"
+    task = tmp_path / "tasks" / task_name
+    (task / "environment").mkdir(parents=True)
+    (task / "tests").mkdir()
+    (task / "solution").mkdir()
+    (task / "task.toml").write_text(
+        f'[environment]\ndocker_image = "{base_image}"\nallow_internet = false\n'
+        "[agent]\ntimeout_sec = 120\n[verifier]\ntimeout_sec = 120\n"
+    )
+    (task / "instruction.md").write_text("Do nothing.\n")
+    (task / "environment" / "Dockerfile").write_text(f"FROM {base_image}\n")
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    (task / "solution" / "solve.sh").write_text("#!/bin/bash\nsleep 4\n")
+    jobs = tmp_path / "jobs"
+    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", DOCKER_DEFAULT_PLATFORM=PLATFORM)
+    argv = [PIER_BIN, "run", "-p", str(task), "-a", "oracle", "--jobs-dir", str(jobs), "--job-name", "j",
+            "-n", "1", "-k", "1", "--no-delete", "-y", "-q"]  # fmt: skip
+    seen: set[str] = set()
+    with subprocess.Popen(
+        argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    ) as proc:
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and time.monotonic() < deadline:
+            seen |= {p for p in dockerhost.compose_projects() if p.startswith(task_name)}
+            time.sleep(0.2)
+        if proc.poll() is None:
+            proc.kill()
+        output = proc.communicate()[0].decode(errors="replace")
+    assert proc.returncode == 0, output[-2000:]
+    trial_dirs = [d for d in (jobs / "j").iterdir() if d.is_dir() and d.name.startswith(f"{task_name}__")]
+    assert len(trial_dirs) == 1, output[-2000:]
+    trial_name = trial_dirs[0].name
+    result = json.loads((trial_dirs[0] / "result.json").read_text())
+    assert result["verifier_result"]["rewards"] == {"reward": 1.0}, result.get("exception_info")
+    assert seen == {dockerhost.compose_project_name(trial_name)}
+    assert all(dockerhost.projects_of_trial(trial_name)(p) for p in seen)
+    report = dockerhost.cleanup_trial(dockerhost.trial_project_names(trial_name))
+    assert report.errors == []
+    assert not {p for p in dockerhost.compose_projects() if p.startswith(task_name)}

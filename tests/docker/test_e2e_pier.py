@@ -1,0 +1,88 @@
+"""Real Pier through the real chord on real workers, images pulled by digest."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+from pathlib import Path
+
+import docker
+import pytest
+import redis
+
+from sciencebench.selection import load_selection
+from tests.fixtures.services import VENV_BIN, RedisServer, Worker
+
+pytestmark = pytest.mark.docker
+
+
+def _rows(job_dir: Path) -> dict[str, dict[str, str]]:
+    with (job_dir / "summary.csv").open() as handle:
+        return {row["task_id"]: row for row in csv.DictReader(handle)}
+
+
+def _leftovers(client: docker.DockerClient) -> dict[str, list[str]]:
+    return {
+        "containers": [c.name for c in client.containers.list(all=True)],
+        "networks": [n.name for n in client.networks.list() if n.name not in ("bridge", "host", "none")],
+        "derived images": [t for i in client.images.list() for t in i.tags if t.endswith("-main:latest")],
+    }
+
+
+def test_oracle_and_nop_through_workers(
+    demo_selection: Path, docker_client: docker.DockerClient, redis_server: RedisServer,
+    tmp_path: Path, state_dir: Path,
+) -> None:  # fmt: skip
+    redis.Redis.from_url(redis_server.url).flushdb()
+    selection = load_selection(demo_selection)
+    for ref in selection.image_refs:  # force real pulls from the registry, by digest
+        docker_client.images.remove(ref.split("@")[0], force=True)
+    env = dict(os.environ)
+    env.update(SCIENCEBENCH_BROKER_URL=redis_server.url, SCIENCEBENCH_STATE_DIR=str(state_dir),
+               SCIENCEBENCH_LEASE_SECONDS="10", LITELLM_LOCAL_MODEL_COST_MAP="True",
+               PATH=f"{VENV_BIN}{os.pathsep}{env['PATH']}")  # fmt: skip
+    workers = [Worker(f"d{i}", env, tmp_path, concurrency=1).start() for i in range(2)]
+    try:
+        for worker in workers:
+            worker.wait_ready(timeout=120)
+        jobs = tmp_path / "jobs"
+        import subprocess
+
+        def submit(agent: str, job: str, *extra: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [str(VENV_BIN / "sciencebench"), "submit", "--path", str(demo_selection), "--agent", agent,
+                 "--jobs-dir", str(jobs), "--job-name", job, "--wait", *extra],
+                env=env, capture_output=True, text=True, timeout=900,
+            )  # fmt: skip
+
+        oracle = submit("oracle", "oracle")
+        assert oracle.returncode == 0, oracle.stdout + oracle.stderr
+        rows = _rows(jobs / "oracle")
+        assert rows["task_001"]["reward"] in ("1", "1.0")
+        assert rows["task_002"]["reward"] in ("0", "0.0")
+        assert rows["task_001"]["private_passed"] == "1"
+        for row in rows.values():
+            trial_dir = jobs / "oracle" / f"{row['task_id']}__{row['trial_id']}"
+            assert (trial_dir / "artifacts" / "model.patch").stat().st_size > 0
+            assert (trial_dir / "verifier" / "reward.txt").is_file()
+            assert list(trial_dir.glob("network-policy-*.json")), "the policy record is missing"
+
+        nop = submit("nop", "nop", "--task-id", "001")
+        assert nop.returncode == 0, nop.stdout + nop.stderr
+        nop_rows = _rows(jobs / "nop")
+        assert nop_rows["task_001"]["reward"] in ("0", "0.0")
+        nop_dir = jobs / "nop" / f"task_001__{nop_rows['task_001']['trial_id']}"
+        assert (nop_dir / "artifacts" / "model.patch").read_bytes() == b""  # explicit empty patch
+
+        pulls = [json.loads(line) for line in (state_dir / "pulls.jsonl").read_text().splitlines()]
+        pulled = sorted({p["ref"] for p in pulls})
+        assert pulled == sorted(selection.image_refs)
+        assert _leftovers(docker_client) == {"containers": [], "networks": [], "derived images": []}
+        for ref in selection.image_refs:  # pinned task images are kept
+            docker_client.images.get(ref.split("@")[0])
+    finally:
+        for worker in workers:
+            worker.stop()
+        shutil.rmtree(tmp_path / "jobs", ignore_errors=True)

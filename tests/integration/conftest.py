@@ -1,0 +1,91 @@
+"""Integration tier: real redis-server, real `sciencebench worker` processes,
+real Docker pulls; Pier replaced by tests/fixtures/fake_pier.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.fixtures.selection import make_selection
+from tests.fixtures.services import FAKE_PIER, VENV_BIN, RedisServer, Worker
+
+LEASE_SECONDS = 3.0
+
+
+@dataclass
+class Cluster:
+    """A broker, workers and a shared jobs directory for one test."""
+
+    redis: RedisServer
+    root: Path
+    state_dir: Path
+    base_image: str
+    workers: list[Worker] = field(default_factory=list)
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            SCIENCEBENCH_BROKER_URL=self.redis.url,
+            SCIENCEBENCH_LEASE_SECONDS=str(LEASE_SECONDS),
+            SCIENCEBENCH_STATE_DIR=str(self.state_dir),
+            FAKE_PIER_LOG=str(self.root / "fake-pier.jsonl"),
+            LITELLM_LOCAL_MODEL_COST_MAP="True",
+        )
+        return env
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.root / "jobs"
+
+    def start_workers(self, count: int, concurrency: int = 1) -> list[Worker]:
+        started = [
+            Worker(f"w{len(self.workers) + i}", self.env, self.root, concurrency).start()
+            for i in range(count)
+        ]
+        for worker in started:
+            worker.wait_ready()
+        self.workers += started
+        return started
+
+    def selection(self, behaviours: dict[str, dict[str, Any]], **kw: Any) -> Path:
+        """A selection whose tasks tell the fake Pier what to do."""
+        path = make_selection(self.root / "selection", list(behaviours),
+                              agent_image=self.base_image, verifier_image=self.base_image, **kw)  # fmt: skip
+        for task_id, behaviour in behaviours.items():
+            (path / f"task_{task_id}" / "fake.json").write_text(json.dumps(behaviour))
+        return path
+
+    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(VENV_BIN / "sciencebench"), *args], env=self.env, cwd=self.root,
+                              capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+    def submit(
+        self, path: Path, job_name: str, *extra: str, wait: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        args = ["submit", "--path", str(path), "--agent", "nop", "--jobs-dir", str(self.jobs_dir),
+                "--job-name", job_name, "--pier-bin", str(FAKE_PIER), *extra]  # fmt: skip
+        return self.cli(*args, *(["--wait"] if wait else []))
+
+    def pier_runs(self) -> list[dict[str, Any]]:
+        log = self.root / "fake-pier.jsonl"
+        if not log.exists():
+            return []
+        return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+@pytest.fixture
+def cluster(redis_server: RedisServer, tmp_path: Path, state_dir: Path, base_image: str) -> Iterator[Cluster]:
+    redis.Redis.from_url(redis_server.url).flushdb()
+    c = Cluster(redis=redis_server, root=tmp_path, state_dir=state_dir, base_image=base_image)
+    yield c
+    for worker in c.workers:
+        worker.stop()

@@ -1,0 +1,140 @@
+"""The compose files validate with compose/example.env and say what the docs promise.
+
+`docker compose config` needs no Engine: it only parses, interpolates and
+validates. The docker CLI and compose v2 plugin come from the test host's
+setup (PATH and DOCKER_CONFIG from $SB_STATE/env.sh).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.services import REPO
+
+pytestmark = pytest.mark.integration
+
+COMPOSE_DIR = REPO / "compose"
+EXAMPLE_ENV = COMPOSE_DIR / "example.env"
+COMPOSE_FILES = ["control-plane.yml", "worker-host.yml"]
+BUCKETS_FLAG = "--task_runtime_metric_buckets=1,10,60,600,3600,7200,inf"
+_REFERENCE = re.compile(r"\$\{([A-Z][A-Z0-9_]*)")
+_ASSIGNMENT = re.compile(r"^([A-Z][A-Z0-9_]*)=", re.MULTILINE)
+
+
+def _clean_env() -> dict[str, str]:
+    """This process's environment minus anything that would override example.env.
+
+    Compose lets the shell environment win over --env-file, so a stray
+    SCIENCEBENCH_* variable would make the test check something else.
+    """
+    return {k: v for k, v in os.environ.items() if not k.startswith(("SCIENCEBENCH_", "FLOWER_", "COMPOSE_"))}
+
+
+def _compose(file: str, *args: str, env_file: Path = EXAMPLE_ENV) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["docker", "compose", "-f", str(COMPOSE_DIR / file), "--env-file", str(env_file), *args],
+        cwd=REPO, env=_clean_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def _rendered(file: str) -> dict[str, Any]:
+    done = _compose(file, "config", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    parsed: dict[str, Any] = json.loads(done.stdout)
+    return parsed
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compose_available() -> None:
+    done = subprocess.run(["docker", "compose", "version", "--short"], env=_clean_env(),
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, (
+        "docker compose v2 is unavailable: source $SB_STATE/env.sh (scripts/host-setup.sh) first; "
+        + done.stderr
+    )
+
+
+@pytest.mark.parametrize("file", COMPOSE_FILES)
+def test_compose_file_validates_with_example_env(file: str) -> None:
+    done = _compose(file, "config", "-q")
+    assert done.returncode == 0, done.stderr
+    # Compose warns on stderr about unset variables and obsolete keys.
+    assert done.stderr.strip() == ""
+
+
+def test_example_env_documents_exactly_the_variables_used() -> None:
+    used = set()
+    for file in COMPOSE_FILES:
+        used |= set(_REFERENCE.findall((COMPOSE_DIR / file).read_text()))
+    documented = set(_ASSIGNMENT.findall(EXAMPLE_ENV.read_text()))
+    assert used - documented == set(), "used in compose/ but not in example.env"
+    assert documented - used == set(), "in example.env but used by no compose file"
+
+
+@pytest.mark.parametrize(
+    ("file", "variable"),
+    [
+        ("control-plane.yml", "SCIENCEBENCH_REDIS_PASSWORD"),
+        ("control-plane.yml", "SCIENCEBENCH_FLOWER_PASSWORD"),
+        ("worker-host.yml", "SCIENCEBENCH_BROKER_URL"),
+        ("worker-host.yml", "SCIENCEBENCH_JOBS_DIR"),
+    ],
+)
+def test_required_variables_are_enforced(tmp_path: Path, file: str, variable: str) -> None:
+    lines = [line for line in EXAMPLE_ENV.read_text().splitlines() if not line.startswith(f"{variable}=")]
+    env_file = tmp_path / "partial.env"
+    env_file.write_text("\n".join(lines) + "\n")
+    done = _compose(file, "config", "-q", env_file=env_file)
+    assert done.returncode != 0
+    assert variable in done.stderr
+
+
+def test_control_plane_is_loopback_durable_and_keeps_secrets_out_of_argv() -> None:
+    services = _rendered("control-plane.yml")["services"]
+    redis, flower = services["redis"], services["flower"]
+    for service in (redis, flower):
+        assert [port["host_ip"] for port in service["ports"]] == ["127.0.0.1"]
+
+    command = redis["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
+    assert "--requirepass" in command
+    assert any(volume["target"] == "/data" and volume["type"] == "volume" for volume in redis["volumes"])
+
+    assert BUCKETS_FLAG in flower["command"]
+    assert "flower" in flower["command"]
+    environment = flower["environment"]
+    user, _, password = environment["FLOWER_BASIC_AUTH"].partition(":")
+    assert user and password
+    flower_argv = " ".join(flower["command"])
+    assert password not in flower_argv and "basic" not in flower_argv
+    assert environment["SCIENCEBENCH_BROKER_URL"].startswith("redis://:")
+    assert environment["SCIENCEBENCH_BROKER_URL"].endswith("@redis:6379/0")
+    assert environment["FLOWER_READ_ONLY"] == "true"
+
+
+def test_worker_mounts_shared_paths_at_the_same_path() -> None:
+    worker = _rendered("worker-host.yml")["services"]["worker"]
+    env = worker["environment"]
+    mounts = {volume["target"]: volume for volume in worker["volumes"]}
+
+    assert "/var/run/docker.sock" in mounts
+    jobs = mounts[env["SCIENCEBENCH_JOBS_DIR"]]
+    assert jobs["source"] == jobs["target"] and not jobs.get("read_only", False)
+    for shared in ("/shared/sciencebench/selections", "/shared/sciencebench/profiles"):
+        assert mounts[shared]["source"] == shared and mounts[shared]["read_only"] is True
+
+    assert worker["init"] is True
+    assert worker["platform"] == "linux/amd64"
+    assert worker["hostname"] == env["SCIENCEBENCH_HOSTNAME"]
+    assert worker["user"] == "1000:1000" and worker["group_add"] == ["999"]
+    # An empty SCIENCEBENCH_RESULT_BACKEND falls back to the broker, never to "".
+    assert env["SCIENCEBENCH_RESULT_BACKEND"] == env["SCIENCEBENCH_BROKER_URL"]
+    assert worker["build"]["dockerfile"] == "workers/Dockerfile"

@@ -1,0 +1,113 @@
+"""Lost workers, cancel and retry, with real workers and real Redis."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.integration.conftest import LEASE_SECONDS, Cluster
+
+pytestmark = pytest.mark.integration
+
+
+def _wait_for(predicate, timeout: float, what: str) -> float:  # type: ignore[no-untyped-def]
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def _records(cluster: Cluster, job: str) -> dict[str, dict]:  # type: ignore[type-arg]
+    trials = cluster.jobs_dir / job / ".sciencebench" / "trials"
+    return {p.stem: json.loads(p.read_text()) for p in trials.glob("*.json")}
+
+
+def _pier_pids_running(cluster: Cluster) -> list[int]:
+    import subprocess
+
+    out = subprocess.run(["pgrep", "-f", "fake_pier.py run"], capture_output=True, text=True)
+    return [int(pid) for pid in out.stdout.split()]
+
+
+def test_pool_process_killed_mid_trial_completes_once(cluster: Cluster) -> None:
+    cluster.start_workers(2, concurrency=1)
+    path = cluster.selection({"001": {"sleep_sec": 4.0, "reward": 1.0}})
+    cluster.submit(path, "poolkill", wait=False)
+    _wait_for(lambda: bool(_pier_pids_running(cluster)), 30, "the trial to start")
+    owner = next(w for w in cluster.workers if any(
+        str(pid) in _children_of(w) for pid in _pier_pids_running(cluster)))  # fmt: skip
+    import os
+    import signal
+
+    for pid in owner.pool_pids():
+        os.kill(pid, signal.SIGKILL)
+    _wait_for(lambda: (cluster.jobs_dir / "poolkill" / "summary.csv").exists(), 60, "the summary")
+    records = _records(cluster, "poolkill")
+    assert list(records) == ["001-1"]
+    assert records["001-1"]["exception_type"] is None
+    assert records["001-1"]["rewards"] == {"reward": 1.0}
+    rows = (cluster.jobs_dir / "poolkill" / "summary.csv").read_text().splitlines()
+    assert len(rows) == 2  # header + exactly one result
+
+
+def _children_of(worker) -> str:  # type: ignore[no-untyped-def]
+    import subprocess
+
+    out = subprocess.run(["pgrep", "-g", str(worker.proc.pid)], capture_output=True, text=True)
+    return out.stdout
+
+
+def test_whole_worker_killed_trial_redone_within_two_leases(cluster: Cluster) -> None:
+    cluster.start_workers(2, concurrency=1)
+    path = cluster.selection({"001": {"sleep_sec": 5.0, "reward": 1.0}})
+    cluster.submit(path, "hostkill", wait=False)
+    _wait_for(lambda: bool(_pier_pids_running(cluster)), 30, "the trial to start")
+    victim = next(w for w in cluster.workers if _pier_pids_running(cluster)[0] and
+                  str(_pier_pids_running(cluster)[0]) in _children_of(w))  # fmt: skip
+    killed_at = time.monotonic()
+    victim.kill_all()  # parent, pool and fake Pier: the host is gone
+    _wait_for(lambda: bool(_pier_pids_running(cluster)), 2 * LEASE_SECONDS + 2, "the trial to restart")
+    redone_after = time.monotonic() - killed_at
+    assert redone_after <= 2 * LEASE_SECONDS + 1
+    _wait_for(lambda: (cluster.jobs_dir / "hostkill" / "summary.csv").exists(), 60, "the summary")
+    records = _records(cluster, "hostkill")
+    assert records["001-1"]["exception_type"] is None
+    survivor = next(w for w in cluster.workers if w is not victim)
+    assert records["001-1"]["worker"]  # recorded by the surviving host
+    assert survivor.proc and survivor.proc.poll() is None
+
+
+def test_cancel_stops_running_and_queued_trials(cluster: Cluster) -> None:
+    cluster.start_workers(1, concurrency=2)
+    path = cluster.selection({f"{i:03d}": {"sleep_sec": 30.0} for i in range(1, 6)})
+    cluster.submit(path, "cancelme", wait=False)
+    _wait_for(lambda: len(_pier_pids_running(cluster)) == 2, 30, "two trials to run")
+    started = time.monotonic()
+    done = cluster.cli("cancel", "cancelme", "--jobs-dir", str(cluster.jobs_dir))
+    assert done.returncode == 0, done.stderr
+    _wait_for(lambda: (cluster.jobs_dir / "cancelme" / "summary.csv").exists(), 60, "the summary")
+    assert time.monotonic() - started < 25  # far less than the 30 s trials
+    assert _pier_pids_running(cluster) == []
+    records = _records(cluster, "cancelme")
+    assert len(records) == 5
+    assert {r["exception_type"] for r in records.values()} == {"Cancelled"}
+
+
+def test_retry_failed_reruns_only_errored_trials(cluster: Cluster) -> None:
+    cluster.start_workers(1, concurrency=2)
+    path = cluster.selection({"001": {"reward": 1.0}, "002": {"exception": "AgentTimeoutError"}})
+    done = cluster.submit(path, "retryme")
+    assert done.returncode == 1
+    (path / "task_002" / "fake.json").write_text(json.dumps({"reward": 1.0}))
+    again = cluster.cli("retry", "retryme", "--failed", "--wait", "--jobs-dir", str(cluster.jobs_dir))
+    assert again.returncode == 0, again.stderr
+    runs = [r["task"] for r in cluster.pier_runs()]
+    assert sorted(runs) == ["task_001", "task_002", "task_002"]
+    rows = (cluster.jobs_dir / "retryme" / "summary.csv").read_text().splitlines()[1:]
+    assert len(rows) == 2 and all(",1.0," in row for row in rows)
+    trial_dirs = [p.name for p in (cluster.jobs_dir / "retryme").iterdir() if p.name.startswith("task_")]
+    assert sorted(d.split("__")[0] for d in trial_dirs) == ["task_001", "task_002"]

@@ -1,0 +1,87 @@
+"""Secrets never travel or persist; --local matches the distributed run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.fixtures.services import FAKE_PIER, VENV_BIN
+from tests.integration.conftest import Cluster
+
+pytestmark = pytest.mark.integration
+
+CANARY = "sk-canary-7f3a9c1e55d04b2b"
+AGENT_ENV_CANARY = "agentenv-canary-91d2e7"
+
+
+def _all_redis_text(url: str) -> str:
+    client = redis.Redis.from_url(url)
+    chunks = []
+    for key in client.scan_iter(count=1000):
+        chunks.append(key.decode(errors="replace"))
+        kind = client.type(key).decode()
+        if kind == "string":
+            chunks.append(client.get(key).decode(errors="replace"))
+        elif kind == "hash":
+            chunks += [f"{k!r}{v!r}" for k, v in client.hgetall(key).items()]
+        elif kind == "list":
+            chunks += [repr(v) for v in client.lrange(key, 0, -1)]
+        elif kind == "set":
+            chunks += [repr(v) for v in client.smembers(key)]
+        elif kind == "zset":
+            chunks += [repr(v) for v in client.zrange(key, 0, -1)]
+    return "\n".join(chunks)
+
+
+def _tree_text(root: Path) -> str:
+    return "\n".join(p.read_bytes().decode(errors="replace") for p in root.rglob("*") if p.is_file())
+
+
+def test_canary_secret_is_nowhere(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.start_workers(2, concurrency=1)
+    path = cluster.selection({"001": {"reward": 1.0}, "002": {"reward": 0.0}})
+    env_file = tmp_path / "provider.env"
+    env_file.write_text(f"OPENAI_API_KEY={CANARY}\nOPENAI_BASE_URL=http://gateway.test:4000/v1\n")
+    done = cluster.submit(path, "canary", "--env-file", str(env_file),
+                          "--agent-env", f"EXTRA_TOKEN={AGENT_ENV_CANARY}")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    for secret in (CANARY, AGENT_ENV_CANARY):
+        assert secret not in done.stdout + done.stderr
+        assert secret not in _all_redis_text(cluster.redis.url)
+        assert secret not in _tree_text(cluster.jobs_dir)
+        assert secret not in (path / "batch-run.json").read_text()
+        for worker in cluster.workers:
+            assert secret not in worker.log_path.read_text()
+        for run in cluster.pier_runs():
+            assert secret not in json.dumps(run["argv"])
+    # The harness still received them, through Pier's environment.
+    argv = cluster.pier_runs()[0]["argv"]
+    assert "EXTRA_TOKEN=${EXTRA_TOKEN}" in argv
+
+
+def test_local_mode_gives_the_same_summary(cluster: Cluster) -> None:
+    cluster.start_workers(2, concurrency=2)
+    behaviours = {"001": {"reward": 1.0}, "002": {"reward": 0.0}, "003": {"exception": "AgentTimeoutError"}}
+    path = cluster.selection(behaviours)
+    distributed = cluster.submit(path, "dist", "--n-attempts", "2")
+    assert distributed.returncode == 1
+    local = subprocess.run(
+        [str(VENV_BIN / "sciencebench"), "submit", "--local", "--path", str(path), "--agent", "nop",
+         "--jobs-dir", str(cluster.jobs_dir), "--job-name", "local", "--n-attempts", "2",
+         "--n-concurrent", "3", "--pier-bin", str(FAKE_PIER)],
+        env={k: v for k, v in cluster.env.items() if k != "SCIENCEBENCH_BROKER_URL"},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert local.returncode == 1, local.stderr
+
+    def comparable(job: str) -> list[tuple[str, str, str, str]]:
+        rows = json.loads((cluster.jobs_dir / job / "summary.json").read_text())["rows"]
+        return sorted((r["task_id"], str(r["reward"]), r["failure_class"], str(r["private_passed"]))
+                      for r in rows)  # fmt: skip
+
+    assert comparable("local") == comparable("dist")
+    assert len(comparable("local")) == 6
