@@ -140,7 +140,7 @@ def submit(local: bool, wait: bool, **raw: Any) -> None:
     if opts.dry_run:
         write_run_record(opts.path, record, prepared.secret_values)
         out.print(f"dry run: {len(prepared.trials)} trial(s) of {len(prepared.selection.task_ids)} "
-                  f"task(s); selection sha256 {prepared.selection.sha256}")  # fmt: skip
+                  f"task(s); selection sha256 {prepared.selection.sha256}", soft_wrap=True)  # fmt: skip
         out.print("pier command: " + " ".join(record["pier_command"]), markup=False, soft_wrap=True)
         out.print(f"run record: {opts.path / 'batch-run.json'}")
         return
@@ -300,10 +300,10 @@ def summarize(jobs_dir: Path, job_name: str) -> None:
 @click.option("--loglevel", default="INFO", show_default=True)
 @click.option("--platform", default="linux/amd64", show_default=True,
               help="Platform this host must run (checked at start).")  # fmt: skip
-@click.option("--skip-preflight", is_flag=True, help="Start without checking the host (tests only).")
+@click.option("--pier-bin", default="pier", show_default=True, help="Pier executable checked at start.")
 @_handle_errors
 def worker(concurrency: int, hostname: str | None, queues: str | None, loglevel: str,
-           platform: str, skip_preflight: bool) -> None:  # fmt: skip
+           platform: str, pier_bin: str) -> None:  # fmt: skip
     """Run a Celery worker that executes trials on this host.
 
     Late acks, prefetch 1, task events on, and a watchdog that re-dispatches
@@ -312,7 +312,7 @@ def worker(concurrency: int, hostname: str | None, queues: str | None, loglevel:
     from sciencebench.worker import run_worker
 
     run_worker(concurrency=concurrency, hostname=hostname, queues=queues, loglevel=loglevel,
-               platform=platform, preflight=not skip_preflight)  # fmt: skip
+               platform=platform, pier_bin=pier_bin)  # fmt: skip
 
 
 @main.command()

@@ -8,10 +8,12 @@ filesystem) and applies them, failing on the first problem.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -128,6 +130,15 @@ def pier_version(pier_bin: str, timeout_sec: float = 180.0) -> str:
         cached = _pier_versions.get(resolved)
         if cached is not None:
             return cached
+        if Path(resolved).parent == Path(sys.executable).parent:
+            # Pier installed beside sciencebench: its metadata answers at once.
+            try:
+                version = importlib.metadata.version("datacurve-pier")
+            except importlib.metadata.PackageNotFoundError:
+                version = ""
+            if parse_version(version) is not None:
+                _pier_versions[resolved] = version
+                return version
         env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
         try:
             result = subprocess.run(

@@ -22,6 +22,8 @@ from sciencebench.errors import ProfileError
 REDACTED = "<redacted>"
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SENSITIVE_WORDS = ("key", "token", "secret", "password", "authorization")
+_LEADING_SPACE = re.compile(r"\s*")
+_NEWLINE = re.compile(r"\r\n|\n|\r")  # python-dotenv's own line-break rule
 
 DEFAULT_CODEX_MODEL = "gpt-5"
 DEFAULT_CODEX_BASE_URL = "https://api.openai.com/v1"
@@ -37,12 +39,15 @@ def parse_env_text(text: str, source: str) -> dict[str, str]:
     """
     values: dict[str, str] = {}
     for binding in parse_stream(io.StringIO(text)):
-        line = binding.original.line
+        # A binding's text starts with the blank lines before it; count them
+        # so the number names the offending line itself.
+        leading = _LEADING_SPACE.match(binding.original.string)
+        line = binding.original.line + len(_NEWLINE.findall(leading.group() if leading else ""))
         if binding.error:
             raise ProfileError(f"{source}: line {line}: not a KEY=value line")
         if binding.key is None:
             continue
-        if not _KEY.match(binding.key):
+        if not _KEY.fullmatch(binding.key):
             raise ProfileError(f"{source}: line {line}: invalid variable name")
         if binding.value is None:
             raise ProfileError(f"{source}: line {line}: variable has no '=value'")
@@ -82,7 +87,7 @@ def parse_assignments(items: list[str], option: str) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ProfileError(f"{option} #{position}: expected KEY=VALUE")
-        if option == "--agent-env" and not _KEY.match(key):
+        if option == "--agent-env" and not _KEY.fullmatch(key):
             raise ProfileError(f"{option} #{position}: invalid variable name {key!r}")
         parsed[key] = value
     return parsed
@@ -113,12 +118,14 @@ class Gateway(BaseModel):
 
     @property
     def authority(self) -> str:
-        return f"{self.host}:{self.port}"
+        # An IPv6 literal needs its brackets, or the port is part of the address.
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
 
     @property
     def url(self) -> str:
         """The base URL with user information and query removed."""
-        return f"{self.scheme}://{self.host}:{self.port}{self.path}"
+        return f"{self.scheme}://{self.authority}{self.path}"
 
 
 def parse_gateway(url: str, variable: str) -> Gateway:
@@ -169,6 +176,7 @@ class AgentPlan(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
+    harness: str
     agent: str | None
     agent_import_path: str | None
     models: list[str]
@@ -207,6 +215,12 @@ def plan_agent(
     environment. Raises ProfileError on a bad wire API, a bad gateway URL or a
     missing credential (unless `dry_run`).
     """
+    sensitive = sorted(key for key in agent_kwargs if is_sensitive_key(key))
+    if sensitive:
+        raise ProfileError(
+            f"--agent-kwarg {sensitive[0]}: looks like a credential; put it in --env-file "
+            "(kwargs travel on Pier's command line)"
+        )
     kwargs = dict(agent_kwargs)
     models = list(models)
     provider: Provider | None = None
@@ -244,6 +258,7 @@ def plan_agent(
     if agent_import_path is None and agent == "codex" and auto_agent_adapter:
         agent_import_path = CODEX_ADAPTER
     return AgentPlan(
+        harness=agent,
         # An explicit import path replaces --agent, so Pier's built-in agent cannot shadow it.
         agent=None if agent_import_path else agent,
         agent_import_path=agent_import_path,

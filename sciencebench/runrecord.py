@@ -21,11 +21,23 @@ from sciencebench.profiles import mask_secrets, redact_argv
 
 
 def public_url(url: str) -> str:
-    """A URL without user information, query or fragment (broker, gateway)."""
+    """A URL without user information, query or fragment (broker, gateway).
+
+    A `;`-separated failover list (as Celery accepts for brokers) is cleaned
+    URL by URL, so no later entry keeps its password.
+    """
+    if ";" in url:
+        return ";".join(public_url(part) for part in url.split(";"))
     parts = urlsplit(url)
     host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
+    if ":" in host:  # an IPv6 literal keeps its brackets
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:  # a port outside 0-65535 is not worth a traceback in a record
+        port = None
+    if port:
+        host = f"{host}:{port}"
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
@@ -41,7 +53,7 @@ def build_run_record(
         "selection_sha256": job.selection_sha256,
         "image_refs": job.image_refs,
         "platform": job.platform,
-        "agent": job.agent.agent or job.agent.agent_import_path,
+        "agent": job.agent.harness,
         "models": job.agent.models,
         "n_concurrent": job.n_concurrent,
         "n_attempts": job.n_attempts,

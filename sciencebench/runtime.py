@@ -55,9 +55,9 @@ class DockerRuntime:
             log.warning("cleanup of %s: %s", trial_name, error)
 
 
-def prepare_host(platform: str, settings: Settings) -> None:
+def prepare_host(platform: str, pier_bin: str, settings: Settings) -> None:
     """Worker start: the host must pass preflight; then sweep crashed trials' leftovers."""
-    preflight.check_host(platform=platform, jobs_dir=None, pier_bin="pier")
+    preflight.check_host(platform=platform, jobs_dir=None, pier_bin=pier_bin)
     report = dockerhost.sweep_leftovers(state=settings.state_dir)
     if report.projects:
         log.warning("removed leftovers of crashed trials: %s", ", ".join(report.projects))

@@ -17,8 +17,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from sciencebench.errors import SelectionError, TaskSpecError
 from sciencebench.taskspec import TaskSpec, load_task
 
-_TASK_DIR = re.compile(r"^task_(\d{3,})$")
-_ID_TOKEN = re.compile(r"^(\d+)(?:-(\d+))?$")
+_TASK_ID = re.compile(r"[0-9]{3,}")
+_TASK_DIR = re.compile(r"^task_([0-9]{3,})$")
+_ID_TOKEN = re.compile(r"^([0-9]+)(?:-([0-9]+))?$")
+# Bounds that no real selection comes near; they keep a typo from building a
+# huge list (or int() from refusing a >4300-digit string with a ValueError).
+_MAX_ID_DIGITS = 12
+_MAX_RANGE_IDS = 100_000
 
 
 class SelectionFile(BaseModel):
@@ -71,11 +76,15 @@ def parse_task_id_filter(text: str) -> list[str]:
         if not match:
             raise SelectionError(f"--task-id: bad token {token!r} (expected e.g. 002,005-007)")
         start, end = match.group(1), match.group(2)
+        if max(len(start), len(end or "")) > _MAX_ID_DIGITS:
+            raise SelectionError(f"--task-id: a task id has more than {_MAX_ID_DIGITS} digits")
         if end is None:
             ids.append(start)
             continue
         if int(end) < int(start):
             raise SelectionError(f"--task-id: descending range {token!r}")
+        if int(end) - int(start) >= _MAX_RANGE_IDS:
+            raise SelectionError(f"--task-id: range {token!r} names more than {_MAX_RANGE_IDS} ids")
         width = len(start)
         ids.extend(str(n).zfill(width) for n in range(int(start), int(end) + 1))
     return list(dict.fromkeys(ids))
@@ -89,6 +98,11 @@ def _listed_ids(path: Path) -> tuple[list[str], bool]:
         except (OSError, ValidationError) as exc:
             detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else exc
             raise SelectionError(f"{selection_file}: unusable ({detail})") from None
+        # An id names the directory task_<id>: "002/" or "002/." would too, and
+        # then leak into trial names and record paths.
+        bad = next((task_id for task_id in parsed.task_ids if not _TASK_ID.fullmatch(task_id)), None)
+        if bad is not None:
+            raise SelectionError(f"{selection_file}: task id {bad!r} is not a number such as 002")
         return parsed.task_ids, parsed.allow_restricted_licenses
     ids = sorted(
         match.group(1)

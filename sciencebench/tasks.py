@@ -8,6 +8,7 @@ count towards the chord.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 from typing import Any
@@ -36,12 +37,17 @@ def install_context(ctx: WorkerContext) -> None:
     _context = ctx
 
 
-def worker_context() -> WorkerContext:
-    """The process's WorkerContext, built on first use (after a prefork fork)."""
+def worker_context(hostname: str | None = None) -> WorkerContext:
+    """The process's WorkerContext, built on first use (after a prefork fork).
+
+    Records name the Celery worker (`w1@host`) when it is known.
+    """
     global _context
     with _context_lock:
         if _context is None:
             settings = Settings.from_env()
+            if hostname:
+                settings = dataclasses.replace(settings, hostname=hostname)
             coord: Coordinator = RedisCoordinator(settings.broker_url)
             _context = WorkerContext(coord=coord, runtime=default_runtime(settings), settings=settings)
         return _context
@@ -64,7 +70,7 @@ def run_trial(self: Task[Any, Any], trial: dict[str, Any]) -> dict[str, Any]:
         "group_id": request.group,
         "group_index": request.group_index,
     }
-    record = execute(spec, worker_context(), redispatch)
+    record = execute(spec, worker_context(request.hostname), redispatch)
     if record is None:
         raise Ignore()
     return record.model_dump(mode="json")
@@ -79,8 +85,12 @@ def _mark_counted(sender: Any = None, result: Any = None, **_: Any) -> None:
 
 
 @shared_task(name=FINALIZE_JOB)
-def finalize_job(records: list[Any], jobs_dir: str, job_name: str) -> dict[str, Any]:
-    """Chord body: write result.json, summary.json, summary.csv from disk."""
+def finalize_job(jobs_dir: str, job_name: str) -> dict[str, Any]:
+    """Chord body (immutable): write result.json, summary.json, summary.csv.
+
+    It reads the trial records from disk rather than the chord's results, so
+    `sciencebench summarize` rebuilds exactly the same files.
+    """
     job = load_job(JobPaths(Path(jobs_dir), job_name))
     result = write_summary(job)
     stats = result["stats"]

@@ -38,7 +38,8 @@ def check_image_ref(ref: str) -> str:
         raise ValueError(f"image reference {ref!r} is a pending placeholder")
     if "@" not in ref:
         raise ValueError(f"image reference {ref!r} is not pinned by digest (@sha256:...)")
-    if not _IMAGE_REF.match(ref):
+    # fullmatch: `$` alone would accept a trailing newline after the digest.
+    if not _IMAGE_REF.fullmatch(ref):
         raise ValueError(f"image reference {ref!r} is not of the form name[:tag]@sha256:<64 hex>")
     return ref
 
@@ -50,7 +51,7 @@ def image_digest(ref: str) -> str:
 
 def image_repository(ref: str) -> str:
     """The repository of a pinned reference, without tag or digest."""
-    match = _IMAGE_REF.match(ref)
+    match = _IMAGE_REF.fullmatch(ref)
     if not match:
         raise ValueError(f"not a pinned image reference: {ref!r}")
     return match.group("name")
@@ -158,6 +159,8 @@ def load_task(task_dir: Path, task_id: str) -> TaskSpec:
         raise TaskSpecError(f"{toml_path}: unreadable ({exc.__class__.__name__})") from None
     except tomllib.TOMLDecodeError as exc:
         raise TaskSpecError(f"{toml_path}: malformed TOML ({exc})") from None
+    except RecursionError:  # tomllib recurses once per nesting level of arrays and inline tables
+        raise TaskSpecError(f"{toml_path}: malformed TOML (nested too deeply)") from None
     try:
         parsed = TaskToml.model_validate(raw)
     except ValidationError as exc:

@@ -14,19 +14,17 @@ from celery.signals import worker_ready
 from sciencebench.celery_app import app
 from sciencebench.config import Settings
 from sciencebench.coord import RedisCoordinator
+from sciencebench.runtime import prepare_host
 from sciencebench.watchdog import start_watchdog
 
 
 def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, loglevel: str,
-               platform: str, preflight: bool) -> None:  # fmt: skip
+               platform: str, pier_bin: str) -> None:  # fmt: skip
     """Check the host, then run the Celery worker until it is stopped."""
     settings = Settings.from_env()
     coord = RedisCoordinator(settings.broker_url)
     coord.ping()
-    if preflight:
-        from sciencebench.runtime import prepare_host
-
-        prepare_host(platform, settings)
+    prepare_host(platform, pier_bin, settings)
 
     @worker_ready.connect(weak=False)
     def _start_watchdog(**_: Any) -> None:

@@ -39,6 +39,7 @@ class Cluster:
             SCIENCEBENCH_STATE_DIR=str(self.state_dir),
             FAKE_PIER_LOG=str(self.root / "fake-pier.jsonl"),
             LITELLM_LOCAL_MODEL_COST_MAP="True",
+            PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
         )
         return env
 

@@ -85,7 +85,7 @@ def test_concurrency_cap_is_cluster_wide(cluster: Cluster) -> None:
 def test_longest_trials_go_out_first(cluster: Cluster) -> None:
     cluster.start_workers(1, concurrency=1)
     path = cluster.selection(
-        {"001": {}, "002": {}, "003": {}}, agent_timeout_sec={"002": 900.0, "003": 600.0}
+        {"001": {}, "002": {}, "003": {}}, agent_timeout_sec={"002": 900.0, "003": 700.0}
     )
     done = cluster.submit(path, "ordered")
     assert done.returncode == 0, done.stderr
