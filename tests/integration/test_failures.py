@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import time
 
 import pytest
 
+from tests.fixtures.services import Worker
 from tests.integration.conftest import LEASE_SECONDS, Cluster
 
 pytestmark = pytest.mark.integration
@@ -27,8 +31,6 @@ def _records(cluster: Cluster, job: str) -> dict[str, dict]:  # type: ignore[typ
 
 
 def _pier_pids_running(cluster: Cluster) -> list[int]:
-    import subprocess
-
     out = subprocess.run(["pgrep", "-f", "fake_pier.py run"], capture_output=True, text=True)
     return [int(pid) for pid in out.stdout.split()]
 
@@ -38,11 +40,7 @@ def test_pool_process_killed_mid_trial_completes_once(cluster: Cluster) -> None:
     path = cluster.selection({"001": {"sleep_sec": 4.0, "reward": 1.0}})
     cluster.submit(path, "poolkill", wait=False)
     _wait_for(lambda: bool(_pier_pids_running(cluster)), 30, "the trial to start")
-    owner = next(w for w in cluster.workers if any(
-        str(pid) in _children_of(w) for pid in _pier_pids_running(cluster)))  # fmt: skip
-    import os
-    import signal
-
+    owner = _owner_of_running_trial(cluster)
     for pid in owner.pool_pids():
         os.kill(pid, signal.SIGKILL)
     _wait_for(lambda: (cluster.jobs_dir / "poolkill" / "summary.csv").exists(), 60, "the summary")
@@ -54,11 +52,12 @@ def test_pool_process_killed_mid_trial_completes_once(cluster: Cluster) -> None:
     assert len(rows) == 2  # header + exactly one result
 
 
-def _children_of(worker) -> str:  # type: ignore[no-untyped-def]
-    import subprocess
-
-    out = subprocess.run(["pgrep", "-g", str(worker.proc.pid)], capture_output=True, text=True)
-    return out.stdout
+def _owner_of_running_trial(cluster: Cluster) -> Worker:
+    """The worker whose pool process started the running (fake) Pier."""
+    pier_pid = _pier_pids_running(cluster)[0]
+    parent = int(subprocess.run(["ps", "-o", "ppid=", "-p", str(pier_pid)],
+                                capture_output=True, text=True).stdout.strip())  # fmt: skip
+    return next(w for w in cluster.workers if parent in w.pool_pids())
 
 
 def test_whole_worker_killed_trial_redone_within_two_leases(cluster: Cluster) -> None:
@@ -66,8 +65,7 @@ def test_whole_worker_killed_trial_redone_within_two_leases(cluster: Cluster) ->
     path = cluster.selection({"001": {"sleep_sec": 5.0, "reward": 1.0}})
     cluster.submit(path, "hostkill", wait=False)
     _wait_for(lambda: bool(_pier_pids_running(cluster)), 30, "the trial to start")
-    victim = next(w for w in cluster.workers if _pier_pids_running(cluster)[0] and
-                  str(_pier_pids_running(cluster)[0]) in _children_of(w))  # fmt: skip
+    victim = _owner_of_running_trial(cluster)
     killed_at = time.monotonic()
     victim.kill_all()  # parent, pool and fake Pier: the host is gone
     _wait_for(lambda: bool(_pier_pids_running(cluster)), 2 * LEASE_SECONDS + 2, "the trial to restart")
@@ -84,7 +82,7 @@ def test_whole_worker_killed_trial_redone_within_two_leases(cluster: Cluster) ->
 def test_cancel_stops_running_and_queued_trials(cluster: Cluster) -> None:
     cluster.start_workers(1, concurrency=2)
     path = cluster.selection({f"{i:03d}": {"sleep_sec": 30.0} for i in range(1, 6)})
-    cluster.submit(path, "cancelme", wait=False)
+    cluster.submit(path, "cancelme", "--n-concurrent", "2", wait=False)
     _wait_for(lambda: len(_pier_pids_running(cluster)) == 2, 30, "two trials to run")
     started = time.monotonic()
     done = cluster.cli("cancel", "cancelme", "--jobs-dir", str(cluster.jobs_dir))
