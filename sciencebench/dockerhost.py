@@ -69,6 +69,9 @@ from sciencebench.errors import PreflightError, PullError, WorkspaceError
 from sciencebench.taskspec import check_image_ref, image_digest, image_repository
 
 COMPOSE_PROJECT_LABEL = "com.docker.compose.project"
+# Every container the network-policy environment starts carries this label
+# (its value is the container's role); a sweep only touches such projects.
+MANAGED_LABEL = "org.sciencebench.network-role"
 STATE_DIR_ENV = "SCIENCEBENCH_STATE_DIR"
 # A fixed host-local directory shared by every worker process of the host (not a temp file).
 DEFAULT_STATE_DIR = Path("/var/tmp/sciencebench")  # noqa: S108
@@ -837,7 +840,8 @@ def sweep_leftovers(
     """Remove what crashed trials left on this host; call at worker start.
 
     Considers only compose projects shaped like Pier trial projects
-    (`is_pier_project`), optionally only those starting with `prefix`. Leaves
+    (`is_pier_project`) with a container sciencebench's policy environment
+    started (`MANAGED_LABEL`), optionally only those starting with `prefix`. Leaves
     alone every project covered by `active` (the caller's live trial names or
     `pier_trial_prefix`es) or by a `trial_lease` held in any process of this
     host. Everything else goes as in `cleanup_trial`; pinned task images are
@@ -848,7 +852,10 @@ def sweep_leftovers(
     """
     try:
         with _client_or(client) as api:
-            candidates = compose_projects_api(api)
+            candidates = {
+                (item.get("Labels") or {}).get(COMPOSE_PROJECT_LABEL, "")
+                for item in api.containers(all=True, filters={"label": [MANAGED_LABEL]})
+            } - {""}
     except (PreflightError, *_ENGINE_ERRORS) as exc:
         return CleanupReport(errors=[_one_line(str(exc))])
     # Leases are read after listing: a trial that starts in between is either

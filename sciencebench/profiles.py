@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import re
 from pathlib import Path
 from typing import Literal
@@ -156,6 +157,45 @@ def parse_gateway(url: str, variable: str) -> Gateway:
 
 # --- provider translation --------------------------------------------------
 
+PROVIDER_ID = "sciencebench"
+PROVIDER_NAME = "sciencebench gateway"
+CREDENTIAL_ENV = "OPENAI_API_KEY"
+WIRE_APIS = ("responses", "chat")
+
+
+def _toml_string(value: str) -> str:
+    # JSON's escapes (\" \\ \n \uXXXX ...) are all valid in a TOML basic string.
+    return json.dumps(value, ensure_ascii=True)
+
+
+def render_provider_toml(gateway: Gateway, wire_api: str) -> str:
+    """The Codex config.toml fragment selecting `gateway` as the only model provider.
+
+    Top-level keys come first: Pier appends the fragment after its own
+    top-level lines and before any MCP tables. Hosted web search is disabled
+    both ways Codex has spelled it: top-level ``web_search = "disabled"``
+    (current releases) and ``[tools] web_search = false`` (older ones; newer
+    releases accept and ignore it). Raises ProfileError for an unknown wire API.
+    """
+    if wire_api not in WIRE_APIS:
+        raise ProfileError(f"wire_api: must be one of {', '.join(WIRE_APIS)}")
+    lines = [
+        f"model_provider = {_toml_string(PROVIDER_ID)}",
+        'web_search = "disabled"',
+        "",
+        f"[model_providers.{PROVIDER_ID}]",
+        f"name = {_toml_string(PROVIDER_NAME)}",
+        f"base_url = {_toml_string(gateway.url)}",
+        f"env_key = {_toml_string(CREDENTIAL_ENV)}",
+        f"wire_api = {_toml_string(wire_api)}",
+        "supports_websockets = false",
+        "",
+        "[tools]",
+        "web_search = false",
+        "",
+    ]
+    return "\n".join(lines)
+
 
 class Provider(BaseModel):
     """What the run record says about the model provider (no credentials)."""
@@ -236,8 +276,12 @@ def plan_agent(
             raise ProfileError("OPENAI_API_KEY: required for --agent codex (set it in --env-file)")
         if not models:
             models = [env_values.get("MODEL", DEFAULT_CODEX_MODEL)]
-        kwargs.setdefault("base_url", gateway.url)
-        kwargs.setdefault("wire_api", wire_api)
+        if agent_import_path is None and not auto_agent_adapter:
+            # Pier's built-in Codex agent takes the provider block as config_toml.
+            kwargs.setdefault("config_toml", render_provider_toml(gateway, wire_api))
+        else:
+            kwargs.setdefault("base_url", gateway.url)
+            kwargs.setdefault("wire_api", wire_api)
         if "CODEX_VERSION" in env_values:
             kwargs.setdefault("version", env_values["CODEX_VERSION"])
         if "CODEX_REASONING_EFFORT" in env_values:

@@ -369,6 +369,7 @@ services:
       context: .
     command: ["sh", "-c", "sleep infinity"]
     stop_signal: SIGKILL
+    labels: {{"{dockerhost.MANAGED_LABEL}": "agent"}}
     volumes: ["data:/data"]
     networks: [default, side]
   sidecar:
@@ -466,6 +467,10 @@ def test_sweep_removes_orphans_only(
     projects = [dockerhost.compose_project_name(n) for n in (orphan, active, leased)] + [foreign]
     for project in projects:
         _compose(project, compose_file, "up", "-d", "--wait", "main")
+    # A Pier-shaped trial that sciencebench did not start (someone's own `pier run`).
+    unmanaged = dockerhost.compose_project_name(f"{prefix}d__{_rand7()}")
+    _compose(unmanaged, compose_file, "up", "-d", "--wait", "sidecar")
+    projects.append(unmanaged)
     orphan_project = projects[0]
     try:
         # Leased the way a trial runner does before Pier has named the trial.
@@ -488,6 +493,7 @@ def test_sweep_removes_orphans_only(
         report = dockerhost.sweep_leftovers(active={active}, prefix=prefix, state=state)
         assert report.projects == [projects[2]]
         assert foreign in dockerhost.compose_projects(client)
+        assert unmanaged in dockerhost.compose_projects(client)
     finally:
         dockerhost.cleanup_trial(projects)
     assert not {p for p in dockerhost.compose_projects(client) if p.startswith(prefix)}

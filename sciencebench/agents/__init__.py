@@ -1,0 +1,1 @@
+"""Harness adapters sciencebench passes to Pier with `--agent-import-path`."""

@@ -1,0 +1,114 @@
+"""The compose override that puts a trial's containers under the policy (pure).
+
+Pier composes `main` from its own files; this override comes last and adds:
+
+- `none` mode (no inference egress: nop, oracle, verifiers): `main` gets
+  `network_mode: none`;
+- `isolated-allowlist` mode: `main` joins only `sb-internal`, an internal
+  bridge with IPv6 off whose IPv4 gateway mode is `isolated` (the bridge
+  gets no address, so there is no route to the host either); the proxy
+  service joins `sb-internal` and `sb-egress` with IPv4/IPv6 forwarding off.
+
+In both modes every service drops NET_ADMIN and NET_RAW, is not privileged,
+and `main` stops with SIGKILL: Pier runs `sh -c "sleep infinity"` as PID 1,
+which ignores SIGTERM, so `compose down` would otherwise wait out the 10 s
+grace period on every trial.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sciencebench.dockerhost import MANAGED_LABEL
+from sciencebench.network.squid import PROXY_PORT, SQUID_AUTH_FILE, SQUID_CONF_PATH
+
+Mode = Literal["none", "isolated-allowlist"]
+
+AGENT_SERVICE = "main"
+PROXY_SERVICE = "sb-egress-proxy"
+INTERNAL_NETWORK = "sb-internal"
+EGRESS_NETWORK = "sb-egress"
+DROPPED_CAPS = ("NET_ADMIN", "NET_RAW")
+GATEWAY_MODE_OPTION = "com.docker.network.bridge.gateway_mode_ipv4"
+FORWARDING_SYSCTLS = {"net.ipv4.ip_forward": "0", "net.ipv6.conf.all.forwarding": "0"}
+ROLE_LABEL = MANAGED_LABEL  # also what a worker's leftover sweep looks for
+
+
+@dataclass(frozen=True)
+class ProxyFiles:
+    """Where the proxy's image and host-side configuration files are."""
+
+    image: str
+    squid_conf: str
+    passwd: str
+
+
+def _literal(value: str) -> str:
+    # Compose interpolates `$` in every string; host paths must stay literal.
+    return value.replace("$", "$$")
+
+
+def _hardening(role: str) -> dict[str, Any]:
+    return {
+        "cap_drop": list(DROPPED_CAPS),
+        "privileged": False,
+        "stop_signal": "SIGKILL",
+        "labels": {ROLE_LABEL: role},
+    }
+
+
+def policy_compose(mode: Mode, proxy: ProxyFiles | None = None) -> dict[str, Any]:
+    """The compose override for `mode`; `proxy` is required exactly in egress mode.
+
+    Raises ValueError when `proxy` and `mode` disagree (a programming error,
+    not a policy decision).
+    """
+    main: dict[str, Any] = _hardening("agent")
+    if mode == "none":
+        if proxy is not None:
+            raise ValueError("network_mode none takes no proxy")
+        main["network_mode"] = "none"
+        return {"services": {AGENT_SERVICE: main}}
+    if proxy is None:
+        raise ValueError("isolated-allowlist mode needs the proxy files")
+
+    main["networks"] = [INTERNAL_NETWORK]
+    main["depends_on"] = {PROXY_SERVICE: {"condition": "service_healthy"}}
+    proxy_service: dict[str, Any] = {
+        **_hardening("proxy"),
+        "image": _literal(proxy.image),
+        # The image is pinned and distributed ahead of time; never build it here.
+        "pull_policy": "missing",
+        "command": ["squid", "-N", "-d", "1", "-f", SQUID_CONF_PATH],
+        "volumes": [
+            {
+                "type": "bind",
+                "source": _literal(proxy.squid_conf),
+                "target": SQUID_CONF_PATH,
+                "read_only": True,
+            },
+            {"type": "bind", "source": _literal(proxy.passwd), "target": SQUID_AUTH_FILE, "read_only": True},
+        ],
+        "networks": [INTERNAL_NETWORK, EGRESS_NETWORK],
+        "sysctls": dict(FORWARDING_SYSCTLS),
+        "security_opt": ["no-new-privileges:true"],
+        "healthcheck": {
+            "test": ["CMD", "bash", "-c", f"</dev/tcp/127.0.0.1/{PROXY_PORT}"],
+            "interval": "1s",
+            "timeout": "1s",
+            "retries": 30,
+        },
+    }
+    return {
+        "services": {AGENT_SERVICE: main, PROXY_SERVICE: proxy_service},
+        "networks": {
+            INTERNAL_NETWORK: {
+                "driver": "bridge",
+                "internal": True,
+                "enable_ipv6": False,
+                "driver_opts": {GATEWAY_MODE_OPTION: "isolated"},
+            },
+            EGRESS_NETWORK: {"driver": "bridge", "enable_ipv6": False},
+        },
+    }

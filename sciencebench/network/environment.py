@@ -1,0 +1,296 @@
+"""`IsolatedDockerEnvironment`: Pier's Docker environment under the offline network policy.
+
+Selected with::
+
+    pier run ... --environment-import-path \\
+        sciencebench.network.environment:IsolatedDockerEnvironment \\
+        --ek 'inference_urls=["http://gw:4000/v1"]'
+
+Pier builds the separate verifier environment from the same class and
+keywords. Each environment decides its mode from the agent's provider
+allowlist: an allowlist (codex, claude-code, ...) gives `isolated-allowlist`
+(agent on an internal isolated bridge, a pinned squid proxy as the only way
+out); no allowlist (nop, oracle, verifiers) gives `network_mode: none`.
+
+Lifecycle (`start`): plan (refuse what the policy cannot run) -> Pier's own
+start with the policy compose override -> inspect the real containers and
+networks within 15 s -> stop and raise on any deviation, otherwise write
+`network-policy-<session>.json` into the trial directory. The agent is set up
+by Pier only after `start` returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import requests
+from docker.errors import DockerException
+from pier.environments.agent_setup import new_proxy_token, proxy_environment
+from pier.environments.docker.docker import (
+    DockerEnvironment,
+    _sanitize_docker_compose_project_name,
+)
+
+from sciencebench.errors import ProfileError
+from sciencebench.network.compose import PROXY_SERVICE, Mode, ProxyFiles, policy_compose
+from sciencebench.network.errors import PolicyRefused, PolicyViolation
+from sciencebench.network.inspection import (
+    INSPECT_TIMEOUT_SEC,
+    collect_snapshot,
+    inspect_policy,
+    policy_record,
+)
+from sciencebench.network.squid import (
+    PROXY_PORT,
+    normalize_domains,
+    passwd_line,
+    render_squid_conf,
+)
+from sciencebench.profiles import Gateway, parse_gateway
+from sciencebench.taskspec import check_image_ref
+
+PROXY_IMAGE_ENV = "SCIENCEBENCH_PROXY_IMAGE"
+
+
+@dataclass(frozen=True)
+class EgressPlan:
+    """What one environment will run: its mode and, in egress mode, what the proxy allows."""
+
+    mode: Mode
+    domains: tuple[str, ...] = ()
+    gateways: tuple[Gateway, ...] = ()
+    proxy_image: str | None = None
+
+    @property
+    def inference_domains(self) -> list[str]:
+        """Every host the proxy lets through (allowlist entries and gateway hosts)."""
+        return sorted(set(self.domains) | {g.host for g in self.gateways})
+
+    @property
+    def gateway_authorities(self) -> list[str]:
+        return sorted({g.authority for g in self.gateways})
+
+
+def parse_inference_urls(value: object) -> list[Gateway]:
+    """Gateways from the `inference_urls` environment keyword.
+
+    Pier hands `--ek` values over JSON-decoded when they parse, so `value` is
+    a list of URLs, a single URL, a JSON list still in a string, or None.
+    Raises PolicyRefused for anything that is not an http(s) URL with a valid
+    host and port (the URL itself is not echoed: it may embed a credential).
+    """
+    if value is None or value == "":
+        return []
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.lstrip().startswith("[") else [value]
+        except json.JSONDecodeError:
+            raise PolicyRefused("inference_urls: not a JSON list of URLs") from None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise PolicyRefused("inference_urls: expected a list of URL strings")
+    gateways: list[Gateway] = []
+    for position, url in enumerate(value, start=1):
+        try:
+            gateways.append(parse_gateway(url, f"inference_urls[{position}]"))
+        except ProfileError as exc:
+            raise PolicyRefused(str(exc)) from None
+    return list(dict.fromkeys(gateways))
+
+
+def plan_egress(
+    *,
+    allow_internet: bool,
+    uses_compose: bool,
+    allowlist_domains: Sequence[str],
+    inference_urls: object,
+    proxy_image: str | None,
+) -> EgressPlan:
+    """Decide the mode of one environment, or refuse it.
+
+    Egress exists only when the harness declares a provider allowlist; then
+    the configured gateways are added and a digest-pinned proxy image is
+    required. Raises PolicyRefused when the task allows internet, a gateway
+    URL or an allowlist entry is invalid, the proxy image is missing or not
+    pinned, or a task's own docker-compose.yaml would be combined with egress.
+    """
+    if allow_internet:
+        raise PolicyRefused("task sets allow_internet = true; the offline network policy refuses it")
+    gateways = parse_inference_urls(inference_urls)
+    domains = normalize_domains(allowlist_domains)
+    if not domains:
+        return EgressPlan(mode="none")
+    if uses_compose:
+        raise PolicyRefused("inference egress is not supported for tasks with their own docker-compose.yaml")
+    if not proxy_image:
+        raise PolicyRefused(
+            f"no inference proxy image configured: set {PROXY_IMAGE_ENV} "
+            "(or --ek proxy_image=...) to a digest-pinned squid image"
+        )
+    try:
+        check_image_ref(proxy_image)
+    except ValueError as exc:
+        raise PolicyRefused(f"proxy image: {exc}") from None
+    return EgressPlan(
+        mode="isolated-allowlist",
+        domains=tuple(domains),
+        gateways=tuple(gateways),
+        proxy_image=proxy_image,
+    )
+
+
+class IsolatedDockerEnvironment(DockerEnvironment):
+    """Pier's DockerEnvironment with the offline network policy enforced and verified.
+
+    Extra keywords (from `--ek`): `inference_urls`, the gateway base URLs
+    whose `host:port` the proxy allows; `proxy_image`, the proxy image ref
+    (default: the `SCIENCEBENCH_PROXY_IMAGE` environment variable).
+    `start` raises PolicyRefused or PolicyViolation (both PolicyError).
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        inference_urls: object = None,
+        proxy_image: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # Decisions that can fail wait for start(): an exception raised here
+        # would abort Pier's whole job instead of being recorded on the trial.
+        self._inference_urls = inference_urls
+        self._proxy_image = proxy_image or os.environ.get(PROXY_IMAGE_ENV) or None
+        self._plan: EgressPlan | None = None
+        self._policy_compose_path: Path | None = None
+        super().__init__(*args, **kwargs)
+
+    @property
+    def policy_dir(self) -> Path:
+        """Per-session directory, inside the trial directory, for the policy's files."""
+        return Path(self.trial_paths.trial_dir) / "network-policy" / self.session_id
+
+    @property
+    def policy_record_path(self) -> Path:
+        return Path(self.trial_paths.trial_dir) / f"network-policy-{self.session_id}.json"
+
+    @property
+    def compose_project(self) -> str:
+        return str(_sanitize_docker_compose_project_name(self.session_id))
+
+    @property
+    def _docker_compose_paths(self) -> list[Path]:
+        paths: list[Path] = list(super()._docker_compose_paths)
+        # Last, so its scalars (network_mode, stop_signal, ...) win.
+        if self._policy_compose_path is not None and self._policy_compose_path not in paths:
+            paths.append(self._policy_compose_path)
+        return paths
+
+    def _make_plan(self) -> EgressPlan:
+        return plan_egress(
+            allow_internet=bool(self.task_env_config.allow_internet),
+            uses_compose=bool(self._uses_compose),
+            allowlist_domains=list(self.network_allowlist.domains),
+            inference_urls=self._inference_urls,
+            proxy_image=self._proxy_image,
+        )
+
+    def _prepare_egress_proxy_compose(self) -> None:
+        # Replaces Pier's version, which builds a squid image from ubuntu:24.04
+        # with apt at trial time (impossible offline) and has no policy checks.
+        plan = self._plan if self._plan is not None else self._make_plan()
+        self._plan = plan
+        directory = self.policy_dir
+        directory.mkdir(parents=True, exist_ok=True)
+        proxy: ProxyFiles | None = None
+        if plan.mode == "isolated-allowlist":
+            assert plan.proxy_image is not None
+            token = new_proxy_token()
+            squid_conf = directory / "squid.conf"
+            passwd = directory / "squid.passwd"
+            squid_conf.write_text(render_squid_conf(plan.domains, plan.gateways))
+            passwd.write_text(passwd_line(token))
+            # squid's auth helper runs as the unprivileged `proxy` user.
+            for path in (squid_conf, passwd):
+                path.chmod(0o644)
+            proxy = ProxyFiles(
+                image=plan.proxy_image,
+                squid_conf=str(squid_conf.resolve()),
+                passwd=str(passwd.resolve()),
+            )
+            self._egress_proxy_env = proxy_environment(token, PROXY_SERVICE, PROXY_PORT)
+        compose_path = directory / "docker-compose-policy.json"
+        compose_path.write_text(json.dumps(policy_compose(plan.mode, proxy), indent=2))
+        self._policy_compose_path = compose_path
+        if plan.mode == "isolated-allowlist":
+            # Pier appends its no-network file only when no egress file is set.
+            self._egress_proxy_compose_path = compose_path
+
+    async def start(self, force_build: bool) -> None:
+        """Start under the policy, then verify it before Pier sets up the agent.
+
+        Raises PolicyRefused before anything is started, and PolicyViolation
+        (after stopping the environment) when inspection fails or cannot
+        finish within 15 s.
+        """
+        self._plan = self._make_plan()
+        await super().start(force_build=force_build)
+        await self._enforce(self._plan)
+
+    async def _enforce(self, plan: EgressPlan) -> None:
+        try:
+            snapshot = await asyncio.wait_for(
+                asyncio.to_thread(collect_snapshot, self.compose_project, INSPECT_TIMEOUT_SEC),
+                timeout=INSPECT_TIMEOUT_SEC,
+            )
+        except TimeoutError:
+            await self._stop_after_violation()
+            raise PolicyViolation([f"inspection did not finish within {INSPECT_TIMEOUT_SEC:g} s"]) from None
+        except (DockerException, requests.RequestException, OSError) as exc:
+            await self._stop_after_violation()
+            raise PolicyViolation([f"inspection failed: {exc}"]) from exc
+        violations = inspect_policy(
+            snapshot.engine_version, snapshot.containers, snapshot.networks, mode=plan.mode
+        )
+        if violations:
+            await self._stop_after_violation()
+            raise PolicyViolation(violations)
+        record = policy_record(
+            snapshot,
+            mode=plan.mode,
+            session_id=self.session_id,
+            inference_domains=plan.inference_domains,
+            gateway_authorities=plan.gateway_authorities,
+            proxy_image=plan.proxy_image,
+        )
+        self.policy_record_path.write_text(json.dumps(record, indent=2) + "\n")
+
+    async def _stop_after_violation(self) -> None:
+        # delete=False: never remove the shared task or proxy images here;
+        # Pier's own cleanup runs `stop` again with the job's setting.
+        try:
+            await self.stop(delete=False)
+        except Exception as exc:
+            self.logger.warning(f"stopping after a policy violation failed: {exc}")
+
+    async def stop(self, delete: bool) -> None:
+        """Stop like Pier, except that `delete` never removes images named in compose.
+
+        Pier's `down --rmi all` would also delete the pinned proxy image (and
+        the task's prebuilt image) that other trials on this host share;
+        `--rmi local` removes only the images compose built for this trial.
+        """
+        if not delete or self._keep_containers:
+            await super().stop(delete)
+            return
+        await self.prepare_logs_for_host()
+        try:
+            await self._run_docker_compose_command(
+                ["down", "--rmi", "local", "--volumes", "--remove-orphans"]
+            )
+        except Exception as exc:
+            self.logger.warning(f"Docker compose down failed: {exc}")
+        self._cleanup_resources_compose_file()

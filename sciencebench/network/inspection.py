@@ -1,0 +1,261 @@
+"""Inspection of a started trial: the verdict is a pure function of `docker inspect` JSON.
+
+`collect_snapshot` is the only part that talks to Docker (through the SDK,
+so `DOCKER_HOST` is honoured); `inspect_policy` turns what it collected into
+a list of failed checks, empty when the trial may proceed; `policy_record`
+is what the trial directory keeps as `network-policy-<session>.json`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import docker
+
+from sciencebench.network.compose import (
+    AGENT_SERVICE,
+    DROPPED_CAPS,
+    FORWARDING_SYSCTLS,
+    GATEWAY_MODE_OPTION,
+    PROXY_SERVICE,
+    Mode,
+)
+
+MIN_ENGINE_MAJOR = 28
+INSPECT_TIMEOUT_SEC = 15.0
+POLICY_NAME = "isolated-bridge"
+SERVICE_LABEL = "com.docker.compose.service"
+PROJECT_LABEL = "com.docker.compose.project"
+
+Json = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What Docker says about one compose project, as `docker inspect` JSON."""
+
+    engine_version: str
+    containers: list[dict[str, Any]]
+    networks: list[dict[str, Any]]
+
+
+def collect_snapshot(project: str, timeout_sec: float = INSPECT_TIMEOUT_SEC) -> Snapshot:
+    """Inspect every container of compose `project` and every network they join.
+
+    Raises docker.errors.DockerException (or requests' errors beneath it) when
+    the Engine cannot be reached or answers with an error within `timeout_sec`
+    per request.
+    """
+    client = docker.from_env(timeout=max(1, int(timeout_sec)))
+    try:
+        engine_version = str(client.version().get("Version", ""))
+        containers = [
+            dict(c.attrs)
+            for c in client.containers.list(all=True, filters={"label": f"{PROJECT_LABEL}={project}"})
+        ]
+        network_ids = sorted(
+            {
+                str(endpoint.get("NetworkID"))
+                for c in containers
+                for endpoint in ((c.get("NetworkSettings") or {}).get("Networks") or {}).values()
+                if endpoint.get("NetworkID")
+            }
+        )
+        networks = [dict(client.api.inspect_network(net_id)) for net_id in network_ids]
+    finally:
+        client.close()
+    return Snapshot(engine_version=engine_version, containers=containers, networks=networks)
+
+
+def engine_major(version: str) -> int | None:
+    """The major version of an Engine version string (`28.5.2+dfsg4` -> 28), or None."""
+    match = re.match(r"^\s*v?(\d+)(?:\.|$)", version)
+    return int(match.group(1)) if match else None
+
+
+def _name(container: Json) -> str:
+    labels = (container.get("Config") or {}).get("Labels") or {}
+    service = labels.get(SERVICE_LABEL)
+    name = str(container.get("Name") or container.get("Id", "?")[:12]).lstrip("/")
+    return f"{service} ({name})" if service else name
+
+
+def _caps(values: Sequence[str] | None) -> set[str]:
+    return {v.upper().removeprefix("CAP_") for v in values or []}
+
+
+def _container_checks(container: Json) -> list[str]:
+    """Checks every container must pass, whatever its role."""
+    name = _name(container)
+    host = container.get("HostConfig") or {}
+    failures: list[str] = []
+    dropped = _caps(host.get("CapDrop"))
+    for cap in DROPPED_CAPS:
+        if cap not in dropped and "ALL" not in dropped:
+            failures.append(f"{name}: {cap} not in HostConfig.CapDrop")
+    if host.get("Privileged"):
+        failures.append(f"{name}: Privileged is true")
+    if host.get("CapAdd"):
+        failures.append(f"{name}: CapAdd is {sorted(host['CapAdd'])}, expected none")
+    for mount in container.get("Mounts") or []:
+        if any(str(mount.get(key, "")).endswith("docker.sock") for key in ("Source", "Destination")):
+            failures.append(f"{name}: mounts the Docker socket ({mount.get('Destination')})")
+    return failures
+
+
+def _endpoints(container: Json) -> dict[str, Json]:
+    return dict((container.get("NetworkSettings") or {}).get("Networks") or {})
+
+
+def _find_network(networks: Sequence[Json], key: str, endpoint: Json) -> Json | None:
+    wanted = endpoint.get("NetworkID")
+    for network in networks:
+        if (wanted and network.get("Id") == wanted) or (not wanted and network.get("Name") == key):
+            return network
+    return None
+
+
+def _internal_network_checks(network: Json, label: str) -> list[str]:
+    failures: list[str] = []
+    if network.get("Driver") != "bridge":
+        failures.append(f"{label}: driver is {network.get('Driver')!r}, expected 'bridge'")
+    if network.get("Internal") is not True:
+        failures.append(f"{label}: not Internal")
+    if network.get("EnableIPv6") is not False:
+        failures.append(f"{label}: EnableIPv6 is {network.get('EnableIPv6')!r}, expected false")
+    mode = (network.get("Options") or {}).get(GATEWAY_MODE_OPTION)
+    if mode != "isolated":
+        failures.append(f"{label}: {GATEWAY_MODE_OPTION} is {mode!r}, expected 'isolated'")
+    configs = (network.get("IPAM") or {}).get("Config") or []
+    if not configs:
+        failures.append(f"{label}: no IPAM config")
+    gateways = [c["Gateway"] for c in configs if c.get("Gateway")]
+    if gateways:
+        failures.append(f"{label}: has a host gateway {gateways}")
+    return failures
+
+
+def inspect_policy(
+    engine_version: str,
+    containers: Sequence[Json],
+    networks: Sequence[Json],
+    *,
+    mode: Mode,
+    agent_service: str = AGENT_SERVICE,
+    proxy_service: str = PROXY_SERVICE,
+) -> list[str]:
+    """Every check the started trial fails; an empty list means it complies.
+
+    `containers` are `docker inspect` objects of all containers of the trial's
+    compose project (identified by their compose service label), `networks`
+    the `docker network inspect` objects of every network they join. `mode`
+    is what the environment configured: `none` (the agent has no network at
+    all) or `isolated-allowlist` (agent on one internal isolated bridge shared
+    only with the proxy). Never raises on malformed input: a missing field is
+    a failed check.
+    """
+    failures: list[str] = []
+    major = engine_major(engine_version)
+    if major is None or major < MIN_ENGINE_MAJOR:
+        failures.append(f"engine: version {engine_version!r} is older than {MIN_ENGINE_MAJOR}")
+
+    by_service: dict[str, list[Json]] = {}
+    for container in containers:
+        labels = (container.get("Config") or {}).get("Labels") or {}
+        by_service.setdefault(str(labels.get(SERVICE_LABEL, "")), []).append(container)
+        failures.extend(_container_checks(container))
+
+    expected = {agent_service} | ({proxy_service} if mode == "isolated-allowlist" else set())
+    for service, members in sorted(by_service.items()):
+        if service not in expected:
+            failures.extend(f"{_name(c)}: unexpected container in the trial" for c in members)
+    for service in sorted(expected):
+        count = len(by_service.get(service, []))
+        if count != 1:
+            failures.append(f"{service}: {count} containers, expected exactly 1")
+    agents = by_service.get(agent_service, [])
+    proxies = by_service.get(proxy_service, [])
+    if len(agents) != 1:
+        return failures
+    agent = agents[0]
+    agent_mode = (agent.get("HostConfig") or {}).get("NetworkMode")
+
+    if mode == "none":
+        if agent_mode != "none":
+            failures.append(f"{_name(agent)}: NetworkMode is {agent_mode!r}, expected 'none'")
+        return failures
+
+    endpoints = _endpoints(agent)
+    if agent_mode == "none" or len(endpoints) != 1:
+        failures.append(
+            f"{_name(agent)}: joins {len(endpoints)} network(s) {sorted(endpoints)} with "
+            f"NetworkMode {agent_mode!r}, expected exactly one internal network"
+        )
+        return failures
+    ((key, endpoint),) = endpoints.items()
+    internal = _find_network(networks, key, endpoint)
+    if internal is None:
+        failures.append(f"network {key}: not inspected")
+        return failures
+    failures.extend(_internal_network_checks(internal, f"network {key}"))
+
+    proxy = proxies[0] if len(proxies) == 1 else None
+    allowed_members = {agent.get("Id")} | ({proxy.get("Id")} if proxy else set())
+    for member_id, member in sorted((internal.get("Containers") or {}).items()):
+        if member_id not in allowed_members:
+            failures.append(f"network {key}: unexpected member {member.get('Name', member_id)}")
+
+    if proxy is None:
+        return failures
+    proxy_endpoints = _endpoints(proxy)
+    if len(proxy_endpoints) != 2:
+        failures.append(
+            f"{_name(proxy)}: joins {len(proxy_endpoints)} network(s) "
+            f"{sorted(proxy_endpoints)}, expected exactly 2"
+        )
+    if not any(e.get("NetworkID") == internal.get("Id") for e in proxy_endpoints.values()):
+        failures.append(f"{_name(proxy)}: not on the agent's internal network {key}")
+    sysctls = (proxy.get("HostConfig") or {}).get("Sysctls") or {}
+    for sysctl, value in FORWARDING_SYSCTLS.items():
+        if sysctls.get(sysctl) != value:
+            failures.append(f"{_name(proxy)}: sysctl {sysctl} is {sysctls.get(sysctl)!r}, expected {value!r}")
+    return failures
+
+
+def policy_record(
+    snapshot: Snapshot,
+    *,
+    mode: Mode,
+    session_id: str,
+    inference_domains: Sequence[str],
+    gateway_authorities: Sequence[str],
+    proxy_image: str | None,
+    agent_service: str = AGENT_SERVICE,
+) -> dict[str, Any]:
+    """The `network-policy-<session>.json` document of a trial that passed inspection.
+
+    `host_gateway` is null and `proxy_forwarding` false because inspection
+    just proved both; `internal_network` is null in `none` mode.
+    """
+    agent = next(
+        c
+        for c in snapshot.containers
+        if ((c.get("Config") or {}).get("Labels") or {}).get(SERVICE_LABEL) == agent_service
+    )
+    internal = sorted(_endpoints(agent)) if mode == "isolated-allowlist" else []
+    return {
+        "policy": POLICY_NAME,
+        "session_id": session_id,
+        "container_id": agent.get("Id"),
+        "inference_domains": list(inference_domains),
+        "gateway_authorities": list(gateway_authorities),
+        "network_mode": mode,
+        "internal_network": internal[0] if internal else None,
+        "host_gateway": None,
+        "proxy_forwarding": False,
+        "proxy_image": proxy_image,
+        "engine_version": snapshot.engine_version,
+    }

@@ -1,0 +1,76 @@
+"""The policy's compose override, per mode."""
+
+from __future__ import annotations
+
+import pytest
+
+from sciencebench.network.compose import ProxyFiles, policy_compose
+
+pytestmark = pytest.mark.unit
+
+PROXY = ProxyFiles(
+    image="127.0.0.1:5555/sciencebench/squid@sha256:" + "a" * 64,
+    squid_conf="/jobs/j/task_002__abc/network-policy/s/squid.conf",
+    passwd="/jobs/j/task_002__abc/network-policy/s/squid.passwd",
+)
+
+
+def test_none_mode_has_no_network_and_hardened_main() -> None:
+    compose = policy_compose("none")
+    assert set(compose) == {"services"}
+    main = compose["services"]["main"]
+    assert main["network_mode"] == "none"
+    assert main["cap_drop"] == ["NET_ADMIN", "NET_RAW"]
+    assert main["privileged"] is False
+    assert main["stop_signal"] == "SIGKILL"
+    assert "cap_add" not in main
+
+
+def test_egress_mode_puts_main_on_the_internal_network_only() -> None:
+    compose = policy_compose("isolated-allowlist", PROXY)
+    main = compose["services"]["main"]
+    assert main["networks"] == ["sb-internal"]
+    assert "network_mode" not in main
+    assert main["depends_on"] == {"sb-egress-proxy": {"condition": "service_healthy"}}
+    assert main["cap_drop"] == ["NET_ADMIN", "NET_RAW"]
+    assert main["stop_signal"] == "SIGKILL"
+
+
+def test_internal_network_is_an_isolated_ipv4_only_internal_bridge() -> None:
+    networks = policy_compose("isolated-allowlist", PROXY)["networks"]
+    assert networks["sb-internal"] == {
+        "driver": "bridge",
+        "internal": True,
+        "enable_ipv6": False,
+        "driver_opts": {"com.docker.network.bridge.gateway_mode_ipv4": "isolated"},
+    }
+    assert networks["sb-egress"] == {"driver": "bridge", "enable_ipv6": False}
+
+
+def test_proxy_is_pinned_hardened_and_does_not_forward() -> None:
+    proxy = policy_compose("isolated-allowlist", PROXY)["services"]["sb-egress-proxy"]
+    assert proxy["image"] == PROXY.image
+    assert "build" not in proxy
+    assert proxy["networks"] == ["sb-internal", "sb-egress"]
+    assert proxy["sysctls"] == {"net.ipv4.ip_forward": "0", "net.ipv6.conf.all.forwarding": "0"}
+    assert proxy["cap_drop"] == ["NET_ADMIN", "NET_RAW"]
+    assert proxy["privileged"] is False
+    assert "cap_add" not in proxy
+    targets = {v["target"]: (v["source"], v["read_only"]) for v in proxy["volumes"]}
+    assert targets == {
+        "/etc/squid/squid.conf": (PROXY.squid_conf, True),
+        "/etc/squid/sciencebench.passwd": (PROXY.passwd, True),
+    }
+
+
+def test_dollar_signs_in_host_paths_stay_literal_for_compose() -> None:
+    files = ProxyFiles(image=PROXY.image, squid_conf="/jobs/$HOME/squid.conf", passwd="/p")
+    proxy = policy_compose("isolated-allowlist", files)["services"]["sb-egress-proxy"]
+    assert proxy["volumes"][0]["source"] == "/jobs/$$HOME/squid.conf"
+
+
+def test_mode_and_proxy_must_agree() -> None:
+    with pytest.raises(ValueError):
+        policy_compose("none", PROXY)
+    with pytest.raises(ValueError):
+        policy_compose("isolated-allowlist")

@@ -1,0 +1,232 @@
+"""IsolatedDockerEnvironment without an engine: planning, refusals, the files it writes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before anything imports Pier
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pier.models.agent.network import NetworkAllowlist
+from pier.models.task.config import EnvironmentConfig
+from pier.models.trial.paths import TrialPaths
+
+from sciencebench.network.environment import (
+    IsolatedDockerEnvironment,
+    parse_inference_urls,
+    plan_egress,
+)
+from sciencebench.network.errors import PolicyRefused, PolicyViolation
+
+pytestmark = pytest.mark.unit
+
+PROXY_IMAGE = "127.0.0.1:5555/sciencebench/squid@sha256:" + "b" * 64
+BASE_IMAGE = "127.0.0.1:5555/sciencebench/base@sha256:" + "c" * 64
+
+
+def plan(**overrides: Any) -> Any:
+    kwargs: dict[str, Any] = {
+        "allow_internet": False,
+        "uses_compose": False,
+        "allowlist_domains": ["api.openai.com", "gw"],
+        "inference_urls": ["http://gw:4000/v1"],
+        "proxy_image": PROXY_IMAGE,
+    }
+    kwargs.update(overrides)
+    return plan_egress(**kwargs)
+
+
+# --- planning ------------------------------------------------------------------
+
+
+def test_allow_internet_is_refused() -> None:
+    with pytest.raises(PolicyRefused, match="allow_internet"):
+        plan(allow_internet=True)
+
+
+def test_no_allowlist_means_no_network_even_with_gateways() -> None:
+    result = plan(allowlist_domains=[], proxy_image=None)
+    assert result.mode == "none"
+    assert result.inference_domains == [] and result.gateway_authorities == []
+
+
+def test_allowlist_means_isolated_allowlist_with_gateway_authorities() -> None:
+    result = plan()
+    assert result.mode == "isolated-allowlist"
+    assert result.inference_domains == ["api.openai.com", "gw"]
+    assert result.gateway_authorities == ["gw:4000"]
+    assert result.proxy_image == PROXY_IMAGE
+
+
+def test_egress_without_a_proxy_image_is_refused() -> None:
+    with pytest.raises(PolicyRefused, match="SCIENCEBENCH_PROXY_IMAGE"):
+        plan(proxy_image=None)
+
+
+@pytest.mark.parametrize("ref", ["sciencebench/squid:latest", "squid@sha256:abc", "pending"])
+def test_unpinned_proxy_image_is_refused(ref: str) -> None:
+    with pytest.raises(PolicyRefused, match="proxy image"):
+        plan(proxy_image=ref)
+
+
+def test_compose_task_with_egress_is_refused_but_allowed_without() -> None:
+    with pytest.raises(PolicyRefused, match=r"docker-compose\.yaml"):
+        plan(uses_compose=True)
+    assert plan(uses_compose=True, allowlist_domains=[]).mode == "none"
+
+
+@pytest.mark.parametrize(
+    ("value", "authorities"),
+    [
+        (None, []),
+        ("", []),
+        (["http://gw:4000/v1"], ["gw:4000"]),
+        ('["http://gw:4000/v1", "https://gateway.example.edu/v1"]', ["gateway.example.edu:443", "gw:4000"]),
+        ("http://gw:4000/v1", ["gw:4000"]),
+        (["http://user:secret@gw:4000/v1?key=x"], ["gw:4000"]),
+    ],
+)
+def test_inference_urls_forms(value: object, authorities: list[str]) -> None:
+    assert sorted(g.authority for g in parse_inference_urls(value)) == authorities
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        ["ftp://gw:21/"],
+        ["http://gw:99999/"],
+        ["http://gw%0d%0aevil:4000"],
+        ["http://:4000"],
+        [4000],
+        "[not json",
+    ],
+)
+def test_bad_inference_urls_are_refused_without_echoing_them(value: object) -> None:
+    with pytest.raises(PolicyRefused) as info:
+        parse_inference_urls(value)
+    assert "evil" not in str(info.value)
+
+
+def test_allowlist_entry_that_could_inject_squid_config_is_refused() -> None:
+    with pytest.raises(PolicyRefused):
+        plan(allowlist_domains=["api.openai.com\nhttp_access allow all"])
+
+
+# --- the environment object ------------------------------------------------------
+
+
+def make_env(
+    tmp_path: Path,
+    *,
+    allowlist: list[str] | None,
+    allow_internet: bool = False,
+    session: str = "task_002__abc1234",
+    **kwargs: Any,
+) -> IsolatedDockerEnvironment:
+    env_dir = tmp_path / "task" / "environment"
+    env_dir.mkdir(parents=True, exist_ok=True)
+    (env_dir / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\n")
+    trial_paths = TrialPaths(trial_dir=tmp_path / "trial")
+    trial_paths.mkdir()  # type: ignore[no-untyped-call]
+    return IsolatedDockerEnvironment(
+        environment_dir=env_dir,
+        environment_name="task_002",
+        session_id=session,
+        trial_paths=trial_paths,
+        task_env_config=EnvironmentConfig(docker_image=BASE_IMAGE, allow_internet=allow_internet),
+        network_allowlist=NetworkAllowlist(domains=allowlist) if allowlist is not None else None,
+        **kwargs,
+    )
+
+
+def test_egress_environment_writes_proxy_files_and_compose_last(tmp_path: Path) -> None:
+    env = make_env(
+        tmp_path,
+        allowlist=["api.openai.com", "gw"],
+        inference_urls='["http://gw:4000/v1"]',
+        proxy_image=PROXY_IMAGE,
+    )
+    env._prepare_egress_proxy_compose()
+    policy_dir = tmp_path / "trial" / "network-policy" / "task_002__abc1234"
+    compose_path = policy_dir / "docker-compose-policy.json"
+    paths = env._docker_compose_paths
+    assert paths[-1] == compose_path
+    assert not any(p.name == "docker-compose-no-network.yaml" for p in paths)
+    compose = json.loads(compose_path.read_text())
+    assert compose["services"]["sb-egress-proxy"]["image"] == PROXY_IMAGE
+    conf = (policy_dir / "squid.conf").read_text()
+    assert "acl gateway_1_host dstdomain -n gw" in conf
+    assert "acl gateway_1_port port 4000" in conf
+    assert oct((policy_dir / "squid.passwd").stat().st_mode & 0o777) == "0o644"
+    proxy_env = env.agent_process_env(None)
+    assert proxy_env is not None
+    token = proxy_env["HTTPS_PROXY"].split(":")[2].split("@")[0]
+    assert proxy_env["HTTP_PROXY"] == f"http://agent:{token}@sb-egress-proxy:8080"
+    # The token itself never lands on disk, only its digest.
+    assert token not in (policy_dir / "squid.passwd").read_text()
+
+
+def test_no_allowlist_environment_is_network_none(tmp_path: Path) -> None:
+    env = make_env(tmp_path, allowlist=None, inference_urls=["http://gw:4000/v1"])
+    env._prepare_egress_proxy_compose()
+    paths = env._docker_compose_paths
+    names = [p.name for p in paths]
+    assert "docker-compose-no-network.yaml" in names
+    assert names[-1] == "docker-compose-policy.json"
+    compose = json.loads(paths[-1].read_text())
+    assert compose == {
+        "services": {
+            "main": {
+                "cap_drop": ["NET_ADMIN", "NET_RAW"],
+                "privileged": False,
+                "stop_signal": "SIGKILL",
+                "labels": {"org.sciencebench.network-role": "agent"},
+                "network_mode": "none",
+            }
+        }
+    }
+    assert env.agent_process_env(None) is None
+
+
+def test_proxy_image_comes_from_the_environment_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SCIENCEBENCH_PROXY_IMAGE", PROXY_IMAGE)
+    env = make_env(tmp_path, allowlist=["api.openai.com"])
+    env._prepare_egress_proxy_compose()
+    compose = json.loads(env._docker_compose_paths[-1].read_text())
+    assert compose["services"]["sb-egress-proxy"]["image"] == PROXY_IMAGE
+
+
+def test_start_refuses_internet_before_touching_docker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No DOCKER_HOST that answers: a refusal must come before any engine call.
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    env = make_env(tmp_path, allowlist=None, allow_internet=True)
+    with pytest.raises(PolicyRefused, match="allow_internet"):
+        asyncio.run(env.start(force_build=False))
+    assert not (tmp_path / "trial" / "network-policy").exists()
+
+
+def test_bad_keywords_do_not_break_construction(tmp_path: Path) -> None:
+    # Pier builds the environment while creating the trial; a raise there would
+    # abort the whole job, so bad values surface from start() instead.
+    env = make_env(tmp_path, allowlist=["gw"], inference_urls=["ftp://gw/"], proxy_image="nope")
+    with pytest.raises(PolicyRefused):
+        env._make_plan()
+
+
+def test_policy_violation_lists_every_check_and_pickles() -> None:
+    import pickle
+
+    error = PolicyViolation(["a: not Internal", "b: CapAdd"])
+    assert "2 check(s)" in str(error) and "a: not Internal; b: CapAdd" in str(error)
+    copy = pickle.loads(pickle.dumps(error))
+    assert copy.violations == error.violations and str(copy) == str(error)
+    assert copy.stage == "policy"
