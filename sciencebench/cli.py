@@ -132,8 +132,8 @@ def submit(local: bool, wait: bool, **raw: Any) -> None:
         auto_provider=not raw["no_auto_provider"], auto_agent_adapter=not raw["no_auto_agent_adapter"],
         agent_import_path=raw["agent_import_path"], dry_run=raw["dry_run"], task_id=raw["task_id"],
     )  # fmt: skip
-    prepared = submitting.prepare(opts)
     settings = Settings.from_env()
+    prepared = submitting.prepare(opts, None if local else settings.visibility_timeout_sec)
     broker = "embedded (in-process)" if local else settings.broker_url
     record = build_run_record(prepared.job, prepared.trials[0], broker, prepared.secret_values)
 

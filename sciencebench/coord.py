@@ -76,6 +76,7 @@ class Coordinator(Protocol):
     def is_cancelled(self, job: str) -> bool: ...
     def orphaned(self) -> list[tuple[str, str, dict[str, Any]]]: ...
     def try_lock(self, name: str, ttl_sec: float) -> bool: ...
+    def retire(self, job: str, ttl_sec: int) -> None: ...
 
 
 def _k(job: str, *parts: str) -> str:
@@ -178,6 +179,14 @@ class RedisCoordinator:
 
     def try_lock(self, name: str, ttl_sec: float) -> bool:
         return bool(self.client.set(f"{PREFIX}:lock:{name}", "1", nx=True, px=int(ttl_sec * 1000)))
+
+    def retire(self, job: str, ttl_sec: int) -> None:
+        """A finished job: watchdogs stop scanning it; its keys expire after `ttl_sec`."""
+        self.client.srem(f"{PREFIX}:jobs", job)
+        with self.client.pipeline(transaction=False) as pipe:
+            for key in self.client.scan_iter(match=_k(job, "*"), count=1000):
+                pipe.expire(key, ttl_sec)
+            pipe.execute()
 
 
 class LocalCoordinator:
@@ -293,6 +302,9 @@ class LocalCoordinator:
 
     def orphaned(self) -> list[tuple[str, str, dict[str, Any]]]:
         return []
+
+    def retire(self, job: str, ttl_sec: int) -> None:
+        return None  # the process ends with the job
 
     def try_lock(self, name: str, ttl_sec: float) -> bool:
         with self._lock:

@@ -31,6 +31,7 @@ class JobSpec(BaseModel):
     task_ids: list[str]
     allow_restricted_licenses: bool
     image_refs: list[str]
+    task_hashes: dict[str, str] = Field(default_factory=dict)
     agent: AgentPlan
     env_file: EnvFile | None = None
     agent_env_file: EnvFile | None = None

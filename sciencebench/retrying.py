@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from sciencebench.errors import JobConflictError
 from sciencebench.paths import JobPaths
 from sciencebench.plan import JobSpec, TrialSpec, expand
 from sciencebench.selection import load_selection
@@ -14,8 +15,6 @@ def failed_trials(job: JobSpec) -> list[TrialSpec]:
 
     Raises InputError when the selection no longer matches the job.
     """
-    from sciencebench.errors import JobConflictError
-
     records = load_records(JobPaths(job.jobs_dir, job.job_name))
     errored = {(r.task_id, r.attempt) for r in records if r.errored}
     if not errored:
@@ -26,4 +25,9 @@ def failed_trials(job: JobSpec) -> list[TrialSpec]:
             f"{job.selection_path}: selection changed since job {job.job_name} was submitted"
         )
     hashes = {t: task_toml_sha256(selection.tasks[t].directory) for t in selection.task_ids}
+    changed = sorted(t for t in selection.task_ids if job.task_hashes.get(t, hashes[t]) != hashes[t])
+    if changed:
+        raise JobConflictError(
+            f"task_{changed[0]}: task definition changed since job {job.job_name} was submitted"
+        )
     return [t for t in expand(selection, job, hashes) if (t.task_id, t.attempt) in errored]

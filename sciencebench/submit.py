@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from sciencebench.config import required_visibility_timeout
 from sciencebench.errors import InputError, JobConflictError, ProfileError
 from sciencebench.paths import JobPaths, write_atomic
 from sciencebench.plan import JobSpec, TrialSpec, expand
@@ -91,7 +92,7 @@ def default_job_name(agent: str) -> str:
     return f"{agent}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
 
 
-def prepare(opts: SubmitOptions) -> Prepared:
+def prepare(opts: SubmitOptions, visibility_timeout_sec: int | None = None) -> Prepared:
     """Validate everything a submit needs; write nothing. Raises InputError."""
     _check_numbers(opts)
     selection = load_selection(opts.path, opts.task_id)
@@ -114,6 +115,7 @@ def prepare(opts: SubmitOptions) -> Prepared:
         dry_run=opts.dry_run,
     )
     jobs_dir = opts.jobs_dir.resolve()
+    hashes = {task_id: task_toml_sha256(selection.tasks[task_id].directory) for task_id in selection.task_ids}
     job = JobSpec(
         job_name=opts.job_name or default_job_name(opts.agent),
         jobs_dir=jobs_dir,
@@ -122,6 +124,7 @@ def prepare(opts: SubmitOptions) -> Prepared:
         task_ids=selection.task_ids,
         allow_restricted_licenses=selection.allow_restricted_licenses,
         image_refs=selection.image_refs,
+        task_hashes=hashes,
         agent=agent_plan,
         env_file=env_file,
         env=opts.env,
@@ -135,12 +138,14 @@ def prepare(opts: SubmitOptions) -> Prepared:
         skip_pull=opts.skip_pull,
     )
     check_job_name_free(job)
-    hashes = {task_id: task_toml_sha256(selection.tasks[task_id].directory) for task_id in selection.task_ids}
     secrets = [v for k, v in env_values.items() if is_sensitive_key(k)] + list(agent_env.values())
+    trials = expand(selection, job, hashes)
+    if visibility_timeout_sec is not None:
+        check_visibility_timeout(trials, visibility_timeout_sec)
     return Prepared(
         selection=selection,
         job=job,
-        trials=expand(selection, job, hashes),
+        trials=trials,
         secret_values=[s for s in secrets if s],
         agent_env_values=agent_env,
     )
@@ -156,7 +161,12 @@ def task_toml_sha256(task_dir: Path) -> str:
 
 
 def check_job_name_free(job: JobSpec) -> None:
-    """Refuse a job name already used by a different selection or agent setup."""
+    """Refuse a job name that already has a job in the jobs directory.
+
+    A job directory belongs to one submit: a different selection would mix
+    results, and the same one would find every trial already answered. To
+    re-run a job's errored trials use `retry --failed`.
+    """
     existing = JobPaths(job.jobs_dir, job.job_name).job_spec
     if not existing.is_file():
         return
@@ -168,6 +178,26 @@ def check_job_name_free(job: JobSpec) -> None:
         raise JobConflictError(
             f"--job-name {job.job_name}: already used in {job.jobs_dir} by a different "
             "selection or agent configuration; choose another name"
+        )
+    raise JobConflictError(
+        f"--job-name {job.job_name}: already submitted to {job.jobs_dir}; use "
+        f"`sciencebench retry {job.job_name} --failed` or choose another name"
+    )
+
+
+def check_visibility_timeout(trials: list[TrialSpec], configured_sec: int) -> None:
+    """Refuse a job whose longest trial could outlive the broker's visibility timeout.
+
+    An unacknowledged message older than the timeout is delivered again, so
+    a trial that runs longer would start a second time.
+    """
+    if not trials:
+        return
+    needed = required_visibility_timeout(max(trial.expected_sec for trial in trials))
+    if needed > configured_sec:
+        raise InputError(
+            f"the longest trial may run {needed // 3600}h+; set SCIENCEBENCH_VISIBILITY_TIMEOUT="
+            f"{needed} (seconds) on the login node and every worker"
         )
 
 

@@ -17,7 +17,7 @@ from celery import Task, shared_task
 from celery.exceptions import Ignore
 from celery.signals import task_success
 
-from sciencebench.config import Settings
+from sciencebench.config import RESULT_EXPIRES_SEC, Settings
 from sciencebench.coord import Coordinator, RedisCoordinator
 from sciencebench.paths import JobPaths
 from sciencebench.plan import TrialSpec
@@ -93,6 +93,7 @@ def finalize_job(jobs_dir: str, job_name: str) -> dict[str, Any]:
     """
     job = load_job(JobPaths(Path(jobs_dir), job_name))
     result = write_summary(job)
+    worker_context().coord.retire(job_name, RESULT_EXPIRES_SEC)
     stats = result["stats"]
     return {
         "job_name": job_name,

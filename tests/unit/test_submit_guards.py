@@ -1,0 +1,46 @@
+"""Submit refuses what would break a job later: reused names, too-long trials."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sciencebench.config import VISIBILITY_TIMEOUT_FLOOR_SEC
+from sciencebench.errors import InputError, JobConflictError
+from sciencebench.submit import SubmitOptions, prepare, write_job_spec
+from tests.fixtures.selection import make_selection
+
+pytestmark = pytest.mark.unit
+
+
+def _opts(tmp_path: Path, **kw: object) -> SubmitOptions:
+    selection = tmp_path / "sel"
+    if not selection.exists():
+        make_selection(selection, ["002", "005"])
+    return SubmitOptions(path=selection, jobs_dir=tmp_path / "jobs", job_name="j", **kw)  # type: ignore[arg-type]
+
+
+def test_resubmitting_the_same_job_points_to_retry(tmp_path: Path) -> None:
+    write_job_spec(prepare(_opts(tmp_path)).job)
+    with pytest.raises(JobConflictError, match=r"already submitted .* `sciencebench retry j --failed`"):
+        prepare(_opts(tmp_path))
+
+
+def test_a_dry_run_leaves_the_name_free(tmp_path: Path) -> None:
+    prepare(_opts(tmp_path, dry_run=True))
+    assert prepare(_opts(tmp_path)).job.job_name == "j"
+
+
+def test_job_spec_keeps_each_task_definition_hash(tmp_path: Path) -> None:
+    job = prepare(_opts(tmp_path)).job
+    assert sorted(job.task_hashes) == ["002", "005"]
+    assert all(len(h) == 64 for h in job.task_hashes.values())
+
+
+def test_trials_longer_than_the_visibility_timeout_are_refused(tmp_path: Path) -> None:
+    # 600 s agent timeout x 100 -> 60,000 s agent stage: 1.5x that exceeds the 6 h floor.
+    with pytest.raises(InputError, match="SCIENCEBENCH_VISIBILITY_TIMEOUT="):
+        prepare(_opts(tmp_path, agent_timeout_multiplier=100.0), VISIBILITY_TIMEOUT_FLOOR_SEC)
+    prepared = prepare(_opts(tmp_path, agent_timeout_multiplier=100.0), 10**6)
+    assert prepared.trials
