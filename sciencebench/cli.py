@@ -316,6 +316,56 @@ def worker(concurrency: int, hostname: str | None, queues: str | None, loglevel:
 
 
 @main.command()
+@click.option(
+    "--dir",
+    "workdir",
+    type=click.Path(path_type=Path),
+    default=Path(".demo"),
+    show_default=True,
+    help="Where the demo selection and its jobs go.",
+)
+@click.option(
+    "--base-image",
+    envvar="SCIENCEBENCH_DEMO_BASE_IMAGE",
+    required=True,
+    help="Digest-pinned Debian image with bash and git [env: SCIENCEBENCH_DEMO_BASE_IMAGE].",
+)
+@click.option(
+    "--registry",
+    envvar="SCIENCEBENCH_DEMO_REGISTRY",
+    required=True,
+    help="Registry (host:port) to push the demo images to [env: SCIENCEBENCH_DEMO_REGISTRY].",
+)
+@click.option("--agent", default="oracle", show_default=True, help="Harness to run (oracle needs no model).")
+@_handle_errors
+def demo(workdir: Path, base_image: str, registry: str, agent: str) -> None:
+    """Build a two-task demo selection and run it here with real Pier (embedded mode).
+
+    task_001's solution fixes the bug (oracle reward 1), task_002's does not
+    (reward 0). Needs Docker Engine >= 28 and Pier on this host.
+    """
+    from sciencebench.demo import build_demo_selection
+
+    out.print(f"building demo images on {base_image} and pushing them to {registry} ...", soft_wrap=True)
+    selection = build_demo_selection(workdir.resolve() / "selection", base_image, registry)
+    job_name = submitting_default_job_name(f"demo-{agent}")
+    out.print(f"running {selection} with --agent {agent} as job {job_name}", soft_wrap=True)
+    ctx = click.get_current_context()
+    ctx.invoke(submit, local=True, wait=False, path=selection, agent=agent, env="docker", env_file=None,
+               models=(), agent_env=(), agent_kwarg=(), n_concurrent=2, n_attempts=1, max_retries=0,
+               agent_timeout_multiplier=None, verifier_timeout_multiplier=None,
+               jobs_dir=workdir.resolve() / "jobs", job_name=job_name, platform="linux/amd64",
+               pier_bin="pier", skip_pull=False, no_auto_provider=False, no_auto_agent_adapter=False,
+               agent_import_path=None, dry_run=False, task_id=None)  # fmt: skip
+
+
+def submitting_default_job_name(agent: str) -> str:
+    from sciencebench.submit import default_job_name
+
+    return default_job_name(agent)
+
+
+@main.command()
 @click.option("--platform", default="linux/amd64", show_default=True)
 @click.option("--jobs-dir", type=click.Path(path_type=Path), help="Shared jobs directory to check.")
 @click.option("--pier-bin", default="pier", show_default=True)

@@ -12,6 +12,7 @@ import docker
 import pytest
 import redis
 
+from sciencebench import dockerhost
 from sciencebench.selection import load_selection
 from tests.fixtures.services import VENV_BIN, RedisServer, Worker
 
@@ -80,8 +81,8 @@ def test_oracle_and_nop_through_workers(
         pulled = sorted({p["ref"] for p in pulls})
         assert pulled == sorted(selection.image_refs)
         assert _leftovers(docker_client) == {"containers": [], "networks": [], "derived images": []}
-        for ref in selection.image_refs:  # pinned task images are kept
-            docker_client.images.get(ref.split("@")[0])
+        for ref in selection.image_refs:  # pinned task images are kept (pulled by digest: untagged)
+            docker_client.images.get(dockerhost.pinned_name(ref))
     finally:
         for worker in workers:
             worker.stop()
