@@ -42,6 +42,8 @@ def create_app(settings: Settings | None = None, *, local: bool = False) -> Cele
         worker_send_task_events=True,
         task_send_sent_event=True,
         broker_connection_retry_on_startup=True,
+        # Each worker also consumes its own queue: a dry run's pre-warm reaches every host.
+        worker_direct=True,
         worker_hijack_root_logger=False,
         timezone="UTC",
         enable_utc=True,

@@ -143,6 +143,8 @@ def submit(local: bool, wait: bool, **raw: Any) -> None:
                   f"task(s); selection sha256 {prepared.selection.sha256}", soft_wrap=True)  # fmt: skip
         out.print("pier command: " + " ".join(record["pier_command"]), markup=False, soft_wrap=True)
         out.print(f"run record: {opts.path / 'batch-run.json'}")
+        if not (local or opts.skip_pull):
+            _prewarm(settings, prepared.job, err)
         return
 
     if local:
@@ -169,6 +171,21 @@ def submit(local: bool, wait: bool, **raw: Any) -> None:
         answer = follow(coord, job, [t.key for t in prepared.trials], final, err)
         _print_summary(JobPaths(job.jobs_dir, job.job_name))
         sys.exit(1 if answer["n_errored_trials"] else 0)
+
+
+def _prewarm(settings: Settings, job: Any, console: Console) -> None:
+    """With a reachable broker, every live worker host pulls the job's images."""
+    from sciencebench.celery_app import create_app
+    from sciencebench.coord import RedisCoordinator
+    from sciencebench.errors import BrokerUnavailableError
+    from sciencebench.prewarm import prewarm
+
+    try:
+        RedisCoordinator(settings.broker_url).ping()
+    except BrokerUnavailableError:
+        console.print("pre-warm: broker not reachable; images not pulled")
+        return
+    prewarm(create_app(settings), job.image_refs, job.platform, console)
 
 
 def _persist(prepared: Any, record: dict[str, Any]) -> Any:

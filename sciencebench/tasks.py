@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from celery.signals import task_success
 
 from sciencebench.config import RESULT_EXPIRES_SEC, Settings
 from sciencebench.coord import Coordinator, RedisCoordinator
+from sciencebench.errors import SciencebenchError
 from sciencebench.paths import JobPaths
 from sciencebench.plan import TrialSpec
 from sciencebench.summary import write_summary
@@ -26,6 +28,7 @@ from sciencebench.trial import HostRuntime, WorkerContext, execute, load_job
 
 RUN_TRIAL = "sciencebench.run_trial"
 FINALIZE_JOB = "sciencebench.finalize_job"
+PREWARM_IMAGES = "sciencebench.prewarm_images"
 
 _context: WorkerContext | None = None
 _context_lock = threading.Lock()
@@ -101,3 +104,14 @@ def finalize_job(jobs_dir: str, job_name: str) -> dict[str, Any]:
         "n_completed_trials": stats["n_completed_trials"],
         "n_errored_trials": stats["n_errored_trials"],
     }
+
+
+@shared_task(name=PREWARM_IMAGES)
+def prewarm_images(refs: list[str], platform: str) -> dict[str, Any]:
+    """Pull pinned images on this host ahead of a job (a dry run's pre-warm)."""
+    started = time.monotonic()
+    try:
+        worker_context().runtime.ensure_images(refs, platform, False)
+    except SciencebenchError as exc:
+        return {"error": str(exc), "seconds": time.monotonic() - started}
+    return {"error": None, "seconds": time.monotonic() - started}

@@ -59,8 +59,8 @@ class Cluster:
 
     def selection(self, behaviours: dict[str, dict[str, Any]], **kw: Any) -> Path:
         """A selection whose tasks tell the fake Pier what to do."""
-        path = make_selection(self.root / "selection", list(behaviours),
-                              agent_image=self.base_image, verifier_image=self.base_image, **kw)  # fmt: skip
+        kw = {"agent_image": self.base_image, "verifier_image": self.base_image, **kw}
+        path = make_selection(self.root / "selection", list(behaviours), **kw)
         for task_id, behaviour in behaviours.items():
             (path / f"task_{task_id}" / "fake.json").write_text(json.dumps(behaviour))
         return path

@@ -1,0 +1,47 @@
+"""A dry run with live workers pre-pulls the selection's images, once per host."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+
+import docker
+import pytest
+
+from tests.integration.conftest import Cluster
+
+pytestmark = pytest.mark.integration
+
+
+def _push_fresh_copy(client: docker.DockerClient, base_image: str, name: str) -> str:
+    """The base image under a new repository in the loopback registry, absent locally."""
+    registry = os.environ["SCIENCEBENCH_TEST_REGISTRY"]
+    repository = f"{registry}/sciencebench-test/{name}-{uuid.uuid4().hex[:8]}"
+    image = client.images.get(base_image)
+    image.tag(repository, tag="t")
+    for line in client.images.push(repository, tag="t", stream=True, decode=True):
+        assert "error" not in line, line
+    digest = next(d for d in client.images.get(f"{repository}:t").attrs["RepoDigests"]
+                  if d.startswith(repository)).split("@")[1]  # fmt: skip
+    client.images.remove(f"{repository}:t")
+    return f"{repository}:t@{digest}"
+
+
+def test_dry_run_prewarms_every_worker_host_and_runs_nothing(cluster: Cluster) -> None:
+    client = docker.from_env()
+    agent = _push_fresh_copy(client, cluster.base_image, "agent")
+    verifier = _push_fresh_copy(client, cluster.base_image, "verifier")
+    cluster.start_workers(2, concurrency=1)
+    path = cluster.selection({"001": {}, "002": {}}, agent_image=agent, verifier_image=verifier)
+    done = cluster.submit(path, "warm", "--dry-run", wait=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count(": ready (") == 2, done.stderr
+    for ref in (agent, verifier):
+        assert client.images.get(ref.split(":t@")[0] + "@" + ref.split("@")[1])
+    pulls = [json.loads(line) for line in (cluster.state_dir / "pulls.jsonl").read_text().splitlines()]
+    mine = [p for p in pulls if p["ref"] in (agent, verifier)]
+    assert sorted(p["ref"] for p in mine) == sorted([agent, verifier])  # one pull each, one host
+    assert cluster.pier_runs() == []
+    assert not (cluster.jobs_dir / "warm").exists()
+    client.close()
