@@ -25,7 +25,7 @@ def prewarm(app: Celery, refs: list[str], platform: str, console: Console, ping_
     results = {
         name: app.send_task(
             PREWARM_IMAGES, args=(refs, platform), exchange=queue.exchange.name, routing_key=queue.routing_key
-        )  # fmt: skip
+        )
         for name, queue in queues.items()
     }
     failed = 0
