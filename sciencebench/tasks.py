@@ -9,6 +9,7 @@ count towards the chord.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from pathlib import Path
@@ -20,11 +21,14 @@ from celery.signals import task_success
 
 from sciencebench.config import RESULT_EXPIRES_SEC, Settings
 from sciencebench.coord import Coordinator, RedisCoordinator
-from sciencebench.errors import SciencebenchError
+from sciencebench.errors import PreflightError, SciencebenchError
 from sciencebench.paths import JobPaths
 from sciencebench.plan import TrialSpec
 from sciencebench.summary import write_summary
 from sciencebench.trial import HostRuntime, WorkerContext, execute, load_job
+from sciencebench.watchdog import send_again
+
+log = logging.getLogger(__name__)
 
 RUN_TRIAL = "sciencebench.run_trial"
 FINALIZE_JOB = "sciencebench.finalize_job"
@@ -73,7 +77,16 @@ def run_trial(self: Task[Any, Any], trial: dict[str, Any]) -> dict[str, Any]:
         "group_id": request.group,
         "group_index": request.group_index,
     }
-    record = execute(spec, worker_context(request.hostname), redispatch)
+    ctx = worker_context(request.hostname)
+    try:
+        record = execute(spec, ctx, redispatch)
+    except PreflightError as exc:
+        # This host cannot run trials now: give the trial back and stop taking more.
+        log.error("%s: host failed preflight, trial handed back, leaving the queue: %s", spec.label, exc)
+        send_again(self.app, ctx.coord, redispatch)
+        if request.hostname:
+            self.app.control.cancel_consumer(self.app.conf.task_default_queue, destination=[request.hostname])
+        raise Ignore() from None
     if record is None:
         raise Ignore()
     return record.model_dump(mode="json")

@@ -12,7 +12,8 @@
 
 A failure becomes the trial's record; nothing here raises for a failed
 trial. `execute` returns None only for a duplicate delivery that must not
-be counted twice by the chord.
+be counted twice by the chord, and lets PreflightError through: then the
+host, not the trial, is at fault and the trial belongs on another host.
 """
 
 from __future__ import annotations

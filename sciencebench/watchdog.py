@@ -27,21 +27,27 @@ def redispatch_orphans(app: Celery, coord: Coordinator, lease_seconds: float) ->
         if not coord.try_lock(f"redispatch:{job}:{key}", lease_seconds):
             continue
         coord.clear_running(job, key)
-        coord.set_state(job, key, "queued", "")
-        app.send_task(
-            "sciencebench.run_trial",
-            args=[payload["trial"]],
-            task_id=payload["task_id"],
-            chord=payload.get("chord"),
-            group_id=payload.get("group_id"),
-            group_index=payload.get("group_index"),
-            argsrepr=repr(trial_label(payload["trial"])),
-            kwargsrepr="{}",
-        )
+        send_again(app, coord, payload)
         log.warning("trial %s of job %s lost its host (%s); dispatched again",
                     key, job, payload.get("host"))  # fmt: skip
         sent += 1
     return sent
+
+
+def send_again(app: Celery, coord: Coordinator, payload: dict[str, Any]) -> None:
+    """Queue a trial again as the same chord member (same task id, chord, group)."""
+    trial = payload["trial"]
+    coord.set_state(trial["job_name"], f"{trial['task_id']}#{trial['attempt']}", "queued", "")
+    app.send_task(
+        "sciencebench.run_trial",
+        args=[trial],
+        task_id=payload["task_id"],
+        chord=payload.get("chord"),
+        group_id=payload.get("group_id"),
+        group_index=payload.get("group_index"),
+        argsrepr=repr(trial_label(trial)),
+        kwargsrepr="{}",
+    )
 
 
 def trial_label(trial: dict[str, Any]) -> str:

@@ -109,3 +109,19 @@ def test_retry_failed_reruns_only_errored_trials(cluster: Cluster) -> None:
     assert len(rows) == 2 and all(",1.0," in row for row in rows)
     trial_dirs = [p.name for p in (cluster.jobs_dir / "retryme").iterdir() if p.name.startswith("task_")]
     assert sorted(d.split("__")[0] for d in trial_dirs) == ["task_001", "task_002"]
+
+
+def test_a_host_failing_preflight_consumes_no_trials(cluster: Cluster, tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
+    broken_env = dict(cluster.env, DOCKER_HOST=f"unix://{tmp_path_factory.mktemp('nodocker')}/docker.sock")
+    broken = Worker("broken", broken_env, cluster.root, concurrency=1).start()
+    assert broken.proc is not None
+    assert broken.proc.wait(timeout=120) != 0
+    lines = [line for line in broken.log_path.read_text().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("sciencebench: error:"), lines
+    assert "Traceback" not in broken.log_path.read_text()
+    cluster.start_workers(1, concurrency=1)
+    path = cluster.selection({"001": {"reward": 1.0}})
+    done = cluster.submit(path, "healthy")
+    assert done.returncode == 0, done.stderr
+    records = _records(cluster, "healthy")
+    assert records["001-1"]["worker"].startswith("w0@")
