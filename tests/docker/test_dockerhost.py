@@ -176,15 +176,10 @@ def test_engine_facts_and_preflight(client: docker.DockerClient, tmp_path: Path)
     assert preflight.parse_version(facts.server_version) >= (28, 0, 0)  # type: ignore[operator]
     assert facts.platform == PLATFORM
     assert facts.compose_version and facts.compose_problem is None
-    started = time.monotonic()
     report = preflight.check_host(PLATFORM, tmp_path / "jobs", PIER_BIN)
-    first = time.monotonic() - started
     assert report.pier_version == "0.3.0"
     assert report.engine_version == facts.server_version
-    started = time.monotonic()
-    preflight.check_host(PLATFORM, tmp_path / "jobs", PIER_BIN)
-    assert time.monotonic() - started < first / 2  # `pier --version` is cached per process
-    print(f"\npreflight: {report}; first check {first:.1f}s")
+    assert (tmp_path / "jobs").is_dir()
 
 
 def test_preflight_wrong_platform(registry: str) -> None:
