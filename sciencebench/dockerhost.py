@@ -72,6 +72,9 @@ COMPOSE_PROJECT_LABEL = "com.docker.compose.project"
 # Every container the network-policy environment starts carries this label
 # (its value is the container's role); a sweep only touches such projects.
 MANAGED_LABEL = "org.sciencebench.network-role"
+# Which worker state directory started a trial's containers: a sweep only
+# removes projects of its own host state, never another worker's live trial.
+OWNER_LABEL = "org.sciencebench.owner"
 STATE_DIR_ENV = "SCIENCEBENCH_STATE_DIR"
 # A fixed host-local directory shared by every worker process of the host (not a temp file).
 DEFAULT_STATE_DIR = Path("/var/tmp/sciencebench")  # noqa: S108
@@ -244,6 +247,12 @@ def platform_matches(platform: str, image_os: str, image_arch: str, image_varian
     if (image_os.lower(), image_arch.lower()) != (want_os, want_arch):
         return False
     return not (want_variant and image_variant and want_variant != image_variant.lower())
+
+
+def owner_id(state: Path | None = None) -> str:
+    """This host state's id for `OWNER_LABEL`: host name and state directory, hashed."""
+    where = f"{os.uname().nodename}:{(state or state_dir()).resolve()}"
+    return hashlib.sha256(where.encode()).hexdigest()[:16]
 
 
 def compose_project_name(session_id: str) -> str:
@@ -840,8 +849,9 @@ def sweep_leftovers(
     """Remove what crashed trials left on this host; call at worker start.
 
     Considers only compose projects shaped like Pier trial projects
-    (`is_pier_project`) with a container sciencebench's policy environment
-    started (`MANAGED_LABEL`), optionally only those starting with `prefix`. Leaves
+    (`is_pier_project`) with a container that sciencebench's policy
+    environment started for this host state (`OWNER_LABEL` = `owner_id`),
+    optionally only those starting with `prefix`. Leaves
     alone every project covered by `active` (the caller's live trial names or
     `pier_trial_prefix`es) or by a `trial_lease` held in any process of this
     host. Everything else goes as in `cleanup_trial`; pinned task images are
@@ -854,7 +864,9 @@ def sweep_leftovers(
         with _client_or(client) as api:
             candidates = {
                 (item.get("Labels") or {}).get(COMPOSE_PROJECT_LABEL, "")
-                for item in api.containers(all=True, filters={"label": [MANAGED_LABEL]})
+                for item in api.containers(
+                    all=True, filters={"label": [MANAGED_LABEL, f"{OWNER_LABEL}={owner_id(state)}"]}
+                )
             } - {""}
     except (PreflightError, *_ENGINE_ERRORS) as exc:
         return CleanupReport(errors=[_one_line(str(exc))])

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sciencebench.dockerhost import MANAGED_LABEL
+from sciencebench.dockerhost import MANAGED_LABEL, OWNER_LABEL
 from sciencebench.network.squid import PROXY_PORT, SQUID_AUTH_FILE, SQUID_CONF_PATH
 
 Mode = Literal["none", "isolated-allowlist"]
@@ -49,22 +49,26 @@ def _literal(value: str) -> str:
     return value.replace("$", "$$")
 
 
-def _hardening(role: str) -> dict[str, Any]:
+def _hardening(role: str, owner: str) -> dict[str, Any]:
+    labels = {ROLE_LABEL: role} | ({OWNER_LABEL: owner} if owner else {})
     return {
         "cap_drop": list(DROPPED_CAPS),
         "privileged": False,
         "stop_signal": "SIGKILL",
-        "labels": {ROLE_LABEL: role},
+        "labels": labels,
     }
 
 
-def policy_compose(mode: Mode, proxy: ProxyFiles | None = None) -> dict[str, Any]:
+def policy_compose(mode: Mode, proxy: ProxyFiles | None = None, owner: str = "") -> dict[str, Any]:
     """The compose override for `mode`; `proxy` is required exactly in egress mode.
+
+    `owner` (the worker's `dockerhost.owner_id`) labels every container so
+    that only the worker host state that started a trial sweeps its leftovers.
 
     Raises ValueError when `proxy` and `mode` disagree (a programming error,
     not a policy decision).
     """
-    main: dict[str, Any] = _hardening("agent")
+    main: dict[str, Any] = _hardening("agent", owner)
     if mode == "none":
         if proxy is not None:
             raise ValueError("network_mode none takes no proxy")
@@ -76,7 +80,7 @@ def policy_compose(mode: Mode, proxy: ProxyFiles | None = None) -> dict[str, Any
     main["networks"] = [INTERNAL_NETWORK]
     main["depends_on"] = {PROXY_SERVICE: {"condition": "service_healthy"}}
     proxy_service: dict[str, Any] = {
-        **_hardening("proxy"),
+        **_hardening("proxy", owner),
         "image": _literal(proxy.image),
         # The image is pinned and distributed ahead of time; never build it here.
         "pull_policy": "missing",

@@ -37,6 +37,7 @@ from pier.environments.docker.docker import (
     _sanitize_docker_compose_project_name,
 )
 
+from sciencebench import dockerhost
 from sciencebench.errors import ProfileError
 from sciencebench.network.compose import PROXY_SERVICE, Mode, ProxyFiles, policy_compose
 from sciencebench.network.errors import PolicyRefused, PolicyViolation
@@ -223,7 +224,8 @@ class IsolatedDockerEnvironment(DockerEnvironment):
             )
             self._egress_proxy_env = proxy_environment(token, PROXY_SERVICE, PROXY_PORT)
         compose_path = directory / "docker-compose-policy.json"
-        compose_path.write_text(json.dumps(policy_compose(plan.mode, proxy), indent=2))
+        owner = dockerhost.owner_id()
+        compose_path.write_text(json.dumps(policy_compose(plan.mode, proxy, owner), indent=2))
         self._policy_compose_path = compose_path
         if plan.mode == "isolated-allowlist":
             # Pier appends its no-network file only when no egress file is set.

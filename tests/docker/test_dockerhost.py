@@ -342,7 +342,9 @@ def _rand7() -> str:
     return "".join(random.choices(string.ascii_letters + string.digits, k=7))
 
 
-def _write_project(directory: Path, base_image: str, labelled_repo: str | None = None) -> Path:
+def _write_project(
+    directory: Path, base_image: str, labelled_repo: str | None = None, owner: str = ""
+) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "Dockerfile").write_text(f"FROM {base_image}\nRUN echo derived > /derived\n")
     labelled = (
@@ -364,7 +366,7 @@ services:
       context: .
     command: ["sh", "-c", "sleep infinity"]
     stop_signal: SIGKILL
-    labels: {{"{dockerhost.MANAGED_LABEL}": "agent"}}
+    labels: {{"{dockerhost.MANAGED_LABEL}": "agent", "{dockerhost.OWNER_LABEL}": "{owner}"}}
     volumes: ["data:/data"]
     networks: [default, side]
   sidecar:
@@ -458,14 +460,18 @@ def test_sweep_removes_orphans_only(
     prefix = f"sbt{_uid()}"
     orphan, active, leased = (f"{prefix}{k}__{_rand7()}" for k in "abc")
     foreign = f"{prefix}-redis"  # a compose project that is not a Pier trial
-    compose_file = _write_project(tmp_path / "env", base_image)
+    compose_file = _write_project(tmp_path / "env", base_image, owner=dockerhost.owner_id(state))
     projects = [dockerhost.compose_project_name(n) for n in (orphan, active, leased)] + [foreign]
     for project in projects:
         _compose(project, compose_file, "up", "-d", "--wait", "main")
     # A Pier-shaped trial that sciencebench did not start (someone's own `pier run`).
     unmanaged = dockerhost.compose_project_name(f"{prefix}d__{_rand7()}")
     _compose(unmanaged, compose_file, "up", "-d", "--wait", "sidecar")
-    projects.append(unmanaged)
+    # A live trial of another worker state on the same Engine.
+    foreign_file = _write_project(tmp_path / "other", base_image, owner="another-worker-state")
+    other_worker = dockerhost.compose_project_name(f"{prefix}e__{_rand7()}")
+    _compose(other_worker, foreign_file, "up", "-d", "--wait", "main")
+    projects += [unmanaged, other_worker]
     orphan_project = projects[0]
     try:
         # Leased the way a trial runner does before Pier has named the trial.
@@ -489,6 +495,7 @@ def test_sweep_removes_orphans_only(
         assert report.projects == [projects[2]]
         assert foreign in dockerhost.compose_projects(client)
         assert unmanaged in dockerhost.compose_projects(client)
+        assert other_worker in dockerhost.compose_projects(client)
     finally:
         dockerhost.cleanup_trial(projects)
     assert not {p for p in dockerhost.compose_projects(client) if p.startswith(prefix)}

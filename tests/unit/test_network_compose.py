@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sciencebench.dockerhost import OWNER_LABEL
 from sciencebench.network.compose import ProxyFiles, policy_compose
 
 pytestmark = pytest.mark.unit
@@ -74,3 +75,10 @@ def test_mode_and_proxy_must_agree() -> None:
         policy_compose("none", PROXY)
     with pytest.raises(ValueError):
         policy_compose("isolated-allowlist")
+
+
+def test_every_container_is_labelled_with_its_owner() -> None:
+    compose = policy_compose("isolated-allowlist", PROXY, owner="abc123")
+    for service in compose["services"].values():
+        assert service["labels"][OWNER_LABEL] == "abc123"
+    assert OWNER_LABEL not in policy_compose("none")["services"]["main"]["labels"]
