@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import redis
@@ -28,10 +29,16 @@ from sciencebench.errors import BrokerUnavailableError
 
 PREFIX = "sciencebench"
 
-# Atomically refresh a lease only if we still own it.
+# Refresh a lease we own; re-create it when it lapsed while nobody could
+# renew it (a broker outage) and no other run has taken the trial since.
 _RENEW = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
+local holder = redis.call('get', KEYS[1])
+if holder == ARGV[1] then
   return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+if not holder then
+  redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
 end
 return 0
 """
@@ -77,24 +84,99 @@ class Coordinator(Protocol):
     def orphaned(self) -> list[tuple[str, str, dict[str, Any]]]: ...
     def try_lock(self, name: str, ttl_sec: float) -> bool: ...
     def retire(self, job: str, ttl_sec: int) -> None: ...
+    def patiently[T](self, fn: Callable[[], T]) -> T: ...
+    @property
+    def recovered_at(self) -> float: ...
 
 
 def _k(job: str, *parts: str) -> str:
     return ":".join((PREFIX, job, *parts))
 
 
-class RedisCoordinator:
-    """Coordinator over Redis; every operation is one round trip or one script."""
+_OUTAGE_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
-    def __init__(self, url: str) -> None:
-        self.client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=30)
-        self._renew = self.client.register_script(_RENEW)
-        self._release = self.client.register_script(_RELEASE)
-        self._slot = self.client.register_script(_SLOT)
+
+class _Patient:
+    """Runs Redis commands, waiting out a broker outage of up to `outage_sec`.
+
+    A restart or a network blip must not turn a finished trial into a lost
+    one, so commands are retried with backoff; only a longer outage raises
+    BrokerUnavailableError. `recovered_at` (monotonic) is when the last
+    outage ended, for the watchdog's grace period.
+    """
+
+    def __init__(self, client: redis.Redis, outage_sec: float) -> None:
+        self._client = client
+        self.outage_sec = outage_sec
+        self.recovered_at = float("-inf")
+
+    def __getattr__(self, name: str) -> Any:
+        command = getattr(self._client, name)
+        if not callable(command):
+            return command
+
+        def patiently(*args: Any, **kwargs: Any) -> Any:
+            return self.call(lambda: command(*args, **kwargs))
+
+        return patiently
+
+    def call(self, fn: Any) -> Any:
+        started = time.monotonic()
+        delay = 0.2
+        failed = False
+        while True:
+            try:
+                result = fn()
+            except _OUTAGE_ERRORS as exc:
+                failed = True
+                if time.monotonic() - started > self.outage_sec:
+                    raise BrokerUnavailableError(
+                        f"broker unreachable for {self.outage_sec:.0f}s: {exc.__class__.__name__}"
+                    ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if failed:
+                self.recovered_at = time.monotonic()
+            return result
+
+
+class RedisCoordinator:
+    """Coordinator over Redis; every operation is one round trip or one script.
+
+    Operations wait out a broker outage of up to `outage_sec` (see `_Patient`);
+    `ping` answers at once.
+    """
+
+    def __init__(self, url: str, outage_sec: float = 900.0) -> None:
+        raw = redis.Redis.from_url(url, decode_responses=True, socket_timeout=30)
+        self._raw = raw
+        self.client: Any = _Patient(raw, outage_sec)
+        self._renew_script = raw.register_script(_RENEW)
+        self._release_script = raw.register_script(_RELEASE)
+        self._slot_script = raw.register_script(_SLOT)
+
+    @property
+    def recovered_at(self) -> float:
+        return float(self.client.recovered_at)
+
+    def patiently[T](self, fn: Callable[[], T]) -> T:
+        """Run `fn` (any Redis-backed call, e.g. Celery's result backend) waiting out outages."""
+        result: T = self.client.call(fn)
+        return result
+
+    def _renew(self, keys: list[str], args: list[Any]) -> Any:
+        return self.client.call(lambda: self._renew_script(keys=keys, args=args))
+
+    def _release(self, keys: list[str], args: list[Any]) -> Any:
+        return self.client.call(lambda: self._release_script(keys=keys, args=args))
+
+    def _slot(self, keys: list[str], args: list[Any]) -> Any:
+        return self.client.call(lambda: self._slot_script(keys=keys, args=args))
 
     def ping(self) -> None:
         try:
-            self.client.ping()
+            self._raw.ping()
         except redis.RedisError as exc:
             raise BrokerUnavailableError(f"broker unreachable: {exc.__class__.__name__}") from None
 
@@ -183,14 +265,20 @@ class RedisCoordinator:
     def retire(self, job: str, ttl_sec: int) -> None:
         """A finished job: watchdogs stop scanning it; its keys expire after `ttl_sec`."""
         self.client.srem(f"{PREFIX}:jobs", job)
-        with self.client.pipeline(transaction=False) as pipe:
-            for key in self.client.scan_iter(match=_k(job, "*"), count=1000):
-                pipe.expire(key, ttl_sec)
-            pipe.execute()
+
+        def expire_all() -> None:
+            with self._raw.pipeline(transaction=False) as pipe:
+                for key in self._raw.scan_iter(match=_k(job, "*"), count=1000):
+                    pipe.expire(key, ttl_sec)
+                pipe.execute()
+
+        self.client.call(expire_all)
 
 
 class LocalCoordinator:
     """The same contract in one process, for `submit --local` (no Redis)."""
+
+    recovered_at = float("-inf")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -305,6 +393,9 @@ class LocalCoordinator:
 
     def retire(self, job: str, ttl_sec: int) -> None:
         return None  # the process ends with the job
+
+    def patiently[T](self, fn: Callable[[], T]) -> T:
+        return fn()
 
     def try_lock(self, name: str, ttl_sec: float) -> bool:
         with self._lock:

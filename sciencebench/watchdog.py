@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from celery import Celery
@@ -21,9 +22,17 @@ log = logging.getLogger(__name__)
 
 
 def redispatch_orphans(app: Celery, coord: Coordinator, lease_seconds: float) -> int:
-    """One scan: re-send every running trial without a live lease. Returns the count."""
+    """One scan: re-send every running trial without a live lease. Returns the count.
+
+    After a broker outage leases have lapsed everywhere; live workers
+    re-create theirs at their next renewal, so nothing is re-sent until the
+    broker has been back for one lease period.
+    """
+    orphans = coord.orphaned()
+    if time.monotonic() - coord.recovered_at < lease_seconds:
+        return 0
     sent = 0
-    for job, key, payload in coord.orphaned():
+    for job, key, payload in orphans:
         if not coord.try_lock(f"redispatch:{job}:{key}", lease_seconds):
             continue
         coord.clear_running(job, key)
