@@ -19,7 +19,8 @@ echo "== lint and types"
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 
-echo "== tests (unit, integration, docker)"
-.venv/bin/pytest -p no:cacheprovider "$@"
+echo "== benchmarks, quick smoke (full run: .venv/bin/python -m bench.run)"
+.venv/bin/python -m bench.run --quick
 
-echo "== done in $(( $(date +%s) - started ))s"
+echo "== tests (unit, integration, docker, reliability); setup took $(( $(date +%s) - started ))s so far"
+exec .venv/bin/pytest -p no:cacheprovider "$@"
