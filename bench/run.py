@@ -9,7 +9,8 @@ registry and SB_BASE_IMAGE; it sources /var/tmp/sciencebench-host/env.sh and
 images.env itself. Everything it starts (a private redis-server on a loopback
 port, `sciencebench worker` processes, bare Celery workers, containers of its
 own Pier runs) is stopped before it exits. It exits non-zero only when it
-crashes; a missed goal is printed as MISSED.
+crashes (an item raising counts; the other items still run and results are
+still written); a missed goal is printed as MISSED and exits 0.
 
 Figures (names as in results.json):
 
@@ -1297,7 +1298,7 @@ def write_doc(results: dict[str, Any]) -> None:
     for name, label in ORDER:
         value = results["figures"].get(name)
         goal = results["goals"].get(name)
-        shown = "n/a" if value is None else f"{value:.3g}"
+        shown = "n/a" if value is None else f"{value:.4g}"
         status = "" if goal is None else ("met" if goal["met"] else "**MISSED**")
         target = goal["goal"] if goal else ("(baseline)" if name.startswith("pier_") else "(raw)")
         lines.append(f"| {label} (`{name}`) | {shown} | {target} | {status} |")
@@ -1343,15 +1344,17 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(params, workdir, report)
 
     phases: dict[str, float] = {}
+    crashed_items: list[str] = []
 
     def step(key: str, fn: Callable[[], None]) -> None:
         loads[key] = loadavg()
         t = time.monotonic()
         try:
             fn()
-        except Exception as exc:  # one item failing must not hide the others
+        except Exception as exc:  # a crash: the other items still run, the exit code says so
+            crashed_items.append(key)
             report.errors[key] = f"{exc.__class__.__name__}: {exc}"
-            print(f"  ERROR in {key}: {exc.__class__.__name__}: {exc}", flush=True)
+            print(f"  CRASH in {key}: {exc.__class__.__name__}: {exc}", flush=True)
             traceback.print_exc()
         finally:
             phases[key] = round(time.monotonic() - t, 1)
@@ -1410,6 +1413,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if report.errors:
         print(f"== errors: {', '.join(report.errors)}", flush=True)
+    if crashed_items:
+        print(f"== CRASHED items (exit code 1): {', '.join(crashed_items)}", flush=True)
     if args.only is None:
         out = BENCH_DIR / ("results-quick.json" if params.quick else "results.json")
         out.write_text(json.dumps(results, indent=2, default=str) + "\n")
@@ -1417,7 +1422,7 @@ def main(argv: list[str] | None = None) -> int:
         if not params.quick:
             write_doc(results)
             print(f"== wrote {DOC.relative_to(REPO)}", flush=True)
-    return 1 if crashed else 0
+    return 1 if crashed or crashed_items else 0
 
 
 if __name__ == "__main__":

@@ -9,10 +9,13 @@ volumes and derived images afterwards.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from contextlib import AbstractContextManager
 from pathlib import Path
+
+import docker
 
 from sciencebench import dockerhost, preflight
 from sciencebench.config import Settings
@@ -30,6 +33,8 @@ class DockerRuntime:
         self.settings = settings
         self.puller = dockerhost.ImagePuller(state=settings.state_dir)
         self._checked: dict[tuple[str, str, str], float] = {}
+        self._client: docker.DockerClient | None = None
+        self._client_pid = os.getpid()
         self._lock = threading.Lock()
 
     def preflight(self, job: JobSpec) -> None:
@@ -41,6 +46,17 @@ class DockerRuntime:
             preflight.check_host(platform=job.platform, jobs_dir=job.jobs_dir, pier_bin=job.pier_bin)
             self._checked[key] = time.monotonic()
 
+    def _docker(self) -> docker.DockerClient | None:
+        """One Docker client per process, reused across trials (none after a failure)."""
+        if self._client_pid != os.getpid():
+            self._client, self._client_pid = None, os.getpid()
+        if self._client is None:
+            try:
+                self._client = dockerhost.connect()
+            except PreflightError:
+                return None  # cleanup_matching connects (and reports) by itself
+        return self._client
+
     def ensure_images(self, refs: list[str], platform: str, skip_pull: bool) -> None:
         self.puller.ensure(refs, platform, skip_pull)
 
@@ -50,7 +66,7 @@ class DockerRuntime:
         return dockerhost.trial_lease(prefix, state=self.settings.state_dir)
 
     def cleanup_trial(self, trial_name: str) -> None:
-        report = dockerhost.cleanup_matching(dockerhost.projects_of_trial(trial_name))
+        report = dockerhost.cleanup_matching(dockerhost.projects_of_trial(trial_name), self._docker())
         for error in report.errors:
             log.warning("cleanup of %s: %s", trial_name, error)
 

@@ -16,6 +16,7 @@ from pier.models.agent.network import NetworkAllowlist
 from pier.models.task.config import EnvironmentConfig
 from pier.models.trial.paths import TrialPaths
 
+from sciencebench import dockerhost
 from sciencebench.network.environment import (
     IsolatedDockerEnvironment,
     parse_inference_urls,
@@ -185,7 +186,10 @@ def test_no_allowlist_environment_is_network_none(tmp_path: Path) -> None:
                 "cap_drop": ["NET_ADMIN", "NET_RAW"],
                 "privileged": False,
                 "stop_signal": "SIGKILL",
-                "labels": {"org.sciencebench.network-role": "agent"},
+                "labels": {
+                    "org.sciencebench.network-role": "agent",
+                    "org.sciencebench.owner": dockerhost.owner_id(),
+                },
                 "network_mode": "none",
             }
         }
