@@ -234,7 +234,8 @@ def test_many_real_trials_leave_nothing_behind(soak: Soak, docker_client: docker
     left = _projects_of(docker_client, names | dirs)
     scratch = list((soak.job_dir / ".sciencebench" / "scratch").iterdir())
     per_trial = dir_bytes(soak.job_dir) / TRIALS
-    leases = list((state_dir / "leases").glob("*.lock"))
+    # Lease files of this soak's task only: the host state is shared with the session's other tests.
+    leases = list((state_dir / "leases").glob("task_001__*.lock"))
     figure("real_pier_soak", {
         "trials": TRIALS, "records": len(recs), "errored": len(errors), "worker_concurrency": 2,
         "wall_sec": round(soak.seconds, 1), "sec_per_trial": round(soak.seconds / TRIALS, 2),
@@ -256,7 +257,7 @@ def test_many_real_trials_leave_nothing_behind(soak: Soak, docker_client: docker
     # Nothing left in the scratch area; the job directory grows by a bounded amount per trial.
     assert scratch == []
     assert per_trial < 1024 * 1024, per_trial
-    assert len(leases) <= 4, leases  # one per task directory name, not one per trial
+    assert len(leases) <= 1, leases  # one per task directory name, not one per trial
 
 
 @SOAK_TIMEOUT
