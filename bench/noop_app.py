@@ -1,7 +1,7 @@
 """A bare Celery app with no-op tasks: the yardstick the benchmark compares against.
 
-It has the Celery settings of `sciencebench.celery_app.create_app` that shape
-delivery (late acks, prefetch 1, JSON, Redis broker and result backend, the
+It is built by `sciencebench.celery_app.create_app`, so it has the settings that
+shape delivery (late acks, prefetch 1, JSON, Redis broker and result backend, the
 same visibility timeout), so a chord of `bench.noop` tasks on it is "the same
 Celery without sciencebench". `BENCH_NOOP_EVENTS=1` also turns on the task
 events sciencebench turns on (`-E`, task-sent events).
@@ -9,12 +9,14 @@ events sciencebench turns on (`-E`, task-sent events).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
 from celery import Celery
 
-from sciencebench.config import RESULT_EXPIRES_SEC, Settings
+from sciencebench.celery_app import create_app
+from sciencebench.config import Settings
 
 NOOP = "bench.noop"
 NOOP_FINALIZE = "bench.noop_finalize"
@@ -25,28 +27,16 @@ def create_noop_app(broker_url: str | None = None, *, events: bool | None = None
     broker = broker_url or os.environ.get("BENCH_BROKER_URL") or settings.broker_url
     if events is None:
         events = os.environ.get("BENCH_NOOP_EVENTS", "0") == "1"
-    app = Celery("bench_noop")
-    transport_options = {"visibility_timeout": settings.visibility_timeout_sec}
+    # sciencebench's own app settings, so the yardstick can never drift from them;
+    # then only what makes it bare: no sciencebench tasks, its own queue, events optional.
+    app = create_app(dataclasses.replace(settings, broker_url=broker, result_backend=broker))
+    app.main = "bench_noop"
     app.conf.update(
-        broker_url=broker,
-        result_backend=broker,
-        task_serializer="json",
-        result_serializer="json",
-        accept_content=["json"],
-        result_accept_content=["json"],
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        worker_prefetch_multiplier=1,
-        broker_transport_options=transport_options,
-        result_backend_transport_options=transport_options,
-        visibility_timeout=settings.visibility_timeout_sec,
-        result_expires=RESULT_EXPIRES_SEC,
-        result_extended=True,
+        include=[],
+        worker_direct=False,
         task_track_started=events,
         worker_send_task_events=events,
         task_send_sent_event=events,
-        broker_connection_retry_on_startup=True,
-        worker_hijack_root_logger=False,
         task_default_queue="bench_noop",
     )
 
