@@ -13,6 +13,7 @@ DEFAULT_BROKER_URL = "redis://localhost:6379/0"
 # than this is delivered again, so it must outlive the longest trial.
 VISIBILITY_TIMEOUT_FLOOR_SEC = 6 * 3600
 RESULT_EXPIRES_SEC = 14 * 24 * 3600
+_OFF = ("0", "false", "no", "off")
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,8 @@ class Settings:
     visibility_timeout_sec: int
     state_dir: Path
     hostname: str
+    # Start Pier from a zygote that imported it once (see zygote.py).
+    warm_pier: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -38,6 +41,7 @@ class Settings:
             ),
             state_dir=Path(env.get("SCIENCEBENCH_STATE_DIR", "/var/tmp/sciencebench")),  # noqa: S108 host-local locks, not temp files,
             hostname=env.get("SCIENCEBENCH_HOSTNAME", socket.gethostname()),
+            warm_pier=env.get("SCIENCEBENCH_WARM_PIER", "1").strip().lower() not in _OFF,
         )
 
 

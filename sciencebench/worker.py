@@ -1,4 +1,4 @@
-"""`sciencebench worker`: preflight, sweep leftovers, then a Celery worker.
+"""`sciencebench worker`: preflight, sweep leftovers, warm Pier, then a Celery worker.
 
 Prefork pool with `-O fair` (a slot takes a trial only when free), late acks
 and prefetch 1 (from the app), task events for Flower (`-E`), and the
@@ -7,10 +7,12 @@ lost-host watchdog in the main process.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from celery.signals import worker_ready
 
+from sciencebench import pier
 from sciencebench.celery_app import app
 from sciencebench.config import Settings
 from sciencebench.coord import RedisCoordinator
@@ -25,6 +27,9 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     coord = RedisCoordinator(settings.broker_url)
     coord.ping()
     prepare_host(platform, pier_bin, settings)
+    if settings.warm_pier:
+        # Imports Pier in the background while Celery starts; pool processes share it.
+        pier.prewarm(pier_bin, pier.pier_environment(dict(os.environ), {}, platform, pier.SCIENCEBENCH_PATH))
 
     @worker_ready.connect(weak=False)
     def _start_watchdog(**_: Any) -> None:

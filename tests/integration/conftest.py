@@ -17,6 +17,8 @@ import redis
 from tests.fixtures.selection import make_selection
 from tests.fixtures.services import FAKE_PIER, VENV_BIN, RedisServer, Worker
 
+FAKE_WORKER = ["--pier-bin", str(FAKE_PIER)]
+
 LEASE_SECONDS = 3.0
 
 
@@ -49,7 +51,8 @@ class Cluster:
 
     def start_workers(self, count: int, concurrency: int = 1) -> list[Worker]:
         started = [
-            Worker(f"w{len(self.workers) + i}", self.env, self.root, concurrency).start()
+            # The workers' own Pier is the fake one too (preflight asks it; no zygote imports real Pier).
+            Worker(f"w{len(self.workers) + i}", self.env, self.root, concurrency, FAKE_WORKER).start()
             for i in range(count)
         ]
         for worker in started:

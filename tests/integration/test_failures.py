@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.fixtures.services import Worker
-from tests.integration.conftest import LEASE_SECONDS, Cluster
+from tests.integration.conftest import FAKE_WORKER, LEASE_SECONDS, Cluster
 
 pytestmark = pytest.mark.integration
 
@@ -113,7 +113,7 @@ def test_retry_failed_reruns_only_errored_trials(cluster: Cluster) -> None:
 
 def test_a_host_failing_preflight_consumes_no_trials(cluster: Cluster, tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
     broken_env = dict(cluster.env, DOCKER_HOST=f"unix://{tmp_path_factory.mktemp('nodocker')}/docker.sock")
-    broken = Worker("broken", broken_env, cluster.root, concurrency=1).start()
+    broken = Worker("broken", broken_env, cluster.root, concurrency=1, extra=FAKE_WORKER).start()
     assert broken.proc is not None
     assert broken.proc.wait(timeout=120) != 0
     lines = [line for line in broken.log_path.read_text().splitlines() if line.strip()]
