@@ -98,7 +98,11 @@ def _proc(pid: int) -> Proc | None:
     fields = stat.rsplit(")", 1)[1].split()
     if fields[0] == "Z":
         return None
-    return Proc(pid=pid, ppid=int(fields[1]), argv=[a.decode(errors="replace") for a in argv if a])
+    args = [a.decode(errors="replace") for a in argv if a]
+    if len(args) == 1:
+        # A process title (a warm Pier from the zygote) is argv joined by spaces.
+        args = args[0].split()
+    return Proc(pid=pid, ppid=int(fields[1]), argv=args)
 
 
 def pier_procs(scope: Path, marker: str = "run") -> list[Proc]:
