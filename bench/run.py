@@ -1,7 +1,7 @@
 """sciencebench performance benchmark: every figure measured side by side, in one run.
 
     .venv/bin/python -m bench.run            full run -> bench/results.json + docs/performance.md
-    .venv/bin/python -m bench.run --quick    < 2 minutes -> bench/results-quick.json
+    .venv/bin/python -m bench.run --quick    about 2 minutes -> bench/results-quick.json
 
 It needs what the test tiers need (scripts/host-setup.sh, scripts/fixture-images.sh):
 redis-server, the Docker Engine 28 of /var/tmp/sciencebench-host, its loopback
@@ -29,6 +29,9 @@ Figures (names as in results.json):
    images on one host with 8 slots.
 5. real_trial_ratio: a trivial real trial through a worker / direct `pier run`.
 6. scaling_1_to_2: throughput with 2 worker processes / with 1 (2 slots each).
+7. warm_start_harness_ratio: the harness stage of trivial real trials (nop,
+   one at a time) with Pier forked by the worker's zygote / with Pier exec'd
+   (SCIENCEBENCH_WARM_PIER=0).
 
 Makespans and walls start when the submit starts (`prepare`, as `sciencebench
 submit` runs it, in this process) and end when the chord's finalizer has
@@ -47,6 +50,7 @@ import platform
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -108,6 +112,8 @@ class Params:
     scale_repeats: int
     stock_submit: bool
     scale_tasks_variant: int  # also submit this many tasks x 1 attempt (0: not)
+    warm_trials: int  # item 7: measured trials per start mode
+    warm_warmup: bool  # item 7: one unmeasured trial first (the zygote imports Pier meanwhile)
 
 
 FULL = Params(
@@ -126,6 +132,8 @@ FULL = Params(
     scale_repeats=2,
     stock_submit=True,
     scale_tasks_variant=10000,
+    warm_trials=6,
+    warm_warmup=True,
 )
 QUICK = Params(
     quick=True,
@@ -143,6 +151,8 @@ QUICK = Params(
     scale_repeats=1,
     stock_submit=False,
     scale_tasks_variant=0,
+    warm_trials=1,
+    warm_warmup=False,
 )
 
 SLOTS = 4  # 2 workers x 2 slots
@@ -1184,6 +1194,48 @@ class Bench:
         if env_state != "importable":
             r.note(f"{env_class} {env_state}: the worker path ran without the fast-teardown environment")
 
+    def item_warm_start(self) -> None:
+        """Item 7: the same trivial real trials with Pier started cold (exec) and warm (zygote).
+
+        One worker per mode, one trial at a time; in the full run each mode's first trial
+        is a warm-up (the zygote may still be importing Pier when the worker is ready).
+        The harness stage's mean is compared.
+        """
+        from sciencebench.demo import build_demo_selection
+
+        r = self.report
+        demo = build_demo_selection(self.work / "demo-warm", self.base_image, self.registry)
+        harness: dict[str, list[float]] = {}
+        walls: dict[str, float] = {}
+        for mode, flag in (("cold", "0"), ("warm", "1")):
+            self.stop_workers()
+            env = self.env(SCIENCEBENCH_STATE_DIR=str(self.pull_state), SCIENCEBENCH_WARM_PIER=flag)
+            self.pull_state.mkdir(parents=True, exist_ok=True)
+            worker = self.start_workers(1, 1, env=env)[0]
+            job = f"start-{mode}"
+            skip = 1 if self.p.warm_warmup else 0
+            attempts = skip + self.p.warm_trials
+            run = self.submit(demo, job, n_concurrent=1, n_attempts=attempts, pier_bin="pier", agent="nop",
+                              task_id="001", timeout=1800)  # fmt: skip
+            self.stop_workers([worker])
+            trials = sorted((self.jobs_dir / job / ".sciencebench" / "trials").glob("001-*.json"))
+            records = [json.loads(t.read_text()) for t in trials]
+            failed = [rec.get("exception_type") for rec in records if rec.get("exception_type")]
+            if failed:
+                r.errors[f"warm_start_{mode}"] = f"{len(failed)} trials failed: {failed[:3]}"
+            harness[mode] = [rec["timings_sec"]["harness"] for rec in records if rec["attempt"] > skip]
+            walls[mode] = run["wall_s"]
+        cold, warm = statistics.mean(harness["cold"]), statistics.mean(harness["warm"])
+        r.raw["warm_start"] = {
+            "trials_per_mode": self.p.warm_trials, "harness_sec": harness, "job_wall_s": walls,
+        }  # fmt: skip
+        r.figure(
+            "warm_start_harness_ratio",
+            warm / cold,
+            detail=f"harness stage of a trivial real trial (nop, one at a time): warm {warm:.2f} s vs "
+            f"cold {cold:.2f} s (mean of {self.p.warm_trials}; {cold - warm:.2f} s saved per trial)",
+        )
+
 
 def lpt_makespan(durations: list[float], slots: int) -> float:
     """Makespan of longest-first list scheduling with no overhead."""
@@ -1274,6 +1326,7 @@ ORDER = [
     ("pulls_per_image_per_host", "4. pulls per image per host, 8 trials, 2 images"),
     ("real_trial_ratio", "5. real trial: via worker / direct `pier run`"),
     ("scaling_1_to_2", "6. throughput 2 workers / 1 worker"),
+    ("warm_start_harness_ratio", "7. Pier start: harness stage warm (zygote) / cold (exec)"),
 ]
 
 
@@ -1325,14 +1378,14 @@ def write_doc(results: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smaller and shorter; under 2 minutes")
+    parser.add_argument("--quick", action="store_true", help="smaller and shorter; about 2 minutes")
     parser.add_argument(
-        "--only", help="comma-separated items to run (1-6), for development; nothing is written"
+        "--only", help="comma-separated items to run (1-7), for development; nothing is written"
     )
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args(argv)
     params = QUICK if args.quick else FULL
-    only = {int(x) for x in args.only.split(",")} if args.only else set(range(1, 7))
+    only = {int(x) for x in args.only.split(",")} if args.only else set(range(1, 8))
 
     load_host_env()
     sys.path.insert(0, str(REPO))
@@ -1380,6 +1433,8 @@ def main(argv: list[str] | None = None) -> int:
             step("pulls", bench.item_pulls)
         if 5 in only:
             step("real", bench.item_real)
+        if 7 in only:
+            step("warm_start", bench.item_warm_start)
     except Exception:
         crashed = True
         traceback.print_exc()
