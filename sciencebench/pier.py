@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import functools
 import importlib.metadata
 import json
 import logging
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -146,12 +148,13 @@ def run_pier(
     `zygote_env` (Pier's environment without secrets) allows a warm start.
     """
     started = time.monotonic()
-    with log_path.open("wb") as log:
+    with log_path.open("wb") as log, contextlib.ExitStack() as stack:
         try:
             proc = start_pier(argv, env, cwd, log, zygote_env)
         except OSError as exc:
             log.write(f"cannot start {argv[0]}: {exc.strerror}\n".encode())
             return PierRun(127, 0.0, False, False, f"cannot start {argv[0]}: {exc.strerror}")
+        wait_briefly = _exit_waiter(proc, stack)
         timed_out = cancelled = False
         while proc.poll() is None:
             if time.monotonic() - started > timeout_sec:
@@ -161,8 +164,7 @@ def run_pier(
             if timed_out or cancelled:
                 stop_process_group(proc)
                 break
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=poll_sec)
+            wait_briefly(poll_sec)
         code = proc.wait()
     return PierRun(
         exit_code=code,
@@ -171,6 +173,33 @@ def run_pier(
         cancelled=cancelled,
         log_tail=_tail(log_path),
     )
+
+
+def _exit_waiter(proc: PierProcess, stack: contextlib.ExitStack) -> Callable[[float], None]:
+    """A wait that returns as soon as Pier exits, or after at most `timeout` seconds.
+
+    `Popen.wait(timeout)` polls with sleeps of up to 50 ms, so a short run
+    would be noticed late: a cold start is waited for through a pidfd. A
+    warm run's exit code arrives on a socket, which its own wait selects on.
+    """
+    if isinstance(proc, subprocess.Popen):
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except OSError:  # an old kernel: fall back to polling
+            pass
+        else:
+            stack.callback(os.close, pidfd)
+
+            def pidfd_wait(timeout: float) -> None:
+                select.select([pidfd], [], [], timeout)
+
+            return pidfd_wait
+
+    def poll_wait(timeout: float) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=timeout)
+
+    return poll_wait
 
 
 def start_pier(
@@ -184,9 +213,15 @@ def start_pier(
         except zygote.ZygoteError as exc:
             _warn_once(f"starting Pier cold: {exc.strerror}")
             _forget(warm)
+    if shutil.which(argv[0], path=env.get("PATH")) is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
+    if _SETPRIV is not None:
+        # setpriv sets the death signal and execs Pier: without a preexec_fn the
+        # worker is not fully forked for every trial.
+        argv = [_SETPRIV, "--pdeathsig", "TERM", "--", *argv]
     return subprocess.Popen(
-        argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent,
+        argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        start_new_session=True, preexec_fn=None if _SETPRIV is not None else _die_with_parent,
     )  # fmt: skip
 
 
@@ -259,6 +294,8 @@ def _die_with_parent() -> None:
 _PR_SET_PDEATHSIG = 1
 # Resolved once in the parent: nothing is looked up between fork and exec.
 _LIBC = ctypes.CDLL(None, use_errno=True)
+# util-linux's setpriv (Debian: essential) can set the death signal itself.
+_SETPRIV = shutil.which("setpriv")
 
 
 def stop_process_group(proc: PierProcess, grace_sec: float = 20.0) -> None:
