@@ -138,14 +138,16 @@ start_dockerd() {
     log "starting dockerd (log: $SB_STATE/dockerd.log)"
     mkdir -p "$SB_STATE/docker/data" "$SB_STATE/docker/exec"
     # setsid + closed stdio: the daemon outlives this script and never holds
-    # the caller's terminal or pipes open. The default iptables/bridge settings
-    # work in this sandbox (the kernel has bridge, veth, nf_tables, NAT built in).
+    # the caller's terminal or pipes open; nor this script's lock (fd 9), or the
+    # next run of this script would wait for it forever. The default
+    # iptables/bridge settings work in this sandbox (the kernel has bridge,
+    # veth, nf_tables, NAT built in).
     setsid dockerd \
         --data-root "$SB_STATE/docker/data" \
         --exec-root "$SB_STATE/docker/exec" \
         --pidfile "$SB_STATE/docker.pid" \
         -H "$DOCKER_HOST" \
-        </dev/null >>"$SB_STATE/dockerd.log" 2>&1 &
+        </dev/null >>"$SB_STATE/dockerd.log" 2>&1 9>&- &
     wait_until 60 "$SB_STATE/dockerd.log" dockerd docker version
 }
 
@@ -195,7 +197,7 @@ storage:
 http:
   addr: $REGISTRY
 EOF
-    setsid /usr/bin/docker-registry serve "$cfg" </dev/null >>"$SB_STATE/registry.log" 2>&1 &
+    setsid /usr/bin/docker-registry serve "$cfg" </dev/null >>"$SB_STATE/registry.log" 2>&1 9>&- &
     echo $! >"$SB_STATE/registry.pid"
     wait_until 30 "$SB_STATE/registry.log" registry curl -fsS "http://$REGISTRY/v2/"
 }
