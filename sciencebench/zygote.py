@@ -20,8 +20,9 @@ process a cold `pier ...` would have been:
   a private socket pair for its pid and exit code.
 - A run dies with whoever asked for it: when its requester's end of the
   pair closes (the worker process died), the zygote stops the run's whole
-  process group. When the zygote itself dies, its runs get SIGTERM
-  (PR_SET_PDEATHSIG); it exits when no process holds its request socket.
+  process group. When no process holds the request socket any more, it
+  does so for every run, then exits. When the zygote itself dies, its runs
+  get SIGTERM (PR_SET_PDEATHSIG).
 
 Nothing here knows Pier: `sciencebench.pier` decides when to use it.
 """
@@ -180,7 +181,8 @@ def _serve(requests: socket.socket) -> _Child | None:
     """Fork a child per request until the request socket is closed by every holder.
 
     Returns only in a forked child (with what it must become), or None in
-    the zygote when it is time to exit.
+    the zygote when it is time to exit: every holder is gone and so are the
+    runs (stopped like those of a requester that died).
     """
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
@@ -191,15 +193,22 @@ def _serve(requests: socket.socket) -> _Child | None:
     selector = selectors.DefaultSelector()
     selector.register(requests, selectors.EVENT_READ, "request")
     selector.register(wake_r, selectors.EVENT_READ, "child")
+    accepting = True
     try:
-        while True:
+        while accepting or runs:
             deadlines = [t.kill_at for t in runs.values() if t.kill_at is not None]
             timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
             for key, _ in selector.select(timeout):
                 if key.data == "request":
                     message, fds, flags, _ = socket.recv_fds(requests, _MAX_REQUEST, 2)
                     if not message and not fds:
-                        return None
+                        # Nobody can ask for a run or read one's end any more.
+                        accepting = False
+                        selector.unregister(requests)
+                        for pid, tracked in list(runs.items()):
+                            if tracked.channel is not None:
+                                _requester_gone(pid, tracked, selector)
+                        continue
                     if len(fds) != 2 or flags & socket.MSG_TRUNC:
                         for fd in fds:
                             os.close(fd)
@@ -227,8 +236,9 @@ def _serve(requests: socket.socket) -> _Child | None:
                     with contextlib.suppress(BlockingIOError):
                         os.read(wake_r, 4096)
                     _reap(runs, selector)
-                else:
-                    _requester_gone(key.data, runs[key.data], selector)
+                elif (orphan := runs.get(key.data)) is not None and orphan.channel is not None:
+                    # (A run reaped earlier in this batch has no channel left to watch.)
+                    _requester_gone(key.data, orphan, selector)
             now = time.monotonic()
             for pid, tracked in runs.items():
                 if tracked.kill_at is not None and tracked.kill_at <= now:
@@ -237,6 +247,7 @@ def _serve(requests: socket.socket) -> _Child | None:
                     tracked.kill_at = None
     finally:
         selector.close()
+    return None
 
 
 def _reap(runs: dict[int, _Tracked], selector: selectors.BaseSelector) -> None:
@@ -248,7 +259,12 @@ def _reap(runs: dict[int, _Tracked], selector: selectors.BaseSelector) -> None:
         if pid == 0:
             return
         tracked = runs.pop(pid, None)
-        if tracked is None or tracked.channel is None:
+        if tracked is None:
+            continue
+        if tracked.channel is None:
+            # Nobody waits for this run: what is left of its group goes with its leader.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
             continue
         selector.unregister(tracked.channel)
         with contextlib.suppress(OSError):

@@ -162,6 +162,25 @@ def test_a_run_dies_with_its_requester_while_the_zygote_lives_on(
     _wait_for(lambda: not _alive(pids["zygote"]), 15, "the zygote to exit with its last holder")
 
 
+def test_when_every_holder_is_gone_the_runs_stop_and_the_zygote_exits(
+    toy_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A whole worker SIGKILLed (main and pool processes at once): the zygote stops the runs'
+    whole groups (PR_SET_PDEATHSIG alone would reach only their leaders), then exits."""
+    host = subprocess.Popen([sys.executable, "-m", "tests.fixtures.zygote_requester", str(tmp_path)],
+                            env=toy_env, cwd=REPO, start_new_session=True)  # fmt: skip
+    try:
+        _wait_for(lambda: (tmp_path / "pids.json").exists(), 60, "the run to start")
+        pids = json.loads((tmp_path / "pids.json").read_text())
+        _wait_for(lambda: len((tmp_path / "run.log").read_text().splitlines()) >= 2, 30, "the grandchild")
+        grandchild = json.loads((tmp_path / "run.log").read_text().splitlines()[1])["grandchild"]
+    finally:
+        os.killpg(host.pid, signal.SIGKILL)
+        host.wait(timeout=30)
+    _wait_for(lambda: not _alive(pids["run"]) and not _alive(grandchild), 15, "the run's group to end")
+    _wait_for(lambda: not _alive(pids["zygote"]), 15, "the zygote to exit")
+
+
 def test_when_the_zygote_dies_its_runs_end_and_report_it(toy: zygote.Zygote, tmp_path: Path) -> None:
     run = _run(toy, ["group", "600"], {"PATH": os.environ["PATH"]}, tmp_path, tmp_path / "run.log")
     _wait_for(lambda: len((tmp_path / "run.log").read_text().splitlines()) >= 2, 30, "the grandchild")
