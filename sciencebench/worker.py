@@ -7,6 +7,7 @@ lost-host watchdog in the main process.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -19,6 +20,8 @@ from sciencebench.coord import RedisCoordinator
 from sciencebench.runtime import prepare_host
 from sciencebench.watchdog import start_watchdog
 
+log = logging.getLogger(__name__)
+
 
 def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, loglevel: str,
                platform: str, pier_bin: str) -> None:  # fmt: skip
@@ -27,12 +30,19 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     coord = RedisCoordinator(settings.broker_url)
     coord.ping()
     prepare_host(platform, pier_bin, settings)
+    zygote_pid = None
     if settings.warm_pier:
         # Imports Pier in the background while Celery starts; pool processes share it.
-        pier.prewarm(pier_bin, pier.pier_environment(dict(os.environ), {}, platform, pier.SCIENCEBENCH_PATH))
+        zygote_env = pier.pier_environment(dict(os.environ), {}, platform, pier.SCIENCEBENCH_PATH)
+        zygote_pid = pier.prewarm(pier_bin, zygote_env)
 
     @worker_ready.connect(weak=False)
-    def _start_watchdog(**_: Any) -> None:
+    def _on_ready(**_: Any) -> None:
+        if zygote_pid is not None:
+            log.info("Pier starts warm: forked by zygote pid %d", zygote_pid)
+        else:
+            why = "SCIENCEBENCH_WARM_PIER=0" if not settings.warm_pier else "not this environment's own pier"
+            log.info("Pier starts cold (--pier-bin %s: %s)", pier_bin, why)
         start_watchdog(app, coord, settings.lease_seconds)
 
     argv = ["worker", f"--concurrency={concurrency}", f"--loglevel={loglevel}", "-E", "-O", "fair"]

@@ -313,8 +313,11 @@ def main(argv: list[str]) -> int:
     entry = argv[2]
     # Imported before any fork: the whole point. A failure is left for each run to
     # report in its own log, exactly as a cold start would.
-    with contextlib.suppress(Exception):
+    try:
         load_entry(entry)
+    except Exception as exc:
+        print(f"sciencebench zygote: cannot import {entry} ({type(exc).__name__}: {exc}); "
+              "every run will try on its own", file=sys.stderr, flush=True)  # fmt: skip
     child = _serve(requests)
     if child is None:
         return 0

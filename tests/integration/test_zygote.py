@@ -243,3 +243,23 @@ def test_real_pier_starts_warm_and_cold_when_its_zygote_is_gone(
     assert cold.log_tail == warm.log_tail  # the same output either way
     assert any("starting Pier cold" in r.getMessage() for r in caplog.records)
     assert pier._zygotes == {}  # the dead one is forgotten; the next trial starts a new one
+
+
+def test_an_entry_point_that_cannot_be_imported_fails_each_run_as_cold(
+    toy_env: dict[str, str], tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    broken = zygote.Zygote("tests.fixtures.no_such_module:main", toy_env)
+    try:
+        run = _run(broken, ["exit", "0"], {}, tmp_path, tmp_path / "run.log")
+        assert run.wait(timeout=30) == 1
+        assert (
+            "ModuleNotFoundError: No module named 'tests.fixtures.no_such_module'"
+            in (tmp_path / "run.log").read_text()
+        )
+    finally:
+        broken.close()
+    said = capfd.readouterr().err.strip().splitlines()
+    assert said == [
+        "sciencebench zygote: cannot import tests.fixtures.no_such_module:main (ModuleNotFoundError: "
+        "No module named 'tests.fixtures.no_such_module'); every run will try on its own"
+    ]

@@ -340,6 +340,7 @@ def test_cancel_mid_run_with_real_pier(
     running = pier_procs(job_dir)
     assert len(running) == 1, running
     assert real.worker.zygote_pids() == [running[0].ppid]
+    assert f"Pier starts warm: forked by zygote pid {running[0].ppid}" in real.worker.log_path.read_text()
     scratch = job_dir / ".sciencebench" / "scratch"
     cancelled_at = time.monotonic()
     cancel = real.cli("cancel", "cancelled", "--jobs-dir", str(real.jobs_dir), timeout=60)
