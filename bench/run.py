@@ -279,13 +279,10 @@ class BareWorker:
         raise TimeoutError(f"bare worker {self.name} not ready")
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        from tests.fixtures.services import stop_group
+
+        if self.proc:
+            stop_group(self.proc, grace_sec=30)
 
 
 # --------------------------------------------------------------------------- the bench

@@ -40,9 +40,9 @@ from sciencebench.plan import JobSpec, TrialSpec
 
 logger = logging.getLogger(__name__)
 
-# Pier names trial directories `<task dir name[:32]>__<7 random chars>`.
 # Where the `sciencebench` package lives: Pier imports our environment class and adapters.
 SCIENCEBENCH_PATH = str(Path(__file__).parent.parent)
+# Pier names trial directories `<task dir name[:32]>__<7 random chars>`.
 TRIAL_DIR = re.compile(r"^(task_\d{3,})__([A-Za-z0-9]+)$")
 STAGES = ("environment_setup", "agent_setup", "agent_execution", "verifier")
 
@@ -110,6 +110,11 @@ def pier_environment(
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, base.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+def zygote_environment(platform: str) -> dict[str, str]:
+    """Pier's environment without any secret: what the zygote imports Pier under."""
+    return pier_environment(dict(os.environ), {}, platform, SCIENCEBENCH_PATH)
 
 
 @dataclass(frozen=True)

@@ -257,13 +257,13 @@ def _stages(
     pier_job = "job"
     argv = pier.render_argv(job, spec, scratch, pier_job)
     env = pier.pier_environment(dict(os.environ), secrets, job.platform, pier.SCIENCEBENCH_PATH)
-    zygote_env = pier.pier_environment(dict(os.environ), {}, job.platform, pier.SCIENCEBENCH_PATH)
+    zygote_env = pier.zygote_environment(job.platform) if ctx.settings.warm_pier else None
     with ctx.runtime.live_trial(spec.task_dir.name):
         run = timed("harness", lambda: pier.run_pier(
             argv, env, cwd=scratch, log_path=scratch / "pier.log",
             timeout_sec=spec.expected_sec * 1.25 + 300,
             should_stop=lambda: heartbeat.cancelled.is_set() or heartbeat.lost.is_set(),
-            zygote_env=zygote_env if ctx.settings.warm_pier else None,
+            zygote_env=zygote_env,
         ))  # fmt: skip
     trial_dirs = pier.find_trial_dirs(scratch / pier_job)
     try:

@@ -17,6 +17,7 @@ from typing import Any
 from celery import Celery
 
 from sciencebench.coord import Coordinator
+from sciencebench.plan import TrialSpec
 
 log = logging.getLogger(__name__)
 
@@ -45,22 +46,18 @@ def redispatch_orphans(app: Celery, coord: Coordinator, lease_seconds: float) ->
 
 def send_again(app: Celery, coord: Coordinator, payload: dict[str, Any]) -> None:
     """Queue a trial again as the same chord member (same task id, chord, group)."""
-    trial = payload["trial"]
-    coord.set_state(trial["job_name"], f"{trial['task_id']}#{trial['attempt']}", "queued", "")
+    spec = TrialSpec.model_validate(payload["trial"])
+    coord.set_state(spec.job_name, spec.key, "queued", "")
     app.send_task(
         "sciencebench.run_trial",
-        args=[trial],
+        args=[payload["trial"]],
         task_id=payload["task_id"],
         chord=payload.get("chord"),
         group_id=payload.get("group_id"),
         group_index=payload.get("group_index"),
-        argsrepr=repr(trial_label(trial)),
+        argsrepr=repr(spec.label),
         kwargsrepr="{}",
     )
-
-
-def trial_label(trial: dict[str, Any]) -> str:
-    return f"task_{trial['task_id']} #{trial['attempt']}"
 
 
 def start_watchdog(app: Celery, coord: Coordinator, lease_seconds: float) -> threading.Event:

@@ -8,7 +8,6 @@ lost-host watchdog in the main process.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from celery.signals import worker_ready
@@ -30,19 +29,19 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     coord = RedisCoordinator(settings.broker_url)
     coord.ping()
     prepare_host(platform, pier_bin, settings)
-    zygote_pid = None
-    if settings.warm_pier:
-        # Imports Pier in the background while Celery starts; pool processes share it.
-        zygote_env = pier.pier_environment(dict(os.environ), {}, platform, pier.SCIENCEBENCH_PATH)
-        zygote_pid = pier.prewarm(pier_bin, zygote_env)
+    # Imports Pier in the background while Celery starts; pool processes share it.
+    zygote_pid = pier.prewarm(pier_bin, pier.zygote_environment(platform)) if settings.warm_pier else None
 
     @worker_ready.connect(weak=False)
     def _on_ready(**_: Any) -> None:
         if zygote_pid is not None:
             log.info("Pier starts warm: forked by zygote pid %d", zygote_pid)
+        elif not settings.warm_pier:
+            log.info("Pier starts cold (SCIENCEBENCH_WARM_PIER=0)")
+        elif pier.warm_entry(pier_bin) is None:
+            log.info("Pier starts cold (--pier-bin %s is not this environment's own pier)", pier_bin)
         else:
-            why = "SCIENCEBENCH_WARM_PIER=0" if not settings.warm_pier else "not this environment's own pier"
-            log.info("Pier starts cold (--pier-bin %s: %s)", pier_bin, why)
+            log.info("Pier starts cold (its zygote did not start; see the warning above)")
         start_watchdog(app, coord, settings.lease_seconds)
 
     argv = ["worker", f"--concurrency={concurrency}", f"--loglevel={loglevel}", "-E", "-O", "fair"]

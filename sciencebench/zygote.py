@@ -158,7 +158,7 @@ class Zygote:
     def close(self) -> None:
         """Stop taking requests; the zygote exits once no other process holds the socket."""
         self._requests.close()
-        with contextlib.suppress(ChildProcessError, subprocess.TimeoutExpired):
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self._proc.wait(timeout=10)
 
 

@@ -10,22 +10,15 @@ a secret of the job.
 
 from __future__ import annotations
 
-import base64
 import json
-import os
-import signal
-import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.fixtures.services import VENV_BIN, free_port
+from tests.fixtures.flower import Flower
 from tests.integration.conftest import Cluster
 
 pytestmark = pytest.mark.integration
@@ -49,64 +42,13 @@ def _until[T](what: str, probe: Callable[[], T | None], timeout: float = 60.0, i
         time.sleep(interval)
 
 
-@dataclass
-class Flower:
-    port: int
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    seen: list[str]  # every response body, to search for secrets afterwards
-
-    def get(self, path: str, auth: bool = True) -> tuple[int, str]:
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}")
-        if auth:
-            token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
-            request.add_header("Authorization", f"Basic {token}")
-        try:
-            with urllib.request.urlopen(request, timeout=15) as response:
-                status, body = response.status, response.read().decode(errors="replace")
-        except urllib.error.HTTPError as exc:
-            status, body = exc.code, exc.read().decode(errors="replace")
-            exc.close()
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return 0, ""
-        self.seen.append(body)
-        return status, body
-
-    def get_json(self, path: str) -> Any:
-        status, body = self.get(path)
-        assert status == 200, (path, status, body[:500])
-        return json.loads(body)
-
-
 @pytest.fixture
 def flower(cluster: Cluster, tmp_path: Path) -> Iterator[Flower]:
-    port = free_port()
-    log_path = tmp_path / "flower.log"
-    env = {k: v for k, v in cluster.env.items() if not k.startswith("FLOWER_")}
-    env.update(FLOWER_BASIC_AUTH=f"{USER}:{PASSWORD}", FLOWER_READ_ONLY="true")
-    argv = [str(VENV_BIN / "celery"), "--app=sciencebench.celery_app", "flower",
-            "--address=127.0.0.1", f"--port={port}", f"--task_runtime_metric_buckets={BUCKETS}"]  # fmt: skip
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
-    running = Flower(port=port, proc=proc, log_path=log_path, seen=[])
+    running = Flower.start(cluster.env, tmp_path, USER, PASSWORD, f"--task_runtime_metric_buckets={BUCKETS}")
     try:
-
-        def healthy() -> bool | None:
-            if proc.poll() is not None:
-                pytest.fail(f"flower exited {proc.returncode}: {log_path.read_text()[-2000:]}")
-            return True if running.get("/healthcheck", auth=False)[0] == 200 else None
-
-        _until("flower to answer /healthcheck", healthy, timeout=60)
         yield running
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+        running.stop()
 
 
 def test_flower_shows_the_job_but_no_secret(cluster: Cluster, flower: Flower, tmp_path: Path) -> None:

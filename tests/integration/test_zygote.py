@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -140,51 +141,71 @@ def test_runs_from_many_threads_run_side_by_side(toy: zygote.Zygote, tmp_path: P
     assert [run.wait(timeout=30) for run in runs] == [0] * 6
 
 
-def test_a_run_dies_with_its_requester_while_the_zygote_lives_on(
-    toy_env: dict[str, str], tmp_path: Path
-) -> None:
+def _grandchild(log_path: Path) -> int:
+    """The pid of the `sleep` a `group` run started (its second log line)."""
+    _wait_for(lambda: len(log_path.read_text().splitlines()) >= 2, 30, "the grandchild")
+    return int(json.loads(log_path.read_text().splitlines()[1])["grandchild"])
+
+
+@dataclass
+class MiniWorker:
+    """tests/fixtures/zygote_requester.py running: a zygote, a requester, its run."""
+
+    host: subprocess.Popen[bytes]
+    zygote: int
+    requester: int
+    run: int
+    grandchild: int
+
+    def kill(self) -> None:
+        """SIGKILL the host and its forked requester together (a whole worker dying)."""
+        _kill_group(self.host)
+
+
+def _kill_group(host: subprocess.Popen[bytes]) -> None:
+    if host.poll() is None:
+        os.killpg(host.pid, signal.SIGKILL)
+        host.wait(timeout=30)
+
+
+@pytest.fixture
+def mini_worker(toy_env: dict[str, str], tmp_path: Path) -> Iterator[MiniWorker]:
+    host = subprocess.Popen([sys.executable, "-m", "tests.fixtures.zygote_requester", str(tmp_path)],
+                            env=toy_env, cwd=REPO, start_new_session=True)  # fmt: skip
+    try:
+        _wait_for(lambda: (tmp_path / "pids.json").exists(), 60, "the run to start")
+        pids = json.loads((tmp_path / "pids.json").read_text())
+        grandchild = _grandchild(tmp_path / "run.log")
+        yield MiniWorker(host, pids["zygote"], pids["requester"], pids["run"], grandchild)
+    finally:
+        _kill_group(host)
+
+
+def test_a_run_dies_with_its_requester_while_the_zygote_lives_on(mini_worker: MiniWorker) -> None:
     """As in a worker: the main process starts the zygote, a forked pool process asks for
     the run; when that pool process is SIGKILLed the run's whole group must go."""
-    host = subprocess.Popen([sys.executable, "-m", "tests.fixtures.zygote_requester", str(tmp_path)],
-                            env=toy_env, cwd=REPO, start_new_session=True)  # fmt: skip
-    try:
-        _wait_for(lambda: (tmp_path / "pids.json").exists(), 60, "the run to start")
-        pids = json.loads((tmp_path / "pids.json").read_text())
-        _wait_for(lambda: len((tmp_path / "run.log").read_text().splitlines()) >= 2, 30, "the grandchild")
-        grandchild = json.loads((tmp_path / "run.log").read_text().splitlines()[1])["grandchild"]
-        assert _alive(pids["run"]) and _alive(grandchild)
-        os.kill(pids["requester"], signal.SIGKILL)
-        _wait_for(lambda: not _alive(pids["run"]) and not _alive(grandchild), 15, "the run's group to end")
-        assert _alive(pids["zygote"])  # the parent still holds it: other runs go on
-    finally:
-        os.killpg(host.pid, signal.SIGKILL)
-        host.wait(timeout=30)
-    _wait_for(lambda: not _alive(pids["zygote"]), 15, "the zygote to exit with its last holder")
+    run, grandchild = mini_worker.run, mini_worker.grandchild
+    assert _alive(run) and _alive(grandchild)
+    os.kill(mini_worker.requester, signal.SIGKILL)
+    _wait_for(lambda: not _alive(run) and not _alive(grandchild), 15, "the run's group to end")
+    assert _alive(mini_worker.zygote)  # the parent still holds it: other runs go on
+    mini_worker.kill()
+    _wait_for(lambda: not _alive(mini_worker.zygote), 15, "the zygote to exit with its last holder")
 
 
-def test_when_every_holder_is_gone_the_runs_stop_and_the_zygote_exits(
-    toy_env: dict[str, str], tmp_path: Path
-) -> None:
+def test_when_every_holder_is_gone_the_runs_stop_and_the_zygote_exits(mini_worker: MiniWorker) -> None:
     """A whole worker SIGKILLed (main and pool processes at once): the zygote stops the runs'
     whole groups (PR_SET_PDEATHSIG alone would reach only their leaders), then exits."""
-    host = subprocess.Popen([sys.executable, "-m", "tests.fixtures.zygote_requester", str(tmp_path)],
-                            env=toy_env, cwd=REPO, start_new_session=True)  # fmt: skip
-    try:
-        _wait_for(lambda: (tmp_path / "pids.json").exists(), 60, "the run to start")
-        pids = json.loads((tmp_path / "pids.json").read_text())
-        _wait_for(lambda: len((tmp_path / "run.log").read_text().splitlines()) >= 2, 30, "the grandchild")
-        grandchild = json.loads((tmp_path / "run.log").read_text().splitlines()[1])["grandchild"]
-    finally:
-        os.killpg(host.pid, signal.SIGKILL)
-        host.wait(timeout=30)
-    _wait_for(lambda: not _alive(pids["run"]) and not _alive(grandchild), 15, "the run's group to end")
-    _wait_for(lambda: not _alive(pids["zygote"]), 15, "the zygote to exit")
+    assert _alive(mini_worker.run) and _alive(mini_worker.grandchild)
+    mini_worker.kill()
+    _wait_for(lambda: not _alive(mini_worker.run) and not _alive(mini_worker.grandchild), 15,
+              "the run's group to end")  # fmt: skip
+    _wait_for(lambda: not _alive(mini_worker.zygote), 15, "the zygote to exit")
 
 
 def test_when_the_zygote_dies_its_runs_end_and_report_it(toy: zygote.Zygote, tmp_path: Path) -> None:
     run = _run(toy, ["group", "600"], {"PATH": os.environ["PATH"]}, tmp_path, tmp_path / "run.log")
-    _wait_for(lambda: len((tmp_path / "run.log").read_text().splitlines()) >= 2, 30, "the grandchild")
-    grandchild = json.loads((tmp_path / "run.log").read_text().splitlines()[1])["grandchild"]
+    grandchild = _grandchild(tmp_path / "run.log")
     os.kill(toy.pid, signal.SIGKILL)
     assert run.wait(timeout=30) == zygote.LOST
     _wait_for(lambda: not _alive(run.pid) and not _alive(grandchild), 15, "the orphaned run's group to end")
@@ -224,7 +245,7 @@ def test_real_pier_starts_warm_and_cold_when_its_zygote_is_gone(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     env = pier.pier_environment(dict(os.environ), {"API_KEY": CANARY}, "linux/amd64", pier.SCIENCEBENCH_PATH)
-    zygote_env = pier.pier_environment(dict(os.environ), {}, "linux/amd64", pier.SCIENCEBENCH_PATH)
+    zygote_env = pier.zygote_environment("linux/amd64")
     argv = [str(VENV_BIN / "pier"), "--version"]
 
     warm = pier.run_pier(argv, env, tmp_path, tmp_path / "warm.log", timeout_sec=300, zygote_env=zygote_env)

@@ -14,18 +14,14 @@ nowhere.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +30,8 @@ import pytest
 import redis
 
 from sciencebench import dockerhost
-from tests.fixtures.services import VENV_BIN, RedisServer, Worker, free_port
+from tests.fixtures.flower import Flower
+from tests.fixtures.services import VENV_BIN, RedisServer, Worker
 from tests.integration.test_secrets_and_local import _all_redis_text, _tree_text
 from tests.reliability.support import dir_bytes, figure, pier_procs, records, summary_rows, wait_for
 
@@ -52,41 +49,6 @@ FLOWER_USER, FLOWER_PASSWORD = "sbadmin", "reliability-flower-pw-2e7b"
 SOAK_TIMEOUT = pytest.mark.timeout(600 + 20 * TRIALS)
 NOTHING: dict[str, list[str]] = {"containers": [], "networks": [], "volumes": [], "images": []}
 NO_LEAKS = {"containers": 0, "networks": 0, "volumes": 0, "derived_images": 0}
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-
-
-@dataclass
-class Flower:
-    """Flower as compose/control-plane.yml runs it; every body it answered is kept."""
-
-    port: int
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    seen: list[str] = field(default_factory=list)
-
-    def get(self, path: str) -> tuple[int, str]:
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}")
-        token = base64.b64encode(f"{FLOWER_USER}:{FLOWER_PASSWORD}".encode()).decode()
-        request.add_header("Authorization", f"Basic {token}")
-        try:
-            with urllib.request.urlopen(request, timeout=15) as response:
-                status, body = response.status, response.read().decode(errors="replace")
-        except urllib.error.HTTPError as exc:
-            status, body = exc.code, exc.read().decode(errors="replace")
-            exc.close()
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return 0, ""
-        self.seen.append(body)
-        return status, body
 
 
 @dataclass
@@ -118,26 +80,14 @@ def real(
     env.update(SCIENCEBENCH_BROKER_URL=redis_server.url, SCIENCEBENCH_STATE_DIR=str(state_dir),
                SCIENCEBENCH_LEASE_SECONDS="10", LITELLM_LOCAL_MODEL_COST_MAP="True",
                PATH=f"{VENV_BIN}{os.pathsep}{env['PATH']}")  # fmt: skip
-    flower_env = {k: v for k, v in env.items() if not k.startswith("FLOWER_")}
-    flower_env.update(FLOWER_BASIC_AUTH=f"{FLOWER_USER}:{FLOWER_PASSWORD}", FLOWER_READ_ONLY="true")
-    port = free_port()
-    log_path = root / "flower.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [str(VENV_BIN / "celery"), "--app=sciencebench.celery_app", "flower", "--address=127.0.0.1",
-             f"--port={port}"],
-            env=flower_env, cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    flower = Flower(port=port, proc=proc, log_path=log_path)
+    flower = Flower.start(env, root, FLOWER_USER, FLOWER_PASSWORD)
     worker = Worker("rel", env, root, concurrency=2)
     try:
-        wait_for(lambda: flower.get("/healthcheck")[0] == 200 or proc.poll() is not None, 60, "flower")
-        assert proc.poll() is None, log_path.read_text()[-2000:]
         worker.start().wait_ready(timeout=180)
         yield Real(root=root, env=env, worker=worker, flower=flower, redis_url=redis_server.url)
     finally:
         worker.stop()
-        _stop(proc)
+        flower.stop()
 
 
 # --- Docker objects of our own trials ---------------------------------------------------------
