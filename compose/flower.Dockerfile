@@ -2,7 +2,7 @@
 #
 # Build context: the repository root. Installs sciencebench with its
 # `monitor` extra from uv.lock, so Flower speaks the same Celery and kombu
-# versions as the workers and can load `sciencebench.celery_app`.
+# versions as the workers and can load `sciencebench.worker.app`.
 #
 #   docker build -f compose/flower.Dockerfile -t sciencebench-flower:local .
 
@@ -41,4 +41,4 @@ ENV PATH=/opt/sciencebench/bin:$PATH \
 USER flower
 WORKDIR /data
 EXPOSE 5555
-CMD ["celery", "--app=sciencebench.celery_app", "flower", "--address=0.0.0.0", "--port=5555"]
+CMD ["celery", "--app=sciencebench.worker.app", "flower", "--address=0.0.0.0", "--port=5555"]

@@ -1,3 +1,5 @@
+"""`python -m sciencebench`: the command line."""
+
 from sciencebench.cli import main
 
 main()

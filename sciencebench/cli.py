@@ -18,10 +18,12 @@ from rich.console import Console
 from rich.table import Table
 
 from sciencebench import __version__
-from sciencebench.config import Settings
-from sciencebench.errors import InputError, SciencebenchError
-from sciencebench.paths import JobPaths
-from sciencebench.submit import SubmitOptions
+from sciencebench.core.errors import InputError, SciencebenchError
+from sciencebench.core.models import JobSpec
+from sciencebench.core.paths import JobPaths
+from sciencebench.core.settings import Settings
+from sciencebench.login import options
+from sciencebench.login.options import SubmitOptions
 
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
@@ -59,54 +61,8 @@ def main() -> None:
     """
 
 
-def _selection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    options = [
-        click.option("--path", type=click.Path(path_type=Path), required=True,
-                     help="Materialized selection directory (task_NNN/ directories)."),
-        click.option("--task-id", help="Narrow the selection, e.g. 002,005-007 (inclusive ranges)."),
-        click.option("--agent", default="nop", show_default=True,
-                     help="Pier harness: codex, claude-code, mini-swe-agent, oracle, nop, ..."),
-        click.option("--env", "env", default="docker", show_default=True,
-                     help="Docker backend with the offline network policy."),
-        click.option("--env-file", type=click.Path(path_type=Path),
-                     help="Provider/harness env file (KEY=value); values never leave this file."),
-        click.option("--model", "models", multiple=True, help="Model route; repeatable."),
-        click.option("--agent-env", multiple=True, metavar="KEY=VALUE",
-                     help="Extra harness environment value; repeatable; always redacted."),
-        click.option("--agent-kwarg", multiple=True, metavar="KEY=VALUE",
-                     help="Extra Pier agent keyword; repeatable."),
-        click.option("--n-concurrent", type=int, default=1, show_default=True,
-                     help="Cluster-wide cap on simultaneously running trials of this job."),
-        click.option("--n-attempts", type=int, default=1, show_default=True, help="Attempts per task."),
-        click.option("--max-retries", type=int, default=0, show_default=True,
-                     help="Retries of a trial after an infrastructure failure."),
-        click.option("--agent-timeout-multiplier", type=float,
-                     help="Multiplier for the agent stage timeout."),
-        click.option("--verifier-timeout-multiplier", type=float,
-                     help="Multiplier for the verifier and build timeouts."),
-        click.option("--jobs-dir", type=click.Path(path_type=Path), default=Path("jobs"),
-                     show_default=True, help="Directory for jobs (shared with the workers)."),
-        click.option("--job-name", help="Stable job name used in result paths (default: agent-timestamp)."),
-        click.option("--platform", default="linux/amd64", show_default=True,
-                     help="Docker pull and Pier image platform."),
-        click.option("--pier-bin", default="pier", show_default=True,
-                     help="Pier executable on the worker hosts."),
-        click.option("--skip-pull", is_flag=True, help="Trust local images; fail when one is missing."),
-        click.option("--no-auto-provider", is_flag=True,
-                     help="Do not translate CODEX_* profile values into Codex arguments."),
-        click.option("--no-auto-agent-adapter", is_flag=True,
-                     help="Use Pier's built-in Codex agent instead of the sciencebench adapter."),
-        click.option("--agent-import-path", help="Explicit Pier agent import path (module:Class)."),
-        click.option("--dry-run", is_flag=True,
-                     help="Validate, render and record, without running Pier."),
-    ]  # fmt: skip
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
-
-
 @main.command()
-@_selection_options
+@options.click_options
 @click.option("--local", is_flag=True,
               help="Run in this process with --n-concurrent slots; no broker needed.")  # fmt: skip
 @click.option("--wait", is_flag=True, help="Follow the job with a live progress bar until it ends.")
@@ -117,21 +73,17 @@ def submit(local: bool, wait: bool, **raw: Any) -> None:
     Exits 0 when every trial finished without error, 1 when any errored
     (with --wait or --local), 2 on bad input (nothing written or enqueued).
     """
-    from sciencebench import submit as submitting
-    from sciencebench.runrecord import build_run_record, write_run_record
+    run_submit(options.from_cli(raw), local=local, wait=wait)
 
-    opts = SubmitOptions(
-        path=raw["path"], agent=raw["agent"], env=raw["env"], env_file=raw["env_file"],
-        models=list(raw["models"]), agent_env=list(raw["agent_env"]),
-        agent_kwargs=list(raw["agent_kwarg"]), n_concurrent=raw["n_concurrent"],
-        n_attempts=raw["n_attempts"], max_retries=raw["max_retries"],
-        agent_timeout_multiplier=raw["agent_timeout_multiplier"],
-        verifier_timeout_multiplier=raw["verifier_timeout_multiplier"],
-        jobs_dir=raw["jobs_dir"], job_name=raw["job_name"], platform=raw["platform"],
-        pier_bin=raw["pier_bin"], skip_pull=raw["skip_pull"],
-        auto_provider=not raw["no_auto_provider"], auto_agent_adapter=not raw["no_auto_agent_adapter"],
-        agent_import_path=raw["agent_import_path"], dry_run=raw["dry_run"], task_id=raw["task_id"],
-    )  # fmt: skip
+
+def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
+    """`submit`: validate, record, then run here (`local`) or dispatch (and follow with `wait`).
+
+    Exits the process with the job's exit code when it waited for the job.
+    """
+    from sciencebench.login import submit as submitting
+    from sciencebench.login.runrecord import build_run_record, write_run_record
+
     settings = Settings.from_env()
     prepared = submitting.prepare(opts, None if local else settings.visibility_timeout_sec)
     broker = "embedded (in-process)" if local else settings.broker_url
@@ -155,9 +107,10 @@ def submit(local: bool, wait: bool, **raw: Any) -> None:
         _print_summary(JobPaths(prepared.job.jobs_dir, prepared.job.job_name))
         sys.exit(1 if summary["n_errored_trials"] else 0)
 
-    from sciencebench.celery_app import create_app
-    from sciencebench.coord import RedisCoordinator
-    from sciencebench.dispatch import dispatch, follow
+    from sciencebench.coordination.celery_app import create_app
+    from sciencebench.coordination.redis import RedisCoordinator
+    from sciencebench.login.dispatch import dispatch
+    from sciencebench.login.follow import follow
 
     coord = RedisCoordinator(settings.broker_url)
     coord.ping()
@@ -173,12 +126,12 @@ def submit(local: bool, wait: bool, **raw: Any) -> None:
         sys.exit(1 if answer["n_errored_trials"] else 0)
 
 
-def _prewarm(settings: Settings, job: Any, console: Console) -> None:
+def _prewarm(settings: Settings, job: JobSpec, console: Console) -> None:
     """With a reachable broker, every live worker host pulls the job's images."""
-    from sciencebench.celery_app import create_app
-    from sciencebench.coord import RedisCoordinator
-    from sciencebench.errors import BrokerUnavailableError
-    from sciencebench.prewarm import prewarm
+    from sciencebench.coordination.celery_app import create_app
+    from sciencebench.coordination.redis import RedisCoordinator
+    from sciencebench.core.errors import BrokerUnavailableError
+    from sciencebench.login.prewarm import prewarm
 
     try:
         RedisCoordinator(settings.broker_url).ping()
@@ -190,8 +143,8 @@ def _prewarm(settings: Settings, job: Any, console: Console) -> None:
 
 def _persist(prepared: Any, record: dict[str, Any]) -> Any:
     """Write what workers read (job.json, --agent-env file) and the run record."""
-    from sciencebench import submit as submitting
-    from sciencebench.runrecord import write_run_record
+    from sciencebench.login import submit as submitting
+    from sciencebench.login.runrecord import write_run_record
 
     prepared = submitting.write_agent_env_file(prepared)
     submitting.write_job_spec(prepared.job)
@@ -216,9 +169,8 @@ def _job_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.argument("job_name")(fn)
 
 
-def _load(jobs_dir: Path, job_name: str) -> Any:
-    from sciencebench.errors import SelectionError
-    from sciencebench.plan import JobSpec
+def _load(jobs_dir: Path, job_name: str) -> JobSpec:
+    from sciencebench.core.errors import SelectionError
 
     paths = JobPaths(jobs_dir.resolve(), job_name)
     if not paths.job_spec.is_file():
@@ -231,7 +183,7 @@ def _load(jobs_dir: Path, job_name: str) -> Any:
 @_handle_errors
 def status(job_name: str, jobs_dir: Path) -> None:
     """Show a job's counts and each trial's state and host."""
-    from sciencebench.coord import RedisCoordinator
+    from sciencebench.coordination.redis import RedisCoordinator
 
     job = _load(jobs_dir, job_name)
     coord = RedisCoordinator(Settings.from_env().broker_url)
@@ -243,9 +195,10 @@ def status(job_name: str, jobs_dir: Path) -> None:
     counts: dict[str, int] = {}
     for task_id in job.task_ids:
         for attempt in range(1, job.n_attempts + 1):
-            entry = states.get(f"{task_id}#{attempt}", {"state": "unknown", "host": ""})
-            counts[entry["state"]] = counts.get(entry["state"], 0) + 1
-            table.add_row(f"task_{task_id} #{attempt}", entry["state"], entry.get("host") or "")
+            status = states.get(f"{task_id}#{attempt}")
+            state = str(status.state) if status else "unknown"
+            counts[state] = counts.get(state, 0) + 1
+            table.add_row(f"task_{task_id} #{attempt}", state, status.host if status else "")
     out.print(table)
     out.print("  ".join(f"{state} {n}" for state, n in sorted(counts.items())))
 
@@ -255,7 +208,7 @@ def status(job_name: str, jobs_dir: Path) -> None:
 @_handle_errors
 def cancel(job_name: str, jobs_dir: Path) -> None:
     """Cancel a job: queued trials end at once, running Pier processes are stopped."""
-    from sciencebench.coord import RedisCoordinator
+    from sciencebench.coordination.redis import RedisCoordinator
 
     job = _load(jobs_dir, job_name)
     coord = RedisCoordinator(Settings.from_env().broker_url)
@@ -271,10 +224,11 @@ def cancel(job_name: str, jobs_dir: Path) -> None:
 @_handle_errors
 def retry(job_name: str, jobs_dir: Path, failed: bool, wait: bool) -> None:
     """Re-run a job's errored trials into the same job directory."""
-    from sciencebench.celery_app import create_app
-    from sciencebench.coord import RedisCoordinator
-    from sciencebench.dispatch import dispatch, follow
-    from sciencebench.retrying import failed_trials
+    from sciencebench.coordination.celery_app import create_app
+    from sciencebench.coordination.redis import RedisCoordinator
+    from sciencebench.login.dispatch import dispatch
+    from sciencebench.login.follow import follow
+    from sciencebench.login.retry import failed_trials
 
     job = _load(jobs_dir, job_name)
     settings = Settings.from_env()
@@ -301,7 +255,7 @@ def retry(job_name: str, jobs_dir: Path, failed: bool, wait: bool) -> None:
 @_handle_errors
 def summarize(jobs_dir: Path, job_name: str) -> None:
     """Rebuild result.json, summary.json and summary.csv from disk alone."""
-    from sciencebench.summary import write_summary
+    from sciencebench.core.summary import write_summary
 
     job = _load(jobs_dir, job_name)
     result = write_summary(job)
@@ -326,7 +280,7 @@ def worker(concurrency: int, hostname: str | None, queues: str | None, loglevel:
     Late acks, prefetch 1, task events on, and a watchdog that re-dispatches
     trials of lost hosts. A host that fails preflight consumes no trials.
     """
-    from sciencebench.worker import run_worker
+    from sciencebench.worker.main import run_worker
 
     run_worker(concurrency=concurrency, hostname=hostname, queues=queues, loglevel=loglevel,
                platform=platform, pier_bin=pier_bin)  # fmt: skip
@@ -362,24 +316,16 @@ def demo(workdir: Path, base_image: str, registry: str, agent: str) -> None:
     (reward 0). Needs Docker Engine >= 28 and Pier on this host.
     """
     from sciencebench.demo import build_demo_selection
+    from sciencebench.login.submit import default_job_name
 
     out.print(f"building demo images on {base_image} and pushing them to {registry} ...", soft_wrap=True)
     selection = build_demo_selection(workdir.resolve() / "selection", base_image, registry)
-    job_name = submitting_default_job_name(f"demo-{agent}")
+    job_name = default_job_name(f"demo-{agent}")
     out.print(f"running {selection} with --agent {agent} as job {job_name}", soft_wrap=True)
-    ctx = click.get_current_context()
-    ctx.invoke(submit, local=True, wait=False, path=selection, agent=agent, env="docker", env_file=None,
-               models=(), agent_env=(), agent_kwarg=(), n_concurrent=2, n_attempts=1, max_retries=0,
-               agent_timeout_multiplier=None, verifier_timeout_multiplier=None,
-               jobs_dir=workdir.resolve() / "jobs", job_name=job_name, platform="linux/amd64",
-               pier_bin="pier", skip_pull=False, no_auto_provider=False, no_auto_agent_adapter=False,
-               agent_import_path=None, dry_run=False, task_id=None)  # fmt: skip
-
-
-def submitting_default_job_name(agent: str) -> str:
-    from sciencebench.submit import default_job_name
-
-    return default_job_name(agent)
+    demo_options = SubmitOptions(
+        path=selection, agent=agent, n_concurrent=2, jobs_dir=workdir.resolve() / "jobs", job_name=job_name
+    )
+    run_submit(demo_options, local=True, wait=False)
 
 
 @main.command()
@@ -390,7 +336,7 @@ def submitting_default_job_name(agent: str) -> str:
 @_handle_errors
 def preflight(platform: str, jobs_dir: Path | None, pier_bin: str, broker: bool) -> None:
     """Check this host can join as a worker: Engine >= 28, platform, compose v2, Pier, jobs dir, broker."""
-    from sciencebench.runtime import host_preflight
+    from sciencebench.worker.runtime import host_preflight
 
     for line in host_preflight(platform=platform, jobs_dir=jobs_dir, pier_bin=pier_bin, broker=broker):
         out.print(line, markup=False)

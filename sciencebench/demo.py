@@ -18,7 +18,8 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-import docker
+from sciencebench.worker.docker.build import commit_image
+from sciencebench.worker.docker.engine import connect
 
 PROJECT = "/app/project"
 
@@ -76,28 +77,8 @@ SOLUTIONS = {
 }
 
 
-def build_image(client: docker.DockerClient, base_image: str, script: str, repository: str) -> str:
-    """Run `script` in a network-less container of `base_image`, commit, push; return the pinned ref."""
-    container = client.containers.run(base_image, ["bash", "-c", script], detach=True, network_mode="none")
-    try:
-        status = container.wait(timeout=300)
-        if status.get("StatusCode") != 0:
-            raise RuntimeError(f"building {repository} failed: {container.logs()[-500:]!r}")
-        container.commit(
-            repository=repository, tag="latest",
-            changes=['CMD ["sleep", "infinity"]', f"WORKDIR {PROJECT}"],
-        )  # fmt: skip
-    finally:
-        container.remove(force=True)
-    for line in client.images.push(repository, tag="latest", stream=True, decode=True):
-        if "error" in line:
-            raise RuntimeError(f"pushing {repository} failed: {line['error']}")
-    digests = client.images.get(f"{repository}:latest").attrs["RepoDigests"]
-    digest = next(d for d in digests if d.startswith(f"{repository}@")).split("@", 1)[1]
-    return f"{repository}:latest@{digest}"
-
-
 def write_task(root: Path, task_id: str, agent_ref: str, verifier_ref: str, solution: str) -> Path:
+    """Write `task_<id>/` of the demo selection under `root`; return its directory."""
     task = root / f"task_{task_id}"
     for sub in ("environment", "tests", "solution"):
         (task / sub).mkdir(parents=True, exist_ok=True)
@@ -141,9 +122,16 @@ def write_task(root: Path, task_id: str, agent_ref: str, verifier_ref: str, solu
 
 def build_demo_selection(root: Path, base_image: str, registry: str) -> Path:
     """Build and push the demo images, then write the two-task selection under `root`."""
-    client = docker.from_env(timeout=600)
-    agent_ref = build_image(client, base_image, AGENT_SETUP, f"{registry}/sciencebench/demo-agent")
-    verifier_ref = build_image(client, base_image, VERIFIER_SETUP, f"{registry}/sciencebench/demo-verifier")
+    client = connect(timeout_sec=600)
+    try:
+        agent_ref = commit_image(
+            client, base_image, AGENT_SETUP, f"{registry}/sciencebench/demo-agent", PROJECT
+        )
+        verifier_ref = commit_image(
+            client, base_image, VERIFIER_SETUP, f"{registry}/sciencebench/demo-verifier", PROJECT
+        )
+    finally:
+        client.close()
     root.mkdir(parents=True, exist_ok=True)
     for task_id, solution in SOLUTIONS.items():
         write_task(root, task_id, agent_ref, verifier_ref, solution)

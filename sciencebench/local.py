@@ -13,19 +13,19 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from sciencebench.config import Settings
-from sciencebench.coord import LocalCoordinator
-from sciencebench.outcome import TrialRecord
-from sciencebench.submit import Prepared
-from sciencebench.summary import write_summary
-from sciencebench.tasks import default_runtime
-from sciencebench.trial import WorkerContext, execute
+from sciencebench.coordination.memory import MemoryCoordinator
+from sciencebench.core.models import TrialRecord
+from sciencebench.core.settings import Settings
+from sciencebench.core.summary import write_summary
+from sciencebench.login.submit import Prepared
+from sciencebench.worker.context import WorkerContext, docker_runtime
+from sciencebench.worker.trial import execute
 
 
 def run_local(prepared: Prepared, settings: Settings, console: Console) -> dict[str, Any]:
     """Run every trial with `n_concurrent` threads; return finalizer counts."""
     job = prepared.job
-    ctx = WorkerContext(coord=LocalCoordinator(), runtime=default_runtime(settings), settings=settings)
+    ctx = WorkerContext(coord=MemoryCoordinator(), runtime=docker_runtime(settings), settings=settings)
     ctx.runtime.preflight(job)
     failed = 0
     with (
@@ -39,7 +39,7 @@ def run_local(prepared: Prepared, settings: Settings, console: Console) -> dict[
         ThreadPoolExecutor(max_workers=job.n_concurrent, thread_name_prefix="trial") as pool,
     ):
         progress = bar.add_task(job.job_name, total=len(prepared.trials), failed=0)
-        futures = [pool.submit(execute, trial, ctx, {}) for trial in prepared.trials]
+        futures = [pool.submit(execute, trial, ctx, None) for trial in prepared.trials]
         for future in futures:
             record: TrialRecord | None = future.result()
             failed += bool(record is None or record.errored)

@@ -18,6 +18,7 @@ echo "== lint and types"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+.venv/bin/lint-imports --no-cache
 
 echo "== benchmarks, quick smoke (full run: .venv/bin/python -m bench.run)"
 .venv/bin/python -m bench.run --quick

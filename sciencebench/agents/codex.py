@@ -20,8 +20,8 @@ from typing import Any
 from pier.agents.installed.codex import Codex
 from pier.models.agent.network import NetworkAllowlist
 
-from sciencebench.errors import ProfileError
-from sciencebench.profiles import (
+from sciencebench.core.errors import ProfileError
+from sciencebench.core.gateways import (
     DEFAULT_CODEX_BASE_URL,
     Gateway,
     parse_gateway,
@@ -62,6 +62,7 @@ class ScienceBenchCodex(Codex):
 
     @property
     def gateway(self) -> Gateway:
+        """The one gateway this agent talks to."""
         return self._gateway
 
     def network_allowlist(self) -> NetworkAllowlist:

@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sciencebench.dockerhost import MANAGED_LABEL, OWNER_LABEL
 from sciencebench.network.squid import PROXY_PORT, SQUID_AUTH_FILE, SQUID_CONF_PATH
+from sciencebench.worker.docker.labels import MANAGED_LABEL, OWNER_LABEL
 
 Mode = Literal["none", "isolated-allowlist"]
 

@@ -1,4 +1,4 @@
-"""`IsolatedDockerEnvironment`: Pier's Docker environment under the offline network policy.
+r"""`IsolatedDockerEnvironment`: Pier's Docker environment under the offline network policy.
 
 Selected with::
 
@@ -37,8 +37,9 @@ from pier.environments.docker.docker import (
     _sanitize_docker_compose_project_name,
 )
 
-from sciencebench import dockerhost
-from sciencebench.errors import ProfileError
+from sciencebench.core.errors import ProfileError
+from sciencebench.core.gateways import Gateway, parse_gateway
+from sciencebench.core.images import check_image_ref
 from sciencebench.network.compose import PROXY_SERVICE, Mode, ProxyFiles, policy_compose
 from sciencebench.network.errors import PolicyRefused, PolicyViolation
 from sciencebench.network.inspection import (
@@ -53,8 +54,7 @@ from sciencebench.network.squid import (
     passwd_line,
     render_squid_conf,
 )
-from sciencebench.profiles import Gateway, parse_gateway
-from sciencebench.taskspec import check_image_ref
+from sciencebench.worker.docker.hostlocks import owner_id
 
 PROXY_IMAGE_ENV = "SCIENCEBENCH_PROXY_IMAGE"
 
@@ -75,6 +75,7 @@ class EgressPlan:
 
     @property
     def gateway_authorities(self) -> list[str]:
+        """`host:port` of every configured gateway, sorted."""
         return sorted({g.authority for g in self.gateways})
 
 
@@ -176,10 +177,12 @@ class IsolatedDockerEnvironment(DockerEnvironment):
 
     @property
     def policy_record_path(self) -> Path:
+        """Where the trial keeps `network-policy-<session>.json`."""
         return Path(self.trial_paths.trial_dir) / f"network-policy-{self.session_id}.json"
 
     @property
     def compose_project(self) -> str:
+        """This environment's compose project, as Pier names it."""
         return str(_sanitize_docker_compose_project_name(self.session_id))
 
     @property
@@ -224,7 +227,7 @@ class IsolatedDockerEnvironment(DockerEnvironment):
             )
             self._egress_proxy_env = proxy_environment(token, PROXY_SERVICE, PROXY_PORT)
         compose_path = directory / "docker-compose-policy.json"
-        owner = dockerhost.owner_id()
+        owner = owner_id()
         compose_path.write_text(json.dumps(policy_compose(plan.mode, proxy, owner), indent=2))
         self._policy_compose_path = compose_path
         if plan.mode == "isolated-allowlist":

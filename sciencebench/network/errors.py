@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sciencebench.errors import PolicyError
+from sciencebench.core.errors import PolicyError
 
 
 class PolicyRefused(PolicyError):

@@ -8,13 +8,14 @@ is what the trial directory keeps as `network-policy-<session>.json`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import docker
 
+from sciencebench.core.harness import POLICY_NAME
+from sciencebench.core.versions import parse_version
 from sciencebench.network.compose import (
     AGENT_SERVICE,
     DROPPED_CAPS,
@@ -23,12 +24,11 @@ from sciencebench.network.compose import (
     PROXY_SERVICE,
     Mode,
 )
+from sciencebench.worker.docker.labels import COMPOSE_PROJECT_LABEL as PROJECT_LABEL
+from sciencebench.worker.docker.labels import COMPOSE_SERVICE_LABEL as SERVICE_LABEL
 
 MIN_ENGINE_MAJOR = 28
 INSPECT_TIMEOUT_SEC = 15.0
-POLICY_NAME = "isolated-bridge"
-SERVICE_LABEL = "com.docker.compose.service"
-PROJECT_LABEL = "com.docker.compose.project"
 
 Json = Mapping[str, Any]
 
@@ -72,8 +72,8 @@ def collect_snapshot(project: str, timeout_sec: float = INSPECT_TIMEOUT_SEC) -> 
 
 def engine_major(version: str) -> int | None:
     """The major version of an Engine version string (`28.5.2+dfsg4` -> 28), or None."""
-    match = re.match(r"^\s*v?(\d+)(?:\.|$)", version)
-    return int(match.group(1)) if match else None
+    parsed = parse_version(version)
+    return parsed[0] if parsed else None
 
 
 def _name(container: Json) -> str:

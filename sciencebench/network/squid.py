@@ -20,8 +20,8 @@ import ipaddress
 import re
 from collections.abc import Iterable, Sequence
 
+from sciencebench.core.gateways import Gateway
 from sciencebench.network.errors import PolicyRefused
-from sciencebench.profiles import Gateway
 
 PROXY_PORT = 8080
 PROXY_USER = "agent"

@@ -1,4 +1,4 @@
-"""sciencebench.dockerhost and preflight on the real Docker Engine 28 and real Pier.
+"""sciencebench.worker.docker and preflight on the real Docker Engine 28 and real Pier.
 
 Needs `source /var/tmp/sciencebench-host/env.sh` (scripts/host-setup.sh) and
 the fixture images (scripts/fixture-images.sh). Talks only to the local engine
@@ -30,8 +30,12 @@ from typing import Any
 import docker
 import pytest
 
-from sciencebench import dockerhost, preflight
-from sciencebench.errors import PullError
+from sciencebench.core import versions
+from sciencebench.core.errors import PreflightError, PullError
+from sciencebench.core.settings import STATE_DIR_ENV
+from sciencebench.worker import preflight
+from sciencebench.worker.docker import cleanup, engine, hostlocks, images, labels
+from sciencebench.worker.pier import naming
 
 pytestmark = pytest.mark.docker
 
@@ -74,7 +78,7 @@ def base_image(registry: str) -> str:
 
 @pytest.fixture(scope="module")
 def client(registry: str) -> Iterator[docker.DockerClient]:
-    connected = dockerhost.connect()
+    connected = engine.connect()
     yield connected
     connected.close()
 
@@ -82,7 +86,7 @@ def client(registry: str) -> Iterator[docker.DockerClient]:
 @pytest.fixture
 def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "state"
-    monkeypatch.setenv(dockerhost.STATE_DIR_ENV, str(path))
+    monkeypatch.setenv(STATE_DIR_ENV, str(path))
     return path
 
 
@@ -165,15 +169,15 @@ def _present(client: docker.DockerClient, ref: str) -> bool:
         image = client.images.get(ref)
     except docker.errors.ImageNotFound:
         return False
-    return dockerhost.repo_digests_contain(image.attrs.get("RepoDigests") or [], ref)
+    return images.repo_digests_contain(image.attrs.get("RepoDigests") or [], ref)
 
 
 # --- engine facts and preflight -----------------------------------------------
 
 
 def test_engine_facts_and_preflight(client: docker.DockerClient, tmp_path: Path) -> None:
-    facts = dockerhost.engine_facts(client)
-    assert preflight.parse_version(facts.server_version) >= (28, 0, 0)  # type: ignore[operator]
+    facts = engine.engine_facts(client)
+    assert versions.parse_version(facts.server_version) >= (28, 0, 0)  # type: ignore[operator]
     assert facts.platform == PLATFORM
     assert facts.compose_version and facts.compose_problem is None
     report = preflight.check_host(PLATFORM, tmp_path / "jobs", PIER_BIN)
@@ -183,7 +187,7 @@ def test_engine_facts_and_preflight(client: docker.DockerClient, tmp_path: Path)
 
 
 def test_preflight_wrong_platform(registry: str) -> None:
-    with pytest.raises(preflight.PreflightError, match="runs linux/amd64 but the job needs linux/arm64"):
+    with pytest.raises(PreflightError, match="runs linux/amd64 but the job needs linux/arm64"):
         preflight.check_host("linux/arm64", None, PIER_BIN)
 
 
@@ -198,18 +202,18 @@ def test_ensure_pulls_by_digest_and_verifies(
     retagged = published.retag(base_image, f"retag-{uid}")
     assert not _present(client, fresh) and not _present(client, retagged)
 
-    puller = dockerhost.ImagePuller()
+    puller = images.ImagePuller()
     statuses = puller.ensure_images([fresh, retagged], PLATFORM, skip_pull=False)
     assert [(s.ref, s.pulled) for s in statuses] == [(fresh, True), (retagged, True)]
     for ref in (fresh, retagged):
         repo_digests = client.images.get(ref).attrs["RepoDigests"]
         assert ref in repo_digests
-    assert dockerhost.pull_counts(state) == {fresh.split("@")[1]: 1, retagged.split("@")[1]: 1}
+    assert images.pull_counts(state) == {fresh.split("@")[1]: 1, retagged.split("@")[1]: 1}
 
     # Present with the pinned digest: not pulled again, by this or another puller.
-    again = dockerhost.ImagePuller().ensure_images([fresh, retagged], PLATFORM, skip_pull=False)
+    again = images.ImagePuller().ensure_images([fresh, retagged], PLATFORM, skip_pull=False)
     assert not any(s.pulled for s in again)
-    assert len(dockerhost.read_pull_log(state)) == 2
+    assert len(images.read_pull_log(state)) == 2
     # skip_pull trusts them too.
     assert puller.ensure([fresh, retagged], PLATFORM, skip_pull=True).keys() == {fresh, retagged}
     print(
@@ -223,18 +227,18 @@ def test_wrong_digest_fails_with_pull_error(base_image: str, state: Path) -> Non
     repo = base_image.split("@")[0]
     missing = f"{repo}@sha256:{uuid.uuid4().hex}{uuid.uuid4().hex}"
     with pytest.raises(PullError) as err:
-        dockerhost.ImagePuller().ensure([missing], PLATFORM, skip_pull=False)
+        images.ImagePuller().ensure([missing], PLATFORM, skip_pull=False)
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith(f"pull of {missing} for {PLATFORM} failed: ")
     assert "not found" in message or "manifest unknown" in message
-    assert dockerhost.pull_counts(state) == {}
+    assert images.pull_counts(state) == {}
 
 
 def test_skip_pull_with_missing_image_names_it(published: Published, state: Path) -> None:
     ref = published.unique(f"skip-{_uid()}", size=1024)
     with pytest.raises(PullError) as err:
-        dockerhost.ImagePuller().ensure([ref], PLATFORM, skip_pull=True)
+        images.ImagePuller().ensure([ref], PLATFORM, skip_pull=True)
     assert str(err.value) == f"image {ref} is not present on this host, and skip_pull forbids pulling it"
 
 
@@ -262,7 +266,7 @@ def test_pull_uses_the_hosts_credential_helper(
     monkeypatch.setenv("DOCKER_CONFIG", str(config))
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
 
-    statuses = dockerhost.ImagePuller().ensure_images([ref], PLATFORM, skip_pull=False)
+    statuses = images.ImagePuller().ensure_images([ref], PLATFORM, skip_pull=False)
     assert statuses[0].pulled and _present(client, ref)
     assert calls.read_text() == f"get {registry}\n"
 
@@ -270,7 +274,7 @@ def test_pull_uses_the_hosts_credential_helper(
 _PULL_SCRIPT = """
 import json, sys, time
 from pathlib import Path
-from sciencebench.dockerhost import ImagePuller
+from sciencebench.worker.docker.images import ImagePuller
 state, start_at, refs = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
 puller = ImagePuller(state)
 time.sleep(max(0.0, start_at - time.time()))
@@ -298,7 +302,7 @@ def test_concurrent_trials_share_one_pull_per_image(
         )
         for _ in range(2)
     ]
-    puller = dockerhost.ImagePuller(state)  # one per worker process, shared by its threads
+    puller = images.ImagePuller(state)  # one per worker process, shared by its threads
     results: list[list[dict[str, Any]]] = []
     errors: list[BaseException] = []
 
@@ -321,12 +325,12 @@ def test_concurrent_trials_share_one_pull_per_image(
     assert not errors
     assert len(results) == 10
 
-    counts = dockerhost.pull_counts(state)
+    counts = images.pull_counts(state)
     assert counts == {ref.split("@")[1]: 1 for ref in refs}
     pulled = sorted(s["ref"] for statuses in results for s in statuses if s["pulled"])
     assert pulled == sorted(refs)
     assert all(_present(client, ref) for ref in refs)
-    log = dockerhost.read_pull_log(state)
+    log = images.read_pull_log(state)
     waits = [s["waited_sec"] for statuses in results for s in statuses if not s["pulled"]]
     print(
         f"\nconcurrent: 10 callers x 2 images -> pulls per digest {sorted(counts.values())}; "
@@ -366,7 +370,7 @@ services:
       context: .
     command: ["sh", "-c", "sleep infinity"]
     stop_signal: SIGKILL
-    labels: {{"{dockerhost.MANAGED_LABEL}": "agent", "{dockerhost.OWNER_LABEL}": "{owner}"}}
+    labels: {{"{labels.MANAGED_LABEL}": "agent", "{labels.OWNER_LABEL}": "{owner}"}}
     volumes: ["data:/data"]
     networks: [default, side]
   sidecar:
@@ -389,7 +393,7 @@ def _compose(project: str, compose_file: Path, *args: str) -> None:
 
 
 def _project_objects(client: docker.DockerClient, project: str) -> dict[str, list[str]]:
-    only = {"label": f"{dockerhost.COMPOSE_PROJECT_LABEL}={project}"}
+    only = {"label": f"{labels.COMPOSE_PROJECT_LABEL}={project}"}
     return {
         "containers": [c.name or "" for c in client.containers.list(all=True, filters=only)],
         "networks": [n.name or "" for n in client.networks.list(filters=only)],
@@ -402,7 +406,7 @@ def test_cleanup_trial_removes_project_objects_but_not_pinned_images(
     client: docker.DockerClient, base_image: str, published: Published, registry: str, tmp_path: Path
 ) -> None:
     trial_name = f"task_{_uid()}__{_rand7()}"
-    agent_project, verifier_project = dockerhost.trial_project_names(trial_name)
+    agent_project, verifier_project = naming.trial_project_names(trial_name)
     labelled_repo = f"{registry}/sciencebench-test/labelled-{_uid()}"
     compose_file = _write_project(tmp_path / "env", base_image, labelled_repo)
     # A registry image that carries this project's label: cleanup must keep it.
@@ -418,7 +422,7 @@ def test_cleanup_trial_removes_project_objects_but_not_pinned_images(
         assert f"{labelled_repo}:t" in before["images"]
         assert _project_objects(client, verifier_project)["containers"]
 
-        report = dockerhost.cleanup_trial(dockerhost.trial_project_names(trial_name))
+        report = cleanup.remove_projects(naming.trial_project_names(trial_name))
         assert report.errors == []
         assert report.projects == [agent_project, verifier_project]
         assert sorted(report.containers) == sorted(
@@ -446,7 +450,7 @@ def test_cleanup_trial_removes_project_objects_but_not_pinned_images(
         assert _present(client, base_image)
         assert _present(client, labelled_ref)
         # Idempotent.
-        again = dockerhost.cleanup_trial([agent_project, verifier_project])
+        again = cleanup.remove_projects([agent_project, verifier_project])
         assert (again.containers, again.networks, again.images, again.errors) == ([], [], [], [])
     finally:
         for project in (agent_project, verifier_project):
@@ -460,23 +464,23 @@ def test_sweep_removes_orphans_only(
     prefix = f"sbt{_uid()}"
     orphan, active, leased = (f"{prefix}{k}__{_rand7()}" for k in "abc")
     foreign = f"{prefix}-redis"  # a compose project that is not a Pier trial
-    compose_file = _write_project(tmp_path / "env", base_image, owner=dockerhost.owner_id(state))
-    projects = [dockerhost.compose_project_name(n) for n in (orphan, active, leased)] + [foreign]
+    compose_file = _write_project(tmp_path / "env", base_image, owner=hostlocks.owner_id(state))
+    projects = [naming.compose_project_name(n) for n in (orphan, active, leased)] + [foreign]
     for project in projects:
         _compose(project, compose_file, "up", "-d", "--wait", "main")
     # A Pier-shaped trial that sciencebench did not start (someone's own `pier run`).
-    unmanaged = dockerhost.compose_project_name(f"{prefix}d__{_rand7()}")
+    unmanaged = naming.compose_project_name(f"{prefix}d__{_rand7()}")
     _compose(unmanaged, compose_file, "up", "-d", "--wait", "sidecar")
     # A live trial of another worker state on the same Engine.
     foreign_file = _write_project(tmp_path / "other", base_image, owner="another-worker-state")
-    other_worker = dockerhost.compose_project_name(f"{prefix}e__{_rand7()}")
+    other_worker = naming.compose_project_name(f"{prefix}e__{_rand7()}")
     _compose(other_worker, foreign_file, "up", "-d", "--wait", "main")
     projects += [unmanaged, other_worker]
     orphan_project = projects[0]
     try:
         # Leased the way a trial runner does before Pier has named the trial.
-        with dockerhost.trial_lease(dockerhost.pier_trial_prefix(f"{prefix}c"), state):
-            report = dockerhost.sweep_leftovers(active={active}, prefix=prefix, state=state)
+        with hostlocks.hold_live_trial(naming.pier_trial_prefix(f"{prefix}c"), state):
+            report = cleanup.sweep_leftovers(active={active}, prefix=prefix, state=state)
         assert report.errors == []
         assert report.projects == [orphan_project]
         assert report.images == [f"{orphan_project}-main:latest"]
@@ -491,14 +495,14 @@ def test_sweep_removes_orphans_only(
         assert _present(client, base_image)
 
         # The lease ended with the block: the next sweep takes the leased trial too.
-        report = dockerhost.sweep_leftovers(active={active}, prefix=prefix, state=state)
+        report = cleanup.sweep_leftovers(active={active}, prefix=prefix, state=state)
         assert report.projects == [projects[2]]
-        assert foreign in dockerhost.compose_projects(client)
-        assert unmanaged in dockerhost.compose_projects(client)
-        assert other_worker in dockerhost.compose_projects(client)
+        assert foreign in cleanup.compose_projects(client)
+        assert unmanaged in cleanup.compose_projects(client)
+        assert other_worker in cleanup.compose_projects(client)
     finally:
-        dockerhost.cleanup_trial(projects)
-    assert not {p for p in dockerhost.compose_projects(client) if p.startswith(prefix)}
+        cleanup.remove_projects(projects)
+    assert not {p for p in cleanup.compose_projects(client) if p.startswith(prefix)}
     assert _present(client, base_image)
 
 
@@ -517,13 +521,11 @@ def test_project_naming_matches_pier_source(monkeypatch: pytest.MonkeyPatch) -> 
         "weird name+chars__abcdefg",
     ]
     for name in names:
-        assert dockerhost.compose_project_name(name) == pier_docker._sanitize_docker_compose_project_name(
-            name
-        )
+        assert naming.compose_project_name(name) == pier_docker._sanitize_docker_compose_project_name(name)
         fake_trial = SimpleNamespace(config=SimpleNamespace(trial_name=name))
         for key in ("trial", "step-1", "a much longer step name that forces truncation"):
             expected = pier_trial.Trial._separate_verifier_session_id(fake_trial, key)
-            assert dockerhost.verifier_session_id(name, key) == expected
+            assert naming.verifier_session_id(name, key) == expected
 
 
 def test_real_pier_trial_uses_the_predicted_project(base_image: str, tmp_path: Path) -> None:
@@ -550,7 +552,7 @@ def test_real_pier_trial_uses_the_predicted_project(base_image: str, tmp_path: P
     ) as proc:
         deadline = time.monotonic() + 240
         while proc.poll() is None and time.monotonic() < deadline:
-            seen |= {p for p in dockerhost.compose_projects() if p.startswith(task_name)}
+            seen |= {p for p in cleanup.compose_projects() if p.startswith(task_name)}
             time.sleep(0.2)
         if proc.poll() is None:
             proc.kill()
@@ -561,8 +563,8 @@ def test_real_pier_trial_uses_the_predicted_project(base_image: str, tmp_path: P
     trial_name = trial_dirs[0].name
     result = json.loads((trial_dirs[0] / "result.json").read_text())
     assert result["verifier_result"]["rewards"] == {"reward": 1.0}, result.get("exception_info")
-    assert seen == {dockerhost.compose_project_name(trial_name)}
-    assert all(dockerhost.projects_of_trial(trial_name)(p) for p in seen)
-    report = dockerhost.cleanup_trial(dockerhost.trial_project_names(trial_name))
+    assert seen == {naming.compose_project_name(trial_name)}
+    assert all(naming.projects_of_trial(trial_name)(p) for p in seen)
+    report = cleanup.remove_projects(naming.trial_project_names(trial_name))
     assert report.errors == []
-    assert not {p for p in dockerhost.compose_projects() if p.startswith(task_name)}
+    assert not {p for p in cleanup.compose_projects() if p.startswith(task_name)}

@@ -12,8 +12,8 @@ import docker
 import pytest
 import redis
 
-from sciencebench import dockerhost
-from sciencebench.selection import load_selection
+from sciencebench.login.selection import load_selection
+from sciencebench.worker.docker import images
 from tests.fixtures.services import VENV_BIN, RedisServer, Worker
 
 pytestmark = pytest.mark.docker
@@ -82,7 +82,7 @@ def test_oracle_and_nop_through_workers(
         assert pulled == sorted(selection.image_refs)
         assert _leftovers(docker_client) == {"containers": [], "networks": [], "derived images": []}
         for ref in selection.image_refs:  # pinned task images are kept (pulled by digest: untagged)
-            docker_client.images.get(dockerhost.pinned_name(ref))
+            docker_client.images.get(images.pinned_name(ref))
     finally:
         for worker in workers:
             worker.stop()

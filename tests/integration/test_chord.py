@@ -93,8 +93,8 @@ def test_longest_trials_go_out_first(cluster: Cluster) -> None:
 
 
 def test_redelivered_message_yields_one_result(cluster: Cluster) -> None:
-    from sciencebench.celery_app import create_app
-    from sciencebench.config import Settings
+    from sciencebench.coordination.celery_app import create_app
+    from sciencebench.core.settings import Settings
 
     cluster.start_workers(1, concurrency=1)
     path = cluster.selection({"001": {"reward": 1.0}})

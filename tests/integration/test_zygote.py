@@ -1,8 +1,8 @@
 """The Pier zygote: a warm start must be the process a cold start would have been.
 
-Real processes throughout: a real zygote (`python -m sciencebench.zygote`)
+Real processes throughout: a real zygote (`python -m sciencebench.worker.pier.zygote`)
 preloading `tests/fixtures/toy_entry.py` for the mechanics, and real Pier
-0.3.0 for the path `sciencebench.pier` takes on worker hosts.
+0.3.0 for the path `sciencebench.worker.pier.process` takes on worker hosts.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from sciencebench import pier, zygote
+from sciencebench.worker.pier import process, zygote
 from tests.fixtures.services import FAKE_PIER, REPO, VENV_BIN
 
 pytestmark = pytest.mark.integration
@@ -219,51 +219,55 @@ def test_the_zygote_exits_when_nobody_holds_it(toy: zygote.Zygote) -> None:
     _wait_for(lambda: not _alive(toy.pid), 15, "the zygote to exit")
 
 
-# --- sciencebench.pier: when Pier starts warm, and real Pier through the zygote ----------
+# --- sciencebench.worker.pier.process: when Pier starts warm, and real Pier through the zygote ----------
 
 
 def test_only_this_environments_own_pier_starts_warm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}")
-    assert pier.warm_entry("pier") == "pier.cli.main:app"
-    assert pier.warm_entry(str(VENV_BIN / "pier")) == "pier.cli.main:app"
-    assert pier.warm_entry(str(FAKE_PIER)) is None  # another program: executed cold
-    assert pier.warm_entry("no-such-pier") is None
+    assert process.warm_entry("pier") == "pier.cli.main:app"
+    assert process.warm_entry(str(VENV_BIN / "pier")) == "pier.cli.main:app"
+    assert process.warm_entry(str(FAKE_PIER)) is None  # another program: executed cold
+    assert process.warm_entry("no-such-pier") is None
 
 
 @pytest.fixture
 def fresh_zygotes() -> Iterator[None]:
-    """sciencebench.pier's per-process zygotes, started and stopped within one test."""
-    assert pier._zygotes == {}
+    """sciencebench.worker.pier.process: per-process zygotes, started and stopped within one test."""
+    assert process._zygotes == {}
     yield
-    for started in list(pier._zygotes.values()):
+    for started in list(process._zygotes.values()):
         started.close()
-    pier._zygotes.clear()
+    process._zygotes.clear()
 
 
 @pytest.mark.usefixtures("fresh_zygotes")
 def test_real_pier_starts_warm_and_cold_when_its_zygote_is_gone(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    env = pier.pier_environment(dict(os.environ), {"API_KEY": CANARY}, "linux/amd64", pier.SCIENCEBENCH_PATH)
-    zygote_env = pier.zygote_environment("linux/amd64")
+    env = process.pier_environment(
+        dict(os.environ), {"API_KEY": CANARY}, "linux/amd64", process.SCIENCEBENCH_PATH
+    )
+    zygote_env = process.zygote_environment("linux/amd64")
     argv = [str(VENV_BIN / "pier"), "--version"]
 
-    warm = pier.run_pier(argv, env, tmp_path, tmp_path / "warm.log", timeout_sec=300, zygote_env=zygote_env)
+    warm = process.run_pier(
+        argv, env, tmp_path, tmp_path / "warm.log", timeout_sec=300, zygote_env=zygote_env
+    )
     assert warm.exit_code == 0, warm.log_tail
     assert "0.3.0" in warm.log_tail
-    (started,) = pier._zygotes.values()
+    (started,) = process._zygotes.values()
     assert CANARY.encode() not in Path(f"/proc/{started.pid}/environ").read_bytes()
 
     os.kill(started.pid, signal.SIGKILL)
     _wait_for(lambda: not _alive(started.pid), 15, "the zygote to die")
-    with caplog.at_level(logging.WARNING, logger="sciencebench.pier"):
-        cold = pier.run_pier(
+    with caplog.at_level(logging.WARNING, logger="sciencebench.worker.pier.process"):
+        cold = process.run_pier(
             argv, env, tmp_path, tmp_path / "cold.log", timeout_sec=300, zygote_env=zygote_env
         )
     assert cold.exit_code == 0, cold.log_tail
     assert cold.log_tail == warm.log_tail  # the same output either way
     assert any("starting Pier cold" in r.getMessage() for r in caplog.records)
-    assert pier._zygotes == {}  # the dead one is forgotten; the next trial starts a new one
+    assert process._zygotes == {}  # the dead one is forgotten; the next trial starts a new one
 
 
 def test_an_entry_point_that_cannot_be_imported_fails_each_run_as_cold(

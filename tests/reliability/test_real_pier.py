@@ -29,7 +29,8 @@ import docker
 import pytest
 import redis
 
-from sciencebench import dockerhost
+from sciencebench.worker.docker import cleanup, labels
+from sciencebench.worker.pier import naming
 from tests.fixtures.flower import Flower
 from tests.fixtures.services import VENV_BIN, RedisServer, Worker
 from tests.integration.test_secrets_and_local import _all_redis_text, _tree_text
@@ -95,13 +96,13 @@ def real(
 
 def _projects_of(client: docker.DockerClient, trial_names: set[str]) -> dict[str, list[str]]:
     """Containers, networks, volumes and images left on the Engine by these trials."""
-    matchers = [dockerhost.projects_of_trial(name) for name in trial_names]
+    matchers = [naming.projects_of_trial(name) for name in trial_names]
 
     def ours(labels: dict[str, str] | None) -> bool:
-        project = (labels or {}).get(dockerhost.COMPOSE_PROJECT_LABEL, "")
+        project = (labels or {}).get(labels.COMPOSE_PROJECT_LABEL, "")
         return bool(project) and any(match(project) for match in matchers)
 
-    keys = {dockerhost.compose_project_name(name) for name in trial_names}
+    keys = {naming.compose_project_name(name) for name in trial_names}
     api = client.api
     return {
         "containers": [c["Names"][0] for c in api.containers(all=True) if ours(c.get("Labels"))],
@@ -267,7 +268,7 @@ def _start_slow_job(real: Real, demo_selection: Path, client: docker.DockerClien
 
     def agent_sleeping() -> bool:
         for name in _trial_names_in(scratch):
-            label = f"{dockerhost.COMPOSE_PROJECT_LABEL}={dockerhost.compose_project_name(name)}"
+            label = f"{labels.COMPOSE_PROJECT_LABEL}={naming.compose_project_name(name)}"
             for container in client.containers.list(filters={"label": label}):
                 if any("sleep 60" in " ".join(p) for p in container.top().get("Processes") or []):
                     return True
@@ -321,7 +322,7 @@ def test_another_workers_startup_sweep_spares_a_live_trial(
     before = _projects_of(docker_client, names)
     try:
         # Exactly what `sciencebench worker` does at start (runtime.prepare_host).
-        report = dockerhost.sweep_leftovers(state=tmp_path / "other-worker-state")
+        report = cleanup.sweep_leftovers(state=tmp_path / "other-worker-state")
         after = _projects_of(docker_client, names)
     finally:
         real.cli("cancel", "swept", "--jobs-dir", str(real.jobs_dir), timeout=60)

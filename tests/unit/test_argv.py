@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from sciencebench.pier import render_argv
-from sciencebench.plan import POLICY_ENVIRONMENT
-from sciencebench.profiles import CODEX_ADAPTER
-from sciencebench.submit import Prepared, SubmitOptions, prepare
+from sciencebench.core.harness import CODEX_ADAPTER, POLICY_ENVIRONMENT
+from sciencebench.core.pier_argv import render_argv
+from sciencebench.login.options import SubmitOptions
+from sciencebench.login.submit import Prepared, prepare
 from tests.fixtures.selection import make_selection
 
 pytestmark = pytest.mark.unit

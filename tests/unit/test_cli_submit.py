@@ -20,7 +20,8 @@ import pytest
 from click.testing import CliRunner
 
 from sciencebench import cli
-from sciencebench.submit import SubmitOptions, prepare
+from sciencebench.login.options import SubmitOptions
+from sciencebench.login.submit import prepare
 from tests.fixtures.selection import DEFAULT_VERIFIER_IMAGE, make_selection, make_task
 
 pytestmark = pytest.mark.unit

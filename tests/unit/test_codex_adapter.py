@@ -18,8 +18,8 @@ from pier.environments.base import ExecResult
 from pier.models.agent.context import AgentContext
 
 from sciencebench.agents.codex import ScienceBenchCodex, render_provider_toml
-from sciencebench.errors import ProfileError
-from sciencebench.profiles import parse_gateway
+from sciencebench.core.errors import ProfileError
+from sciencebench.core.gateways import parse_gateway
 
 pytestmark = pytest.mark.unit
 

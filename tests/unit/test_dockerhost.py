@@ -1,4 +1,4 @@
-"""Pure parts of sciencebench.dockerhost: naming rules, digest checks, locks, auth lookup.
+"""Pure parts of sciencebench.worker.docker and Pier naming: digests, locks, auth lookup.
 
 The puller's control flow runs against an in-memory fake engine; the real
 engine is exercised in tests/docker/test_dockerhost.py.
@@ -21,23 +21,20 @@ from typing import Any
 import docker.errors
 import pytest
 
-from sciencebench import dockerhost
-from sciencebench.dockerhost import (
-    ImagePuller,
+from sciencebench.core.errors import PullError, WorkspaceError
+from sciencebench.core.images import normalize_repository, platform_matches
+from sciencebench.worker.docker import cleanup, hostlocks, images, labels
+from sciencebench.worker.docker.cleanup import derived_image_removable, leftover_projects
+from sciencebench.worker.docker.images import ImagePuller, pinned_name, repo_digests_contain
+from sciencebench.worker.pier import naming
+from sciencebench.worker.pier.naming import (
     compose_project_name,
-    derived_image_removable,
     is_pier_project,
-    leftover_projects,
-    normalize_repository,
-    pinned_name,
-    platform_matches,
     project_trial_key,
     projects_of_trial,
-    repo_digests_contain,
     trial_project_names,
     verifier_session_id,
 )
-from sciencebench.errors import PullError, WorkspaceError
 
 pytestmark = pytest.mark.unit
 
@@ -158,8 +155,8 @@ def test_platform_matches(platform: str, os_: str, arch: str, variant: str, ok: 
 
 
 def _image(project: str | None, repo_digests: list[str]) -> dict[str, Any]:
-    labels = {dockerhost.COMPOSE_PROJECT_LABEL: project} if project else None
-    return {"Id": "sha256:" + "c" * 64, "Labels": labels, "RepoDigests": repo_digests}
+    image_labels = {labels.COMPOSE_PROJECT_LABEL: project} if project else None
+    return {"Id": "sha256:" + "c" * 64, "Labels": image_labels, "RepoDigests": repo_digests}
 
 
 def test_derived_image_removable_only_for_own_unpublished_images() -> None:
@@ -183,7 +180,7 @@ def test_leftover_projects_spares_live_and_foreign() -> None:
         "sciencebench-redis",
         "other_004__ddddddd",
     ]
-    live = {"task_002__BBBBBBB", dockerhost.pier_trial_prefix("task_003")}
+    live = {"task_002__BBBBBBB", naming.pier_trial_prefix("task_003")}
     assert leftover_projects(projects, live) == [
         "other_004__ddddddd",
         "task_001__aaaaaaa",
@@ -199,15 +196,15 @@ def test_leftover_projects_spares_live_and_foreign() -> None:
 
 
 def test_pier_trial_prefix() -> None:
-    assert dockerhost.pier_trial_prefix("task_002") == "task_002__"
-    assert dockerhost.pier_trial_prefix("Task.V2_") == "task-v2__"
+    assert naming.pier_trial_prefix("task_002") == "task_002__"
+    assert naming.pier_trial_prefix("Task.V2_") == "task-v2__"
     long_name = "task_" + "x" * 26 + "_-yz"
-    assert dockerhost.pier_trial_prefix(long_name) == "task_" + "x" * 26 + "__"
+    assert naming.pier_trial_prefix(long_name) == "task_" + "x" * 26 + "__"
 
 
 def test_cleanup_by_prefix_refuses_empty_prefix() -> None:
     with pytest.raises(ValueError, match="non-empty prefix"):
-        dockerhost.cleanup_by_prefix("")
+        cleanup.cleanup_by_prefix("")
 
 
 # --- leases and locks -------------------------------------------------------------
@@ -215,33 +212,33 @@ def test_cleanup_by_prefix_refuses_empty_prefix() -> None:
 
 def test_trial_lease_is_seen_until_released(tmp_path: Path) -> None:
     verifier = "task_002__abc1xyz__verifier__trial"
-    assert dockerhost.held_leases(tmp_path) == set()
-    with dockerhost.trial_lease("task_002__AbC1xyz", tmp_path):
-        assert dockerhost.held_leases(tmp_path) == {"task_002__abc1xyz"}
-        assert dockerhost.lease_held(verifier, tmp_path)
-        assert dockerhost.lease_held("task_002__abc1xyz", tmp_path)
-        assert not dockerhost.lease_held("task_003__abc1xyz", tmp_path)
-        with dockerhost.trial_lease(dockerhost.pier_trial_prefix("task_003"), tmp_path):
-            assert dockerhost.lease_held("task_003__zzzzzzz", tmp_path)
-        assert not dockerhost.lease_held("task_003__zzzzzzz", tmp_path)
-    assert not dockerhost.lease_held(verifier, tmp_path)
-    assert dockerhost.held_leases(tmp_path) == set()
+    assert hostlocks.live_trial_locks(tmp_path) == set()
+    with hostlocks.hold_live_trial("task_002__AbC1xyz", tmp_path):
+        assert hostlocks.live_trial_locks(tmp_path) == {"task_002__abc1xyz"}
+        assert hostlocks.live_trial_held(verifier, tmp_path)
+        assert hostlocks.live_trial_held("task_002__abc1xyz", tmp_path)
+        assert not hostlocks.live_trial_held("task_003__abc1xyz", tmp_path)
+        with hostlocks.hold_live_trial(naming.pier_trial_prefix("task_003"), tmp_path):
+            assert hostlocks.live_trial_held("task_003__zzzzzzz", tmp_path)
+        assert not hostlocks.live_trial_held("task_003__zzzzzzz", tmp_path)
+    assert not hostlocks.live_trial_held(verifier, tmp_path)
+    assert hostlocks.live_trial_locks(tmp_path) == set()
 
 
 def test_trial_lease_of_a_dead_process_is_released(tmp_path: Path) -> None:
     script = (
-        "import sys, time; from pathlib import Path; from sciencebench import dockerhost\n"
-        "with dockerhost.trial_lease('task_005__', Path(sys.argv[1])):\n"
+        "import sys, time; from pathlib import Path; from sciencebench.worker.docker import hostlocks\n"
+        "with hostlocks.hold_live_trial('task_005__', Path(sys.argv[1])):\n"
         "    print('held', flush=True); time.sleep(60)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "held"
-        assert dockerhost.lease_held("task_005__zz9zz9z", tmp_path)
+        assert hostlocks.live_trial_held("task_005__zz9zz9z", tmp_path)
         proc.kill()
         proc.wait(timeout=10)
-        assert not dockerhost.lease_held("task_005__zz9zz9z", tmp_path)
+        assert not hostlocks.live_trial_held("task_005__zz9zz9z", tmp_path)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -258,7 +255,7 @@ def test_host_lock_excludes_threads_and_times_out(tmp_path: Path) -> None:
 
     def worker() -> None:
         nonlocal inside, overlap
-        with dockerhost._host_lock(lock, timeout_sec=30, what="test"):
+        with hostlocks.host_lock(lock, timeout_sec=30, what="test"):
             with guard:
                 inside += 1
                 overlap = overlap or inside > 1
@@ -274,9 +271,9 @@ def test_host_lock_excludes_threads_and_times_out(tmp_path: Path) -> None:
     assert not overlap
 
     with (
-        dockerhost._host_lock(lock, timeout_sec=30, what="test"),
+        hostlocks.host_lock(lock, timeout_sec=30, what="test"),
         pytest.raises(PullError, match="waited 0s for another process on this host to finish x"),
-        dockerhost._host_lock(lock, timeout_sec=0.1, what="x"),
+        hostlocks.host_lock(lock, timeout_sec=0.1, what="x"),
     ):
         pass
 
@@ -285,12 +282,12 @@ def test_host_lock_excludes_threads_and_times_out(tmp_path: Path) -> None:
 
 
 def test_pull_log_counts(tmp_path: Path) -> None:
-    assert dockerhost.pull_counts(tmp_path) == {}
+    assert images.pull_counts(tmp_path) == {}
     for digest in (DIGEST_A, DIGEST_B, DIGEST_A):
         record = {"ref": "r", "digest": digest, "platform": "linux/amd64", "seconds": 1.0, "pid": 1}
-        dockerhost._append_line(dockerhost.pull_log_path(tmp_path), json.dumps(record | {"finished_at": "t"}))
-    assert dockerhost.pull_counts(tmp_path) == {DIGEST_A: 2, DIGEST_B: 1}
-    assert len(dockerhost.read_pull_log(tmp_path)) == 3
+        images._append_line(images.pull_log_path(tmp_path), json.dumps(record | {"finished_at": "t"}))
+    assert images.pull_counts(tmp_path) == {DIGEST_A: 2, DIGEST_B: 1}
+    assert len(images.read_pull_log(tmp_path)) == 3
 
 
 # --- registry credentials --------------------------------------------------------
@@ -314,10 +311,10 @@ def _write_helper(bin_dir: Path, name: str, body: str) -> None:
 def test_registry_auth_from_auths(docker_config: Path) -> None:
     token = base64.b64encode(b"alice:s3cret").decode()
     (docker_config / "config.json").write_text(json.dumps({"auths": {"127.0.0.1:5555": {"auth": token}}}))
-    auth = dockerhost.registry_auth("127.0.0.1:5555")
+    auth = images.registry_auth("127.0.0.1:5555")
     assert auth is not None
     assert (auth["username"], auth["password"]) == ("alice", "s3cret")
-    assert dockerhost.registry_auth("127.0.0.1:6666") is None
+    assert images.registry_auth("127.0.0.1:6666") is None
 
 
 def test_registry_auth_runs_the_credential_helper(
@@ -333,12 +330,12 @@ def test_registry_auth_runs_the_credential_helper(
     )
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     (docker_config / "config.json").write_text(json.dumps({"credHelpers": {"127.0.0.1:5555": "sbtest"}}))
-    auth = dockerhost.registry_auth("127.0.0.1:5555")
+    auth = images.registry_auth("127.0.0.1:5555")
     assert auth is not None
     assert (auth["Username"], auth["Password"]) == ("bob", "t0ken")
     assert seen.read_text() == "get 127.0.0.1:5555\n"
     # Registries the helper is not configured for stay anonymous.
-    assert dockerhost.registry_auth("127.0.0.1:6666") is None
+    assert images.registry_auth("127.0.0.1:6666") is None
 
 
 def test_registry_auth_missing_or_failing_helper(
@@ -350,14 +347,14 @@ def test_registry_auth_missing_or_failing_helper(
     with pytest.raises(
         PullError, match=r"docker-credential-absent configured for 127.0.0.1:5555 .*not on PATH"
     ):
-        dockerhost.registry_auth("127.0.0.1:5555")
+        images.registry_auth("127.0.0.1:5555")
     bin_dir = tmp_path / "bin"
     _write_helper(bin_dir, "broken", "echo 'keyring locked'; exit 1\n")
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     with pytest.raises(
         PullError, match=r"docker-credential-broken failed for 127\.0\.0\.1:5556: .*keyring locked"
     ):
-        dockerhost.registry_auth("127.0.0.1:5556")
+        images.registry_auth("127.0.0.1:5556")
 
 
 # --- the puller against a fake engine ---------------------------------------------
@@ -427,13 +424,13 @@ def test_puller_pulls_missing_once_and_trusts_present(engine: _FakeEngine, tmp_p
     assert puller.ensure([REF_A, REF_B], "linux/amd64", skip_pull=False).keys() == {REF_A, REF_B}
     assert len(engine.pulls) == 2
     assert puller.pulls_performed == 2
-    assert dockerhost.pull_counts(tmp_path) == {DIGEST_A: 1, DIGEST_B: 1}
+    assert images.pull_counts(tmp_path) == {DIGEST_A: 1, DIGEST_B: 1}
 
 
 def test_puller_threads_share_one_pull(docker_config: Path, tmp_path: Path) -> None:
     engine = _FakeEngine(pull_seconds=0.3)
     puller = _puller(engine, tmp_path)
-    results: list[list[dockerhost.ImageStatus]] = []
+    results: list[list[images.ImageStatus]] = []
     threads = [
         threading.Thread(
             target=lambda: results.append(puller.ensure_images([REF_A, REF_B], "linux/amd64", False))
@@ -448,7 +445,7 @@ def test_puller_threads_share_one_pull(docker_config: Path, tmp_path: Path) -> N
     assert len(engine.pulls) == 2
     pulled = [s for statuses in results for s in statuses if s.pulled]
     assert sorted(s.ref for s in pulled) == sorted([REF_A, REF_B])
-    assert dockerhost.pull_counts(tmp_path) == {DIGEST_A: 1, DIGEST_B: 1}
+    assert images.pull_counts(tmp_path) == {DIGEST_A: 1, DIGEST_B: 1}
 
 
 def test_puller_reports_stream_errors(engine: _FakeEngine, tmp_path: Path) -> None:
@@ -457,7 +454,7 @@ def test_puller_reports_stream_errors(engine: _FakeEngine, tmp_path: Path) -> No
         PullError, match=r"^pull of .*base:v1@sha256:a+ for linux/amd64 failed: manifest unknown$"
     ):
         _puller(engine, tmp_path).ensure([REF_A], "linux/amd64", skip_pull=False)
-    assert dockerhost.pull_counts(tmp_path) == {}
+    assert images.pull_counts(tmp_path) == {}
 
 
 def test_puller_verifies_repo_digests_after_pull(engine: _FakeEngine, tmp_path: Path) -> None:
@@ -493,10 +490,10 @@ def test_unreachable_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such.sock")
     with pytest.raises(PullError, match=r"^Docker Engine at unix://.*/no-such\.sock is unreachable: "):
         ImagePuller(tmp_path).ensure([REF_A], "linux/amd64", skip_pull=False)
-    report = dockerhost.cleanup_trial(["task_002__abc1xyz"])
+    report = cleanup.remove_projects(["task_002__abc1xyz"])
     assert report.containers == [] and len(report.errors) == 1
     assert "is unreachable" in report.errors[0]
-    assert dockerhost.sweep_leftovers(state=tmp_path).errors
+    assert cleanup.sweep_leftovers(state=tmp_path).errors
 
 
 def test_unwritable_state_dir(engine: _FakeEngine, tmp_path: Path) -> None:

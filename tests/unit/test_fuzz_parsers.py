@@ -15,10 +15,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from sciencebench.errors import InputError, ProfileError, SelectionError, TaskSpecError
-from sciencebench.profiles import parse_env_text, parse_gateway
-from sciencebench.selection import Selection, load_selection, parse_task_id_filter
-from sciencebench.taskspec import TaskSpec, check_image_ref, load_task
+from sciencebench.core.envfile import parse_env_text
+from sciencebench.core.errors import InputError, ProfileError, SelectionError, TaskSpecError
+from sciencebench.core.gateways import parse_gateway
+from sciencebench.core.images import check_image_ref
+from sciencebench.login.selection import Selection, load_selection, parse_task_id_filter
+from sciencebench.login.taskspec import TaskSpec, load_task
 from tests.fixtures.selection import DEFAULT_AGENT_IMAGE, DEFAULT_VERIFIER_IMAGE, make_selection, make_task
 
 pytestmark = pytest.mark.unit

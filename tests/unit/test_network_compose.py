@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sciencebench.dockerhost import OWNER_LABEL
 from sciencebench.network.compose import ProxyFiles, policy_compose
+from sciencebench.worker.docker.labels import OWNER_LABEL
 
 pytestmark = pytest.mark.unit
 

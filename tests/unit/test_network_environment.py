@@ -16,13 +16,13 @@ from pier.models.agent.network import NetworkAllowlist
 from pier.models.task.config import EnvironmentConfig
 from pier.models.trial.paths import TrialPaths
 
-from sciencebench import dockerhost
 from sciencebench.network.environment import (
     IsolatedDockerEnvironment,
     parse_inference_urls,
     plan_egress,
 )
 from sciencebench.network.errors import PolicyRefused, PolicyViolation
+from sciencebench.worker.docker import hostlocks
 
 pytestmark = pytest.mark.unit
 
@@ -188,7 +188,7 @@ def test_no_allowlist_environment_is_network_none(tmp_path: Path) -> None:
                 "stop_signal": "SIGKILL",
                 "labels": {
                     "org.sciencebench.network-role": "agent",
-                    "org.sciencebench.owner": dockerhost.owner_id(),
+                    "org.sciencebench.owner": hostlocks.owner_id(),
                 },
                 "network_mode": "none",
             }

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
+from sciencebench.core.gateways import Gateway, parse_gateway
 from sciencebench.network.errors import PolicyRefused
 from sciencebench.network.squid import normalize_domains, passwd_line, render_squid_conf
-from sciencebench.profiles import Gateway, parse_gateway
 
 pytestmark = pytest.mark.unit
 

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from sciencebench import preflight
-from sciencebench.errors import PreflightError
+from sciencebench.core import versions
+from sciencebench.core.errors import PreflightError
+from sciencebench.worker import preflight
+from sciencebench.worker.pier import process
 
 pytestmark = pytest.mark.unit
 
@@ -27,7 +29,7 @@ pytestmark = pytest.mark.unit
     ],
 )
 def test_parse_version(text: str, parsed: tuple[int, int, int] | None) -> None:
-    assert preflight.parse_version(text) == parsed
+    assert versions.parse_version(text) == parsed
 
 
 @pytest.mark.parametrize("version", ["28.0.0", "28.5.2+dfsg4", "29.1.0", "28.0.0-rc.1"])
@@ -89,14 +91,14 @@ def _fake_pier(tmp_path: Path, body: str) -> Path:
 
 @pytest.fixture
 def fresh_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(preflight, "_pier_versions", {})
+    monkeypatch.setattr(process, "_pier_versions", {})
 
 
 def test_pier_version_is_run_once_with_local_cost_map(tmp_path: Path, fresh_cache: None) -> None:
     calls = tmp_path / "calls"
     pier = _fake_pier(tmp_path, f'echo "$LITELLM_LOCAL_MODEL_COST_MAP $1" >> {calls}\necho 0.3.0\n')
-    assert preflight.pier_version(str(pier)) == "0.3.0"
-    assert preflight.pier_version(str(pier)) == "0.3.0"
+    assert process.pier_version(str(pier)) == "0.3.0"
+    assert process.pier_version(str(pier)) == "0.3.0"
     assert calls.read_text() == "True --version\n"
 
 
@@ -104,10 +106,10 @@ def test_pier_version_failures(tmp_path: Path, fresh_cache: None) -> None:
     with pytest.raises(
         PreflightError, match="Pier is not installed: 'no-such-pier-bin' is not an executable"
     ):
-        preflight.pier_version("no-such-pier-bin")
+        process.pier_version("no-such-pier-bin")
     broken = _fake_pier(tmp_path, "echo 'ModuleNotFoundError: No module named pier' >&2\nexit 1\n")
     with pytest.raises(PreflightError, match=r"--version` failed \(exit 1\): ModuleNotFoundError"):
-        preflight.pier_version(str(broken))
+        process.pier_version(str(broken))
 
 
 def test_jobs_dir(tmp_path: Path) -> None:

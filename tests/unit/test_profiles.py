@@ -8,18 +8,12 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from sciencebench.errors import ProfileError
-from sciencebench.profiles import (
-    CODEX_ADAPTER,
-    AgentPlan,
-    Gateway,
-    is_sensitive_key,
-    parse_assignments,
-    parse_env_text,
-    parse_gateway,
-    plan_agent,
-    read_env_file,
-)
+from sciencebench.core.envfile import parse_env_text
+from sciencebench.core.errors import ProfileError
+from sciencebench.core.gateways import Gateway, parse_gateway
+from sciencebench.core.harness import CODEX_ADAPTER
+from sciencebench.core.models import AgentPlan
+from sciencebench.login.profiles import is_sensitive_key, parse_assignments, plan_agent, read_env_file
 
 pytestmark = pytest.mark.unit
 

@@ -10,10 +10,13 @@ from typing import Any
 import pytest
 
 import sciencebench
-from sciencebench.errors import ProfileError
-from sciencebench.profiles import CODEX_ADAPTER, REDACTED
-from sciencebench.runrecord import build_run_record, public_url, write_run_record
-from sciencebench.submit import Prepared, SubmitOptions, prepare
+from sciencebench.core.errors import ProfileError
+from sciencebench.core.gateways import public_url
+from sciencebench.core.harness import CODEX_ADAPTER
+from sciencebench.login.options import SubmitOptions
+from sciencebench.login.redaction import REDACTED
+from sciencebench.login.runrecord import build_run_record, write_run_record
+from sciencebench.login.submit import Prepared, prepare
 from tests.fixtures.selection import DEFAULT_AGENT_IMAGE, DEFAULT_VERIFIER_IMAGE, make_selection
 
 pytestmark = pytest.mark.unit

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sciencebench.errors import InputError, SelectionError, TaskSpecError
-from sciencebench.selection import load_selection, parse_task_id_filter, selection_sha256
+from sciencebench.core.errors import InputError, SelectionError, TaskSpecError
+from sciencebench.login.selection import load_selection, parse_task_id_filter, selection_sha256
 from tests.fixtures.selection import (
     DEFAULT_AGENT_IMAGE,
     DEFAULT_VERIFIER_IMAGE,

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from sciencebench.config import VISIBILITY_TIMEOUT_FLOOR_SEC
-from sciencebench.errors import InputError, JobConflictError
-from sciencebench.submit import SubmitOptions, prepare, write_job_spec
+from sciencebench.core.errors import InputError, JobConflictError
+from sciencebench.core.settings import VISIBILITY_TIMEOUT_FLOOR_SEC
+from sciencebench.login.options import SubmitOptions
+from sciencebench.login.submit import prepare, write_job_spec
 from tests.fixtures.selection import make_selection
 
 pytestmark = pytest.mark.unit

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from sciencebench.outcome import TrialRecord
-from sciencebench.paths import JobPaths
-from sciencebench.plan import JobSpec
-from sciencebench.submit import SubmitOptions, prepare
-from sciencebench.summary import MISSING_PATCH, SUMMARY_COLUMNS, write_summary
+from sciencebench.core.models import JobSpec, TrialRecord
+from sciencebench.core.paths import JobPaths
+from sciencebench.core.summary import MISSING_PATCH, SUMMARY_COLUMNS, write_summary
+from sciencebench.login.options import SubmitOptions
+from sciencebench.login.submit import prepare
 from tests.fixtures.selection import make_selection
 
 pytestmark = pytest.mark.unit

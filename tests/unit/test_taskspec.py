@@ -7,14 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from sciencebench.errors import TaskSpecError
-from sciencebench.taskspec import (
-    DEFAULT_AGENT_TIMEOUT_SEC,
-    check_image_ref,
-    image_digest,
-    image_repository,
-    load_task,
-)
+from sciencebench.core.errors import TaskSpecError
+from sciencebench.core.images import check_image_ref, image_digest, image_repository
+from sciencebench.login.taskspec import DEFAULT_AGENT_TIMEOUT_SEC, load_task
 from tests.fixtures.selection import DEFAULT_AGENT_IMAGE, DEFAULT_VERIFIER_IMAGE, make_task
 
 pytestmark = pytest.mark.unit

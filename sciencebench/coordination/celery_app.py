@@ -1,0 +1,54 @@
+"""The Celery app and its settings for hour-long trials.
+
+Late acknowledgement with a prefetch of one means a worker holds one
+unacknowledged trial per slot; the broker redelivers an unacknowledged
+message only after the visibility timeout, so that timeout must outlive the
+longest trial and is set everywhere Celery and kombu read it. Lost hosts are
+detected much sooner through leases (see `coordination.watchdog`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from celery import Celery
+
+from sciencebench.core.settings import RESULT_EXPIRES_SEC, Settings
+
+
+def create_app(settings: Settings | None = None, include: Sequence[str] = ()) -> Celery:
+    """A configured Celery app; a worker `include`s its task modules, a sender needs none.
+
+    The login node sends tasks by name (`core.wire`) and never imports the
+    worker's task code. Raises SettingsError when no `settings` are given and
+    the environment's are invalid.
+    """
+    settings = settings or Settings.from_env()
+    app = Celery("sciencebench", include=list(include))
+    transport_options = {"visibility_timeout": settings.visibility_timeout_sec}
+    app.conf.update(
+        broker_url=settings.broker_url,
+        result_backend=settings.backend_url,
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        broker_transport_options=transport_options,
+        result_backend_transport_options=transport_options,
+        visibility_timeout=settings.visibility_timeout_sec,
+        result_expires=RESULT_EXPIRES_SEC,
+        result_extended=True,
+        task_track_started=True,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        broker_connection_retry_on_startup=True,
+        # Each worker also consumes its own queue: a dry run's pre-warm reaches every host.
+        worker_direct=True,
+        worker_hijack_root_logger=False,
+        timezone="UTC",
+        enable_utc=True,
+    )
+    return app

@@ -1,0 +1,76 @@
+"""Lost-host recovery: re-dispatch trials whose lease expired.
+
+Every worker's main process runs one watchdog thread. A trial whose worker
+died (host killed, network cut) stops renewing its lease; within one lease
+period plus one scan the watchdog sends the same task again (same task id,
+same chord membership), long before the broker's hours-long visibility
+timeout would. A per-trial lock keeps two watchdogs from both sending it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, cast
+
+from celery import Celery
+
+from sciencebench.coordination.protocol import Coordinator
+from sciencebench.core.models import Redispatch, TrialState
+from sciencebench.core.wire import RUN_TRIAL
+
+log = logging.getLogger(__name__)
+
+
+def redispatch_orphans(app: Celery, coord: Coordinator, lease_seconds: float) -> int:
+    """One scan: re-send every running trial without a live lease. Returns the count.
+
+    After a broker outage leases have lapsed everywhere; live workers
+    re-create theirs at their next renewal, so nothing is re-sent until the
+    broker has been back for one lease period.
+    """
+    orphans = coord.orphaned()
+    if time.monotonic() - coord.recovered_at < lease_seconds:
+        return 0
+    sent = 0
+    for job, key, payload in orphans:
+        if not coord.try_lock(f"redispatch:{job}:{key}", lease_seconds):
+            continue
+        coord.clear_running(job, key)
+        send_again(app, coord, payload)
+        log.warning("trial %s of job %s lost its host (%s); dispatched again", key, job, payload.host)
+        sent += 1
+    return sent
+
+
+def send_again(app: Celery, coord: Coordinator, payload: Redispatch) -> None:
+    """Queue a trial again as the same chord member (same task id, chord, group)."""
+    spec = payload.trial
+    coord.set_state(spec.job_name, spec.key, TrialState.QUEUED, "")
+    app.send_task(
+        RUN_TRIAL,
+        args=[spec.model_dump(mode="json")],
+        task_id=payload.task_id,
+        # The chord body as the message carried it (a signature dict), which Celery accepts.
+        chord=cast(Any, payload.chord),
+        group_id=payload.group_id,
+        group_index=payload.group_index,
+        argsrepr=repr(spec.label),
+        kwargsrepr="{}",
+    )
+
+
+def start_watchdog(app: Celery, coord: Coordinator, lease_seconds: float) -> threading.Event:
+    """Start the scanning thread; set the returned event to stop it."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(max(lease_seconds / 4, 0.5)):
+            try:
+                redispatch_orphans(app, coord, lease_seconds)
+            except Exception:  # the broker may be restarting; scan again later
+                log.warning("watchdog scan failed", exc_info=True)
+
+    threading.Thread(target=loop, name="sciencebench-watchdog", daemon=True).start()
+    return stop

@@ -1,0 +1,138 @@
+"""Model gateways: validated gateway URLs and the Codex provider block (pure).
+
+A gateway is where a harness sends inference. Both sides need it: the login
+node validates the URLs of a provider profile, the worker's network policy
+turns their authorities into proxy rules, and the Codex adapter renders the
+provider block from one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import BaseModel, ConfigDict
+
+from sciencebench.core.errors import ProfileError
+
+DEFAULT_CODEX_MODEL = "gpt-5"
+DEFAULT_CODEX_BASE_URL = "https://api.openai.com/v1"
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]|%0[ad]|%00", re.IGNORECASE)
+_HOST = re.compile(
+    r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$|^\[[0-9A-Fa-f:.]+\]$"
+)
+
+
+class Gateway(BaseModel):
+    """A model gateway: where a harness sends inference, without credentials."""
+
+    model_config = ConfigDict(frozen=True)
+
+    scheme: Literal["http", "https"]
+    host: str
+    port: int
+    path: str
+
+    @property
+    def authority(self) -> str:
+        """`host:port`, an IPv6 host in brackets."""
+        # An IPv6 literal needs its brackets, or the port is part of the address.
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """The base URL with user information and query removed."""
+        return f"{self.scheme}://{self.authority}{self.path}"
+
+
+def parse_gateway(url: str, variable: str) -> Gateway:
+    """Validate a gateway URL: http(s), a valid host, a port in 1-65535.
+
+    User information, query and fragment are dropped. Raises ProfileError
+    naming the variable; the URL itself is not echoed (it may embed a key).
+    """
+    if _CONTROL.search(url):
+        raise ProfileError(f"{variable}: contains control or encoded line-break characters")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise ProfileError(f"{variable}: not a valid URL or port outside 1-65535") from None
+    if parts.scheme not in ("http", "https"):
+        raise ProfileError(f"{variable}: only http:// and https:// gateways are allowed")
+    host = parts.hostname or ""
+    if not host or not _HOST.match(host if ":" not in host else f"[{host}]"):
+        raise ProfileError(f"{variable}: missing or invalid host")
+    if port is None:
+        port = 443 if parts.scheme == "https" else 80
+    if not 1 <= port <= 65535:
+        raise ProfileError(f"{variable}: port outside 1-65535")
+    scheme: Literal["http", "https"] = "https" if parts.scheme == "https" else "http"
+    return Gateway(scheme=scheme, host=host.lower(), port=port, path=parts.path.rstrip("/"))
+
+
+def public_url(url: str) -> str:
+    """A URL without user information, query or fragment (broker, gateway).
+
+    A `;`-separated failover list (as Celery accepts for brokers) is cleaned
+    URL by URL, so no later entry keeps its password.
+    """
+    if ";" in url:
+        return ";".join(public_url(part) for part in url.split(";"))
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:  # an IPv6 literal keeps its brackets
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:  # a port outside 0-65535 is not worth a traceback in a record
+        port = None
+    if port:
+        host = f"{host}:{port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+# --- the Codex provider block ----------------------------------------------
+
+PROVIDER_ID = "sciencebench"
+PROVIDER_NAME = "sciencebench gateway"
+CREDENTIAL_ENV = "OPENAI_API_KEY"
+WIRE_APIS = ("responses", "chat")
+
+
+def _toml_string(value: str) -> str:
+    # JSON's escapes (\" \\ \n \uXXXX ...) are all valid in a TOML basic string.
+    return json.dumps(value, ensure_ascii=True)
+
+
+def render_provider_toml(gateway: Gateway, wire_api: str) -> str:
+    """The Codex config.toml fragment selecting `gateway` as the only model provider.
+
+    Top-level keys come first: Pier appends the fragment after its own
+    top-level lines and before any MCP tables. Hosted web search is disabled
+    both ways Codex has spelled it: top-level ``web_search = "disabled"``
+    (current releases) and ``[tools] web_search = false`` (older ones; newer
+    releases accept and ignore it). Raises ProfileError for an unknown wire API.
+    """
+    if wire_api not in WIRE_APIS:
+        raise ProfileError(f"wire_api: must be one of {', '.join(WIRE_APIS)}")
+    lines = [
+        f"model_provider = {_toml_string(PROVIDER_ID)}",
+        'web_search = "disabled"',
+        "",
+        f"[model_providers.{PROVIDER_ID}]",
+        f"name = {_toml_string(PROVIDER_NAME)}",
+        f"base_url = {_toml_string(gateway.url)}",
+        f"env_key = {_toml_string(CREDENTIAL_ENV)}",
+        f"wire_api = {_toml_string(wire_api)}",
+        "supports_websockets = false",
+        "",
+        "[tools]",
+        "web_search = false",
+        "",
+    ]
+    return "\n".join(lines)

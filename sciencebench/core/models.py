@@ -1,0 +1,206 @@
+"""The data both sides exchange: what a submit decided, one trial, one trial's record.
+
+All are pydantic models: the login node builds them, `job.json`, broker
+messages and Redis carry them as JSON, workers read them back with
+`model_validate`. None holds a secret value.
+
+    RunOptions      the options of a submit that every trial runs with
+    └── JobSpec     + the selection, the agent plan, env-file identities  (job.json)
+    TrialSpec       one task x attempt of a job                          (every message)
+    TrialRecord     what one finished trial returns and leaves on disk   (trials/*.json)
+    TrialState      where a trial is now, for `status` and `--wait`
+    Redispatch      how the watchdog sends a lost trial again
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sciencebench.core.envfile import EnvFile
+from sciencebench.core.gateways import Gateway
+from sciencebench.core.harness import POLICY_ENVIRONMENT, POLICY_NAME
+
+
+class Provider(BaseModel):
+    """What the run record says about the model provider (no credentials)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    protocol: str
+    base_url: str | None
+    credential_env: str | None
+
+
+class AgentPlan(BaseModel):
+    """How the harness is invoked: Pier agent arguments without secret values.
+
+    `agent_env_names` lists the variable names whose values the worker puts
+    into Pier's process environment (from the env file or --agent-env).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    harness: str
+    agent: str | None
+    agent_import_path: str | None
+    models: list[str]
+    agent_kwargs: dict[str, str]
+    agent_env_names: list[str]
+    provider: Provider | None
+    gateways: list[Gateway]
+
+
+class RunOptions(BaseModel):
+    """The options of a submit that every trial of its job runs with.
+
+    Part of the seed's option table: `login.options.SubmitOptions` extends it
+    with what only the login node reads, `JobSpec` with what the submit decided.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    env: str = "docker"
+    n_concurrent: int = Field(default=1, ge=1)
+    n_attempts: int = Field(default=1, ge=1)
+    max_retries: int = Field(default=0, ge=0)
+    agent_timeout_multiplier: float | None = Field(default=None, gt=0)
+    verifier_timeout_multiplier: float | None = Field(default=None, gt=0)
+    platform: str = "linux/amd64"
+    pier_bin: str = "pier"
+    skip_pull: bool = False
+
+
+class JobSpec(RunOptions):
+    """Everything a worker needs to run any trial of a job, minus secret values."""
+
+    job_name: str
+    jobs_dir: Path
+    selection_path: Path
+    selection_sha256: str
+    task_ids: list[str]
+    allow_restricted_licenses: bool
+    image_refs: list[str]
+    task_hashes: dict[str, str] = Field(default_factory=dict)
+    agent: AgentPlan
+    env_file: EnvFile | None = None
+    agent_env_file: EnvFile | None = None
+    environment_import_path: str = POLICY_ENVIRONMENT
+    network_policy: str = POLICY_NAME
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+
+    @property
+    def job_dir(self) -> Path:
+        """`<jobs dir>/<job name>`."""
+        return self.jobs_dir / self.job_name
+
+    def trial_keys(self) -> list[str]:
+        """Every trial key of the job (`002#1`), in task then attempt order."""
+        return [trial_key(t, a) for t in self.task_ids for a in range(1, self.n_attempts + 1)]
+
+
+def trial_key(task_id: str, attempt: int) -> str:
+    """Stable identity of a trial within its job: `002#1`."""
+    return f"{task_id}#{attempt}"
+
+
+class TrialSpec(BaseModel):
+    """One trial: a task and an attempt of a job. Small: it rides in every message."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job_name: str
+    jobs_dir: Path
+    task_id: str
+    attempt: int = Field(ge=1)
+    task_dir: Path
+    task_toml_sha256: str
+    image_refs: list[str]
+    expected_sec: float
+
+    @property
+    def key(self) -> str:
+        """Stable identity of the trial within its job: `002#1`."""
+        return trial_key(self.task_id, self.attempt)
+
+    @property
+    def label(self) -> str:
+        """What people see (Flower, status): `task_002 #1`."""
+        return f"task_{self.task_id} #{self.attempt}"
+
+
+class TrialRecord(BaseModel):
+    """The small JSON record of one finished trial (successful or not)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job_name: str
+    task_id: str
+    attempt: int
+    trial_dir: str | None = None
+    rewards: dict[str, float] | None = None
+    exception_type: str | None = None
+    exception_message: str | None = None
+    stage: str | None = None
+    timings_sec: dict[str, float] = Field(default_factory=dict)
+    worker: str | None = None
+    patch_collected: bool | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    tries: int = 1
+
+    @property
+    def key(self) -> str:
+        """The trial's key within its job (`002#1`)."""
+        return trial_key(self.task_id, self.attempt)
+
+    @property
+    def errored(self) -> bool:
+        """Whether the trial ended with an exception (any stage, Pier's own included)."""
+        return self.exception_type is not None
+
+    @property
+    def reward(self) -> float | None:
+        """The `reward` entry of the rewards, else the first one; None without rewards."""
+        if not self.rewards:
+            return None
+        return self.rewards.get("reward", next(iter(self.rewards.values())))
+
+
+class TrialState(StrEnum):
+    """Where a trial is, as `status` and `submit --wait` show it."""
+
+    QUEUED = "queued"  # sent, not picked up yet
+    WAITING = "waiting"  # picked up, waiting for one of the job's --n-concurrent slots
+    RUNNING = "running"
+    DONE = "done"  # finished without error
+    FAILED = "failed"  # finished with an error (its record says which)
+
+
+class TrialStatus(BaseModel):
+    """A trial's current state, the host it is on (empty when none) and since when (epoch s)."""
+
+    state: TrialState
+    host: str = ""
+    at: float = 0.0
+
+
+class Redispatch(BaseModel):
+    """How to send a running trial again as the same chord member, should its host die.
+
+    The trial task records it when it starts; the watchdog of any worker
+    re-sends it with the same task id and chord membership, so the chord
+    still counts the trial exactly once.
+    """
+
+    task_id: str
+    trial: TrialSpec
+    chord: dict[str, Any] | None = None  # the chord body's signature, as Celery froze it
+    group_id: str | None = None
+    group_index: int | None = None
+    owner: str = ""
+    host: str = ""

@@ -1,0 +1,61 @@
+"""The Pier command line of one trial (pure): the only place that knows Pier's CLI.
+
+The worker runs exactly this argv; the login node records it, redacted, in
+the run record. Credentials never appear in it: `--ae KEY=${KEY}` templates
+are resolved by Pier from its process environment.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sciencebench.core.models import JobSpec, TrialSpec
+
+
+def _fmt(value: float) -> str:
+    return repr(float(value))
+
+
+def render_argv(job: JobSpec, trial: TrialSpec, scratch_jobs_dir: Path, pier_job_name: str) -> list[str]:
+    """Pier argv for exactly one trial in a private job directory.
+
+    Always `--n-attempts 1 --n-concurrent 1 --no-force-build --no-delete
+    --yes`: attempts and concurrency are sciencebench's business, images are
+    prebuilt and shared, and nothing may prompt.
+    """
+    argv = [
+        job.pier_bin,
+        "run",
+        "--path", str(trial.task_dir),
+        "--jobs-dir", str(scratch_jobs_dir),
+        "--job-name", pier_job_name,
+        "--n-attempts", "1",
+        "--n-concurrent", "1",
+        "--max-retries", "0",
+        "--no-force-build",
+        "--no-delete",
+        "--yes",
+        "--quiet",
+        "--env", job.env,
+        "--environment-import-path", job.environment_import_path,
+    ]  # fmt: skip
+    gateway_urls = [gateway.url for gateway in job.agent.gateways]
+    if gateway_urls:
+        argv += ["--ek", f"inference_urls={json.dumps(gateway_urls)}"]
+    if job.agent_timeout_multiplier is not None:
+        argv += ["--agent-timeout-multiplier", _fmt(job.agent_timeout_multiplier)]
+    if job.verifier_timeout_multiplier is not None:
+        argv += ["--verifier-timeout-multiplier", _fmt(job.verifier_timeout_multiplier)]
+        argv += ["--environment-build-timeout-multiplier", _fmt(job.verifier_timeout_multiplier)]
+    if job.agent.agent_import_path:
+        argv += ["--agent-import-path", job.agent.agent_import_path]
+    elif job.agent.agent:
+        argv += ["--agent", job.agent.agent]
+    for model in job.agent.models:
+        argv += ["--model", model]
+    for key, value in job.agent.agent_kwargs.items():
+        argv += ["--ak", f"{key}={value}"]
+    for name in job.agent.agent_env_names:
+        argv += ["--ae", f"{name}=${{{name}}}"]
+    return argv

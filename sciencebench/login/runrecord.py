@@ -1,0 +1,61 @@
+"""`<path>/batch-run.json`: the redacted run record of a submit.
+
+It carries every key the original single-host runner writes, plus the job
+name, the sciencebench version and the broker address. No credential value
+ever reaches it: argv is redacted, URLs lose user information and queries,
+and the secret values themselves are masked as a last line of defence.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sciencebench import __version__
+from sciencebench.core.gateways import public_url
+from sciencebench.core.harness import PIER_VERSION
+from sciencebench.core.models import JobSpec, TrialSpec
+from sciencebench.core.paths import write_atomic
+from sciencebench.core.pier_argv import render_argv
+from sciencebench.login.redaction import mask_secrets, redact_argv
+
+
+def build_run_record(
+    job: JobSpec, first_trial: TrialSpec, broker_url: str, secrets: list[str]
+) -> dict[str, Any]:
+    """The batch-run.json content for a job (pure)."""
+    argv = render_argv(job, first_trial, job.job_dir / ".sciencebench" / "scratch", "<trial>")
+    provider = job.agent.provider
+    record: dict[str, Any] = {
+        "task_ids": job.task_ids,
+        "allow_restricted_licenses": job.allow_restricted_licenses,
+        "selection_sha256": job.selection_sha256,
+        "image_refs": job.image_refs,
+        "platform": job.platform,
+        "agent": job.agent.harness,
+        "models": job.agent.models,
+        "n_concurrent": job.n_concurrent,
+        "n_attempts": job.n_attempts,
+        "max_retries": job.max_retries,
+        "pier_version": PIER_VERSION,
+        "pier_command": redact_argv(argv, secrets),
+        "agent_import_path": job.agent.agent_import_path,
+        "provider": provider.model_dump(mode="json") if provider else None,
+        "network_policy": job.network_policy,
+        "environment_import_path": job.environment_import_path,
+        "gateway_authorities": [gateway.authority for gateway in job.agent.gateways],
+        "job_name": job.job_name,
+        "jobs_dir": str(job.jobs_dir),
+        "sciencebench_version": __version__,
+        "broker": public_url(broker_url),
+        "env_file": {"path": str(job.env_file.path), "sha256": job.env_file.sha256} if job.env_file else None,
+        "created_at": job.created_at.isoformat(),
+    }
+    return record
+
+
+def write_run_record(path: Path, record: dict[str, Any], secrets: list[str]) -> None:
+    """Write the record atomically, masking any secret that slipped through."""
+    text = json.dumps(record, indent=2, sort_keys=False) + "\n"
+    write_atomic(path / "batch-run.json", mask_secrets(text, secrets))

@@ -1,0 +1,162 @@
+"""task.toml -> a validated task specification.
+
+Only what sciencebench needs is modelled; unknown keys are ignored, as Pier
+0.3.0 ignores them (real tasks carry `network_mode`, `os`, ...). The agent and
+verifier images must be pinned by digest so every worker host runs the same
+bytes.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sciencebench.core.errors import TaskSpecError
+from sciencebench.core.images import ImageRef
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class EnvironmentSection(_Section):
+    """`[environment]` (and `[verifier.environment]`)."""
+
+    docker_image: ImageRef
+    build_timeout_sec: float = Field(default=600.0, gt=0)
+    cpus: int | None = Field(default=None, gt=0)
+    memory_mb: int | None = Field(default=None, gt=0)
+    storage_mb: int | None = Field(default=None, gt=0)
+    allow_internet: bool = True
+    workdir: str | None = None
+
+
+class AgentSection(_Section):
+    """`[agent]`."""
+
+    timeout_sec: float | None = Field(default=None, gt=0)
+
+
+class VerifierSection(_Section):
+    """`[verifier]`."""
+
+    timeout_sec: float = Field(default=600.0, gt=0)
+    environment_mode: Literal["shared", "separate"] | None = None
+    environment: EnvironmentSection | None = None
+
+
+class TaskToml(_Section):
+    """The parts of Pier's TaskConfig that sciencebench relies on."""
+
+    environment: EnvironmentSection
+    agent: AgentSection = AgentSection()
+    verifier: VerifierSection = VerifierSection()
+
+
+# Pier's default agent timeout when a task.toml names none.
+DEFAULT_AGENT_TIMEOUT_SEC = 3600.0
+
+
+class TaskSpec(BaseModel):
+    """One validated task of a selection."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task_id: str
+    directory: Path
+    agent_image: ImageRef
+    verifier_image: ImageRef | None
+    verifier_mode: Literal["shared", "separate"]
+    agent_timeout_sec: float
+    verifier_timeout_sec: float
+    build_timeout_sec: float
+    cpus: int | None
+    memory_mb: int | None
+    allow_internet: bool
+
+    @property
+    def name(self) -> str:
+        """The task directory name, e.g. `task_002`."""
+        return self.directory.name
+
+    @property
+    def image_refs(self) -> list[str]:
+        """The agent image, then the verifier image when there is one."""
+        return [self.agent_image] + ([self.verifier_image] if self.verifier_image else [])
+
+
+def _required_files(task_dir: Path) -> list[str]:
+    """What Pier needs to accept a task directory, plus the patch hook we need."""
+    missing = []
+    if not (task_dir / "instruction.md").is_file():
+        missing.append("instruction.md")
+    env_dir = task_dir / "environment"
+    if not ((env_dir / "Dockerfile").is_file() or (env_dir / "docker-compose.yaml").is_file()):
+        missing.append("environment/Dockerfile (or environment/docker-compose.yaml)")
+    if not (task_dir / "tests" / "test.sh").is_file():
+        missing.append("tests/test.sh")
+    if not (task_dir / "pre_artifacts.sh").is_file():
+        missing.append("pre_artifacts.sh (rerun materialize.py with the current tools to regenerate it)")
+    return missing
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(part) for part in err["loc"])
+    message = str(err["msg"]).removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
+
+
+def load_task(task_dir: Path, task_id: str) -> TaskSpec:
+    """Read and validate `<task_dir>/task.toml` and the files around it.
+
+    Raises TaskSpecError naming the file and the first problem found.
+    """
+    toml_path = task_dir / "task.toml"
+    try:
+        raw = tomllib.loads(toml_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise TaskSpecError(f"{toml_path}: missing") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TaskSpecError(f"{toml_path}: unreadable ({exc.__class__.__name__})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise TaskSpecError(f"{toml_path}: malformed TOML ({exc})") from None
+    except RecursionError:  # tomllib recurses once per nesting level of arrays and inline tables
+        raise TaskSpecError(f"{toml_path}: malformed TOML (nested too deeply)") from None
+    try:
+        parsed = TaskToml.model_validate(raw)
+    except ValidationError as exc:
+        raise TaskSpecError(f"{toml_path}: {_first_error(exc)}") from None
+
+    missing = _required_files(task_dir)
+    if missing:
+        raise TaskSpecError(f"task {task_id} ({task_dir}): missing {missing[0]}")
+
+    verifier_env = parsed.verifier.environment
+    if parsed.verifier.environment_mode == "shared" and verifier_env is not None:
+        raise TaskSpecError(
+            f"{toml_path}: verifier.environment_mode 'shared' conflicts with [verifier.environment]"
+        )
+    mode = parsed.verifier.environment_mode or ("separate" if verifier_env else "shared")
+    allow_internet = parsed.environment.allow_internet or bool(verifier_env and verifier_env.allow_internet)
+    if allow_internet:
+        raise TaskSpecError(
+            f"{toml_path}: allow_internet = true is refused; the offline network policy "
+            "requires allow_internet = false for the agent and verifier environments"
+        )
+    return TaskSpec(
+        task_id=task_id,
+        directory=task_dir.resolve(),
+        agent_image=parsed.environment.docker_image,
+        verifier_image=verifier_env.docker_image if verifier_env else None,
+        verifier_mode=mode,
+        agent_timeout_sec=parsed.agent.timeout_sec or DEFAULT_AGENT_TIMEOUT_SEC,
+        verifier_timeout_sec=parsed.verifier.timeout_sec,
+        build_timeout_sec=parsed.environment.build_timeout_sec,
+        cpus=parsed.environment.cpus,
+        memory_mb=parsed.environment.memory_mb,
+        allow_internet=allow_internet,
+    )

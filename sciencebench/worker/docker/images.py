@@ -1,0 +1,282 @@
+"""Digest-pinned images on a worker host: pulled by digest, verified, at most once per host.
+
+Each performed pull is appended to the host's pull log
+(`<state>/pulls.jsonl`), the proof that concurrent trials pulled an image
+once. Credentials come only from this host's Docker config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.auth
+import docker.errors
+from docker.credentials.errors import StoreError
+
+from sciencebench.core.errors import PreflightError, PullError
+from sciencebench.core.images import (
+    check_image_ref,
+    image_digest,
+    image_repository,
+    normalize_repository,
+    platform_matches,
+)
+from sciencebench.worker.docker.engine import ENGINE_ERRORS, ClientPerProcess, connect, one_line
+from sciencebench.worker.docker.hostlocks import host_lock, open_state_file, state_dir
+
+
+def pinned_name(ref: str) -> str:
+    """`repository@sha256:...` of a pinned ref, tag dropped, registry normalized.
+
+    This is the form the engine lists in an image's RepoDigests (after
+    `normalize_repository`). Raises PullError for a ref that is not pinned.
+    """
+    try:
+        check_image_ref(ref)
+    except ValueError as exc:
+        raise PullError(str(exc)) from None
+    return f"{normalize_repository(image_repository(ref))}@{image_digest(ref)}"
+
+
+def repo_digests_contain(repo_digests: Iterable[str], ref: str) -> bool:
+    """True when `repo_digests` (an image's RepoDigests) holds the pinned `ref`."""
+    want = pinned_name(ref)
+    for entry in repo_digests:
+        name, sep, digest = entry.rpartition("@")
+        if sep and f"{normalize_repository(name)}@{digest}" == want:
+            return True
+    return False
+
+
+def registry_auth(registry: str) -> dict[str, Any] | None:
+    """Credentials for `registry` from this host's Docker config, as the CLI finds them.
+
+    Reads `$DOCKER_CONFIG/config.json` (else `~/.docker/config.json`) afresh:
+    `credHelpers[registry]`, else `credsStore`, runs `docker-credential-<name>
+    get`; without a helper, the `auths` entry. None when nothing is configured
+    (anonymous pull). Never takes credentials from anywhere else.
+
+    Raises PullError when a configured helper is missing from PATH or fails.
+    """
+    config = docker.auth.load_config()
+    store = config.get_credential_store(registry)
+    if store:
+        helper = f"docker-credential-{store}"
+        if shutil.which(helper) is None:
+            raise PullError(
+                f"credential helper {helper} configured for {registry} in the Docker config is not on PATH"
+            )
+        try:
+            found = config.resolve_authconfig(registry)
+        except (StoreError, docker.errors.DockerException) as exc:
+            # The SDK wraps the helper's StoreError (whose text is the helper's output).
+            reason = one_line(str(exc.__cause__ or exc))
+            raise PullError(f"credential helper {helper} failed for {registry}: {reason}") from None
+    else:
+        found = config.resolve_authconfig(registry)
+    return dict(found) if found else None
+
+
+@dataclass(frozen=True)
+class ImageStatus:
+    """What `ImagePuller.ensure_images` did for one image.
+
+    `seconds` is the wall time spent on the image (waiting for another
+    puller included), `waited_sec` the part spent waiting for the host lock,
+    `pulled` whether this call performed the pull.
+    """
+
+    ref: str
+    seconds: float
+    waited_sec: float
+    pulled: bool
+
+
+@dataclass(frozen=True)
+class PullRecord:
+    """One line of the host's pull log: a pull that was actually performed."""
+
+    ref: str
+    digest: str
+    platform: str
+    seconds: float
+    pid: int
+    finished_at: str
+
+
+def pull_log_path(state: Path | None = None) -> Path:
+    """The host's pull log: one JSON line per pull performed (`PullRecord`)."""
+    return (state or state_dir()) / "pulls.jsonl"
+
+
+def read_pull_log(state: Path | None = None) -> list[PullRecord]:
+    """Every pull performed on this host (state dir) so far, oldest first."""
+    try:
+        text = pull_log_path(state).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    return [PullRecord(**json.loads(line)) for line in text.splitlines() if line.strip()]
+
+
+def pull_counts(state: Path | None = None) -> dict[str, int]:
+    """Pulls performed on this host per digest (`sha256:...`): the dedup proof."""
+    counts: dict[str, int] = {}
+    for record in read_pull_log(state):
+        counts[record.digest] = counts.get(record.digest, 0) + 1
+    return counts
+
+
+class ImagePuller:
+    """Pulls digest-pinned images, at most once per image per host.
+
+    Create one per worker process (it is safe to create it before a fork: the
+    Docker client is made lazily, per process). `ensure`/`ensure_images` are
+    thread-safe and safe across processes sharing the state dir: a pull runs
+    under `<state>/locks/<digest hex>.lock` (flock) and presence is checked
+    again after the lock is taken, so concurrent trials needing the same image
+    wait for the one pull in progress. Each performed pull is appended to
+    `<state>/pulls.jsonl` (see `pull_counts`) and counted in
+    `pulls_performed` (this instance).
+
+    Credentials come only from this host's Docker config (`registry_auth`);
+    there is deliberately no way to pass any in.
+    """
+
+    def __init__(
+        self,
+        state: Path | None = None,
+        client_factory: Callable[[], docker.DockerClient] | None = None,
+        lock_timeout_sec: float = 3 * 3600.0,
+    ) -> None:
+        self._state = state or state_dir()
+        self._client = ClientPerProcess(client_factory or connect)
+        self._lock_timeout_sec = lock_timeout_sec
+        self._guard = threading.Lock()
+        self._pulls = 0
+
+    @property
+    def pulls_performed(self) -> int:
+        """Pulls this instance performed (in this process)."""
+        return self._pulls
+
+    def _docker(self) -> docker.DockerClient:
+        try:
+            return self._client.get()
+        except PreflightError as exc:
+            raise PullError(str(exc)) from None
+
+    def ensure(self, refs: list[str], platform: str, skip_pull: bool) -> dict[str, float]:
+        """Make every pinned ref present locally; seconds spent per ref.
+
+        See `ensure_images`, which this wraps (and raises what it raises).
+        """
+        return {status.ref: status.seconds for status in self.ensure_images(refs, platform, skip_pull)}
+
+    def ensure_images(self, refs: list[str], platform: str, skip_pull: bool) -> list[ImageStatus]:
+        """Make every pinned ref (`repo[:tag]@sha256:...`) present for `platform`.
+
+        An image counts as present when the engine has it with the pinned
+        `repo@sha256:...` among its RepoDigests and built for `platform`.
+        Present images are never pulled again. Otherwise it is pulled by
+        digest for `platform` (under the per-image host lock), and verified:
+        RepoDigests must then hold the pinned digest. Duplicate refs are
+        handled once.
+
+        With `skip_pull`, local images are trusted and nothing is pulled; a
+        missing one is an error.
+
+        Raises PullError (one line) naming the ref: not pinned, missing under
+        `skip_pull`, pull refused by the engine or registry, credentials
+        unavailable, engine unreachable, digest or platform not as pinned
+        after the pull, or the lock wait timed out. Raises WorkspaceError when
+        the host state dir (locks, pull log) cannot be written.
+        """
+        for ref in refs:
+            pinned_name(ref)  # validate every ref before touching anything
+        client = self._docker()
+        statuses: list[ImageStatus] = []
+        for ref in dict.fromkeys(refs):
+            started = time.monotonic()
+            if skip_pull:
+                problem = self._absence(client, ref, platform)
+                if problem:
+                    raise PullError(f"image {ref} {problem}, and skip_pull forbids pulling it")
+                statuses.append(ImageStatus(ref, time.monotonic() - started, 0.0, False))
+                continue
+            if self._absence(client, ref, platform) is None:
+                statuses.append(ImageStatus(ref, time.monotonic() - started, 0.0, False))
+                continue
+            lock_path = self._state / "locks" / f"{image_digest(ref).split(':', 1)[1]}.lock"
+            with host_lock(lock_path, self._lock_timeout_sec, f"pulling {ref}") as waited:
+                pulled = False
+                if self._absence(client, ref, platform) is not None:  # check after lock
+                    self._pull(client, ref, platform)
+                    pulled = True
+            statuses.append(ImageStatus(ref, time.monotonic() - started, waited, pulled))
+        return statuses
+
+    def _absence(self, client: docker.DockerClient, ref: str, platform: str) -> str | None:
+        """None when `ref` is present for `platform`, else why not (a phrase)."""
+        try:
+            attrs = client.images.get(pinned_name(ref)).attrs
+        except docker.errors.ImageNotFound:
+            return "is not present on this host"
+        except ENGINE_ERRORS as exc:
+            raise PullError(f"cannot inspect image {ref}: {one_line(str(exc))}") from None
+        if not repo_digests_contain(attrs.get("RepoDigests") or [], ref):
+            return "is not present on this host with its pinned digest"
+        image_os, arch = str(attrs.get("Os", "")), str(attrs.get("Architecture", ""))
+        if not platform_matches(platform, image_os, arch, str(attrs.get("Variant", ""))):
+            return f"is present only for {image_os}/{arch}, not {platform}"
+        return None
+
+    def _pull(self, client: docker.DockerClient, ref: str, platform: str) -> None:
+        repository = image_repository(ref)
+        digest = image_digest(ref)
+        registry, _ = docker.auth.resolve_repository_name(repository)
+        auth = registry_auth(registry)
+        started = time.monotonic()
+        try:
+            stream = client.api.pull(
+                repository, tag=digest, stream=True, decode=True, platform=platform,
+                auth_config=auth or {},
+            )  # fmt: skip
+            for message in stream:
+                error = message.get("errorDetail", {}).get("message") or message.get("error")
+                if error:
+                    raise PullError(f"pull of {ref} for {platform} failed: {one_line(error)}")
+        except docker.errors.APIError as exc:
+            reason = exc.explanation or str(exc)
+            raise PullError(f"pull of {ref} for {platform} failed: {one_line(str(reason))}") from None
+        except ENGINE_ERRORS as exc:
+            raise PullError(f"pull of {ref} for {platform} failed: {one_line(str(exc))}") from None
+        seconds = time.monotonic() - started
+        problem = self._absence(client, ref, platform)
+        if problem is not None:
+            raise PullError(f"pulled {ref} for {platform}, but the image {problem}")
+        with self._guard:
+            self._pulls += 1
+        record = PullRecord(
+            ref=ref, digest=digest, platform=platform, seconds=round(seconds, 3),
+            pid=os.getpid(), finished_at=datetime.now(UTC).isoformat(),
+        )  # fmt: skip
+        _append_line(pull_log_path(self._state), json.dumps(record.__dict__, sort_keys=True))
+
+
+def _append_line(path: Path, line: str) -> None:
+    """Append one line with a single O_APPEND write (atomic for small lines)."""
+    fd = open_state_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, (line + "\n").encode("utf-8"))
+    finally:
+        os.close(fd)

@@ -1,0 +1,91 @@
+"""The Docker Engine side of a trial, as the trial runner sees it.
+
+`DockerRuntime` is the `HostRuntime` of real worker hosts: preflight before
+each trial (the slow Pier version probe is cached per process), pinned
+pulls deduplicated per host, and removal of a trial's containers, networks,
+volumes and derived images afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+from sciencebench.coordination.redis import RedisCoordinator
+from sciencebench.core.errors import BrokerUnavailableError, PreflightError
+from sciencebench.core.models import JobSpec
+from sciencebench.core.settings import Settings
+from sciencebench.worker import preflight
+from sciencebench.worker.docker.cleanup import cleanup_matching, sweep_leftovers
+from sciencebench.worker.docker.engine import ClientPerProcess
+from sciencebench.worker.docker.hostlocks import hold_live_trial
+from sciencebench.worker.docker.images import ImagePuller
+from sciencebench.worker.pier.naming import pier_trial_prefix, projects_of_trial
+
+log = logging.getLogger(__name__)
+
+# How long a passed preflight is trusted before the next trial checks again.
+PREFLIGHT_TTL_SEC = 60.0
+
+
+class DockerRuntime:
+    """The `HostRuntime` of a real worker host (one per worker process)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.puller = ImagePuller(state=settings.state_dir)
+        self._checked: dict[tuple[str, str, str], float] = {}
+        self._client = ClientPerProcess()
+        self._lock = threading.Lock()
+
+    def preflight(self, job: JobSpec) -> None:
+        """Raise PreflightError when this host cannot run the job's trials now."""
+        key = (job.platform, str(job.jobs_dir), job.pier_bin)
+        with self._lock:
+            if time.monotonic() - self._checked.get(key, -PREFLIGHT_TTL_SEC) < PREFLIGHT_TTL_SEC:
+                return
+            preflight.check_host(platform=job.platform, jobs_dir=job.jobs_dir, pier_bin=job.pier_bin)
+            self._checked[key] = time.monotonic()
+
+    def ensure_images(self, refs: list[str], platform: str, skip_pull: bool) -> None:
+        """Make every pinned image present for `platform` (pulled at most once per host)."""
+        self.puller.ensure(refs, platform, skip_pull)
+
+    def live_trial(self, task_dir_name: str) -> AbstractContextManager[None]:
+        """Hold while Pier runs: a sweep by any worker of this host spares the trial."""
+        return hold_live_trial(pier_trial_prefix(task_dir_name), state=self.settings.state_dir)
+
+    def cleanup_trial(self, trial_name: str) -> None:
+        """Remove the trial's compose projects (best effort; problems are logged)."""
+        try:
+            client = self._client.get()
+        except PreflightError:
+            client = None  # cleanup_matching connects (and reports) by itself
+        report = cleanup_matching(projects_of_trial(trial_name), client)
+        for error in report.errors:
+            log.warning("cleanup of %s: %s", trial_name, error)
+
+
+def prepare_host(platform: str, pier_bin: str, settings: Settings) -> None:
+    """Worker start: the host must pass preflight; then sweep crashed trials' leftovers."""
+    preflight.check_host(platform=platform, jobs_dir=None, pier_bin=pier_bin)
+    report = sweep_leftovers(state=settings.state_dir)
+    if report.projects:
+        log.warning("removed leftovers of crashed trials: %s", ", ".join(report.projects))
+
+
+def host_preflight(platform: str, jobs_dir: Path | None, pier_bin: str, broker: bool) -> list[str]:
+    """Lines for `sciencebench preflight`; raises PreflightError on the first failure."""
+    report = preflight.check_host(platform=platform, jobs_dir=jobs_dir, pier_bin=pier_bin)
+    lines = [f"ok: {line}" for line in report.lines()]
+    if broker:
+        settings = Settings.from_env()
+        try:
+            RedisCoordinator(settings.broker_url).ping()
+        except BrokerUnavailableError as exc:
+            raise PreflightError(f"{exc} ({settings.public_broker_url})") from None
+        lines.append(f"ok: broker {settings.public_broker_url} reachable")
+    return lines
