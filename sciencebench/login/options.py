@@ -149,7 +149,7 @@ def describe(exc: ValidationError) -> str:
     context = error.get("ctx") or {}
     if error["type"] == "greater_than_equal":
         bound = context.get("ge")
-        return f"{flag} must be {'0 or more' if bound == 0 else f'at least {bound}'}"
+        return f"{flag} must be {'0 or more' if bound == 0 else f'at least {bound:g}'}"
     if error["type"] == "greater_than":
-        return f"{flag} must be greater than {context.get('gt')}"
+        return f"{flag} must be greater than {context.get('gt'):g}"
     return f"{flag}: {str(error['msg']).removeprefix('Value error, ')}"
