@@ -15,8 +15,7 @@ from typing import Any
 
 from celery import Celery
 
-from sciencebench.celery_app import create_app
-from sciencebench.config import Settings
+from bench.sb import Settings, create_app
 
 NOOP = "bench.noop"
 NOOP_FINALIZE = "bench.noop_finalize"

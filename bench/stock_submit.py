@@ -28,13 +28,17 @@ def main() -> None:
 
     from celery import chord, group
 
-    from sciencebench.celery_app import create_app
-    from sciencebench.cli import _persist
-    from sciencebench.config import Settings
-    from sciencebench.coord import RedisCoordinator
-    from sciencebench.runrecord import build_run_record
-    from sciencebench.submit import SubmitOptions, prepare
-    from sciencebench.tasks import FINALIZE_JOB, RUN_TRIAL
+    from bench.sb import (
+        FINALIZE_JOB,
+        RUN_TRIAL,
+        RedisCoordinator,
+        Settings,
+        SubmitOptions,
+        _persist,
+        build_run_record,
+        create_app,
+        prepare,
+    )
 
     opts = SubmitOptions(
         path=args.path, n_attempts=args.n_attempts, jobs_dir=args.jobs_dir,

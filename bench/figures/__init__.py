@@ -1,0 +1,1 @@
+"""One module per benchmark item; each measures with a `Harness` and returns `bench.report.Outcome`s."""
