@@ -1,6 +1,6 @@
 """A bare Celery app with no-op tasks: the yardstick the benchmark compares against.
 
-It is built by `sciencebench.celery_app.create_app`, so it has the settings that
+It is built by `sciencebench.coordination.celery_app.create_app`, so it has the settings that
 shape delivery (late acks, prefetch 1, JSON, Redis broker and result backend, the
 same visibility timeout), so a chord of `bench.noop` tasks on it is "the same
 Celery without sciencebench". `BENCH_NOOP_EVENTS=1` also turns on the task
@@ -9,7 +9,6 @@ events sciencebench turns on (`-E`, task-sent events).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
@@ -28,7 +27,7 @@ def create_noop_app(broker_url: str | None = None, *, events: bool | None = None
         events = os.environ.get("BENCH_NOOP_EVENTS", "0") == "1"
     # sciencebench's own app settings, so the yardstick can never drift from them;
     # then only what makes it bare: no sciencebench tasks, its own queue, events optional.
-    app = create_app(dataclasses.replace(settings, broker_url=broker, result_backend=broker))
+    app = create_app(settings.model_copy(update={"broker_url": broker, "result_backend": broker}))
     app.main = "bench_noop"
     app.conf.update(
         include=[],

@@ -4,9 +4,9 @@ The package layout may move; when it does, only `_WHERE` below changes. Names
 are imported on first use (PEP 562 module `__getattr__`), so importing this
 module costs nothing and a process pays only for the sciencebench modules it
 touches: the timed helper processes (`bench.stock_submit`, `bench.bare_dispatch`
-through `bench.noop_app`) import exactly what they imported before.
+through `bench.noop_app`) import only what they use.
 
-    from bench.sb import create_app, Settings   # imports sciencebench.celery_app, .config
+    from bench.sb import create_app, Settings   # imports coordination.celery_app, core.settings
 """
 
 from __future__ import annotations
@@ -15,42 +15,43 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sciencebench.celery_app import create_app
     from sciencebench.cli import _persist
-    from sciencebench.config import Settings
-    from sciencebench.coord import RedisCoordinator
+    from sciencebench.coordination.celery_app import create_app
+    from sciencebench.coordination.redis import RedisCoordinator
+    from sciencebench.core.models import TrialRecord
+    from sciencebench.core.paths import JobPaths
+    from sciencebench.core.settings import Settings
+    from sciencebench.core.summary import write_summary
+    from sciencebench.core.wire import FINALIZE_JOB, RUN_TRIAL
     from sciencebench.demo import build_demo_selection
-    from sciencebench.dispatch import dispatch
-    from sciencebench.dockerhost import pull_counts, pull_log_path
+    from sciencebench.login.dispatch import dispatch
+    from sciencebench.login.options import SubmitOptions
+    from sciencebench.login.runrecord import build_run_record
+    from sciencebench.login.submit import prepare
     from sciencebench.network.environment import IsolatedDockerEnvironment
-    from sciencebench.outcome import TrialRecord
-    from sciencebench.paths import JobPaths
-    from sciencebench.runrecord import build_run_record
-    from sciencebench.submit import SubmitOptions, prepare
-    from sciencebench.summary import write_summary
-    from sciencebench.tasks import FINALIZE_JOB, RUN_TRIAL
-    from sciencebench.trial import load_job
+    from sciencebench.worker.context import load_job
+    from sciencebench.worker.docker.images import pull_counts, pull_log_path
 
 # name -> the module that defines it
 _WHERE: dict[str, str] = {
-    "create_app": "sciencebench.celery_app",
+    "create_app": "sciencebench.coordination.celery_app",
     "_persist": "sciencebench.cli",
-    "Settings": "sciencebench.config",
-    "RedisCoordinator": "sciencebench.coord",
+    "Settings": "sciencebench.core.settings",
+    "RedisCoordinator": "sciencebench.coordination.redis",
     "build_demo_selection": "sciencebench.demo",
-    "dispatch": "sciencebench.dispatch",
-    "pull_counts": "sciencebench.dockerhost",
-    "pull_log_path": "sciencebench.dockerhost",
+    "dispatch": "sciencebench.login.dispatch",
+    "pull_counts": "sciencebench.worker.docker.images",
+    "pull_log_path": "sciencebench.worker.docker.images",
     "IsolatedDockerEnvironment": "sciencebench.network.environment",
-    "TrialRecord": "sciencebench.outcome",
-    "JobPaths": "sciencebench.paths",
-    "build_run_record": "sciencebench.runrecord",
-    "SubmitOptions": "sciencebench.submit",
-    "prepare": "sciencebench.submit",
-    "write_summary": "sciencebench.summary",
-    "FINALIZE_JOB": "sciencebench.tasks",
-    "RUN_TRIAL": "sciencebench.tasks",
-    "load_job": "sciencebench.trial",
+    "TrialRecord": "sciencebench.core.models",
+    "JobPaths": "sciencebench.core.paths",
+    "build_run_record": "sciencebench.login.runrecord",
+    "SubmitOptions": "sciencebench.login.options",
+    "prepare": "sciencebench.login.submit",
+    "write_summary": "sciencebench.core.summary",
+    "FINALIZE_JOB": "sciencebench.core.wire",
+    "RUN_TRIAL": "sciencebench.core.wire",
+    "load_job": "sciencebench.worker.context",
 }
 
 __all__ = [
