@@ -4,7 +4,7 @@
 
 Does what `sciencebench submit` does (validate, write job.json and the run
 record, mark the trials queued) and sends the same header signatures with
-`chord(group(header))(body)`, as `sciencebench.dispatch.dispatch` did before
+`chord(group(header))(body)`, as `sciencebench.login.dispatch.dispatch` did before
 it published through one batched producer. The benchmark times this process
 beside the real `sciencebench submit`, so the effect of that change is
 measured in the same run.

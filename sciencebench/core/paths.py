@@ -11,7 +11,8 @@
     └── .sciencebench/
         ├── job.json                 the JobSpec of the submit
         ├── trials/002-1.json        the latest TrialRecord of task 002, attempt 1
-        └── scratch/<id>/            private Pier job directories of running trials
+        ├── scratch/<id>-<attempt>.<owner>/  private Pier job directories of running trials
+        └── superseded/              trial directories replaced by a later run
 
 Scratch lives inside the job directory so that moving a finished trial into
 place is a rename on one filesystem: a trial directory is either absent or

@@ -1,6 +1,6 @@
 """The two ways the network policy stops a trial (both are PolicyError).
 
-    PolicyError                 (sciencebench.errors)
+    PolicyError                 (sciencebench.core.errors)
     ├── PolicyRefused           refused before anything started: the task
     │                           allows internet, a gateway URL or the proxy
     │                           image is unusable, a compose task wants egress

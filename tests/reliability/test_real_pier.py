@@ -98,8 +98,8 @@ def _projects_of(client: docker.DockerClient, trial_names: set[str]) -> dict[str
     """Containers, networks, volumes and images left on the Engine by these trials."""
     matchers = [naming.projects_of_trial(name) for name in trial_names]
 
-    def ours(labels: dict[str, str] | None) -> bool:
-        project = (labels or {}).get(labels.COMPOSE_PROJECT_LABEL, "")
+    def ours(object_labels: dict[str, str] | None) -> bool:
+        project = (object_labels or {}).get(labels.COMPOSE_PROJECT_LABEL, "")
         return bool(project) and any(match(project) for match in matchers)
 
     keys = {naming.compose_project_name(name) for name in trial_names}
@@ -186,7 +186,7 @@ def test_many_real_trials_leave_nothing_behind(soak: Soak, docker_client: docker
     scratch = list((soak.job_dir / ".sciencebench" / "scratch").iterdir())
     per_trial = dir_bytes(soak.job_dir) / TRIALS
     # Lease files of this soak's task only: the host state is shared with the session's other tests.
-    leases = list((state_dir / "leases").glob("task_001__*.lock"))
+    leases = list((state_dir / "live").glob("task_001__*.lock"))
     figure("real_pier_soak", {
         "trials": TRIALS, "records": len(recs), "errored": len(errors), "worker_concurrency": 2,
         "wall_sec": round(soak.seconds, 1), "sec_per_trial": round(soak.seconds / TRIALS, 2),
