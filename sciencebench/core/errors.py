@@ -12,8 +12,10 @@ escape a Celery task (the chord finalizer must always run).
     │   ├── JobConflictError        --job-name already used by another selection
     │   └── SettingsError           a SCIENCEBENCH_* environment variable is invalid
     ├── BrokerUnavailableError      Redis cannot be reached
-    ├── PreflightError              a worker host cannot run trials (one line why)
+    ├── PreflightError              a worker host cannot run trials now (one line why)
+    ├── UnfitError                  a worker host cannot serve one job (cannot see its files)
     └── TrialError                  one trial failed in a named stage
+        ├── RefusedError            the job asks for what a worker refuses to do; nothing ran
         ├── WorkspaceError          task dir unreadable / jobs dir unwritable
         ├── SecretsMismatchError    env file changed since submit
         ├── PullError               image pull or digest verification failed
@@ -59,10 +61,24 @@ class PreflightError(SciencebenchError):
     """A worker host is not fit to run trials."""
 
 
+class UnfitError(SciencebenchError):
+    """This worker host cannot serve one job (its files are not visible here); other hosts may."""
+
+
 class TrialError(SciencebenchError):
-    """A trial failed in a named stage; recorded on the trial, never raised out of a task."""
+    """A trial failed in a named stage; recorded on the trial, never raised out of a task.
+
+    `retryable`: another try (under --max-retries) may succeed.
+    """
 
     stage = "trial"
+    retryable = False
+
+
+class RefusedError(TrialError):
+    """The job asks for something a worker refuses to do (paths, harness keys, imports)."""
+
+    stage = "admission"
 
 
 class WorkspaceError(TrialError):
@@ -81,6 +97,7 @@ class PullError(TrialError):
     """A pinned image could not be pulled or verified."""
 
     stage = "pull"
+    retryable = True
 
 
 class PolicyError(TrialError):
@@ -93,9 +110,11 @@ class HarnessError(TrialError):
     """Pier crashed, timed out or could not start."""
 
     stage = "harness"
+    retryable = True
 
 
 class CollectError(TrialError):
     """Pier left no usable trial directory."""
 
     stage = "collect"
+    retryable = True

@@ -71,6 +71,10 @@ def normalize_repository(name: str) -> str:
     return f"{first}/{rest}"
 
 
+# Where the benchmark's images run, and what a job asks for unless told otherwise.
+DEFAULT_PLATFORM = "linux/amd64"
+
+
 class Platform(NamedTuple):
     """A platform `os/arch[/variant]`, lowercased; `variant` is '' when not named."""
 

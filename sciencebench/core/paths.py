@@ -24,6 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+# Where jobs go unless --jobs-dir says otherwise (relative to the working directory).
+DEFAULT_JOBS_DIR = Path("jobs")
+
 
 @dataclass(frozen=True)
 class JobPaths:

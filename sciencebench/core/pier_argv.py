@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sciencebench.core.harness import POLICY_ENVIRONMENT
 from sciencebench.core.models import JobSpec, TrialSpec
 
 
@@ -17,15 +18,26 @@ def _fmt(value: float) -> str:
     return repr(float(value))
 
 
-def render_argv(job: JobSpec, trial: TrialSpec, scratch_jobs_dir: Path, pier_job_name: str) -> list[str]:
+def render_argv(
+    job: JobSpec,
+    trial: TrialSpec,
+    scratch_jobs_dir: Path,
+    pier_job_name: str,
+    *,
+    pier_bin: str | None = None,
+    environment_kwargs: dict[str, str] | None = None,
+) -> list[str]:
     """Pier argv for exactly one trial in a private job directory.
 
     Always `--n-attempts 1 --n-concurrent 1 --no-force-build --no-delete
     --yes`: attempts and concurrency are sciencebench's business, images are
-    prebuilt and shared, and nothing may prompt.
+    prebuilt and shared, and nothing may prompt. The environment class is
+    always the policy's, whatever a job spec says. A worker passes its own
+    `pier_bin` and the host-side `environment_kwargs` (proxy image, owner
+    label); the job's `pier_bin` is for the embedded mode and the run record.
     """
     argv = [
-        job.pier_bin,
+        pier_bin or job.pier_bin,
         "run",
         "--path", str(trial.task_dir),
         "--jobs-dir", str(scratch_jobs_dir),
@@ -38,11 +50,13 @@ def render_argv(job: JobSpec, trial: TrialSpec, scratch_jobs_dir: Path, pier_job
         "--yes",
         "--quiet",
         "--env", job.env,
-        "--environment-import-path", job.environment_import_path,
+        "--environment-import-path", POLICY_ENVIRONMENT,
     ]  # fmt: skip
     gateway_urls = [gateway.url for gateway in job.agent.gateways]
     if gateway_urls:
         argv += ["--ek", f"inference_urls={json.dumps(gateway_urls)}"]
+    for key, value in (environment_kwargs or {}).items():
+        argv += ["--ek", f"{key}={value}"]
     if job.agent_timeout_multiplier is not None:
         argv += ["--agent-timeout-multiplier", _fmt(job.agent_timeout_multiplier)]
     if job.verifier_timeout_multiplier is not None:

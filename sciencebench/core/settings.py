@@ -11,10 +11,11 @@ import os
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sciencebench.core.errors import SettingsError
 from sciencebench.core.gateways import public_url
@@ -48,13 +49,59 @@ class Settings(BaseSettings):
     hostname: str = Field(default_factory=socket.gethostname, min_length=1)
     # Start Pier from a zygote that imported it once (see worker/pier/zygote.py).
     warm_pier: bool = True
+    # A worker runs its own Pier, never one a job names.
+    pier_bin: str = Field(default="pier", min_length=1)
+    # The digest-pinned inference-proxy image of the network policy (worker hosts).
+    proxy_image: str = ""
+    # Names of further variables of the worker's environment that Pier gets (colon-separated);
+    # everything else of the worker's environment stays out of Pier's (see worker/pier/process.py).
+    pier_env: Annotated[tuple[str, ...], NoDecode] = ()
+    # What a worker serves: every path of a job must resolve under one of these
+    # (colon-separated absolute paths in the environment).
+    jobs_roots: Annotated[tuple[Path, ...], NoDecode] = ()
+    selection_roots: Annotated[tuple[Path, ...], NoDecode] = ()
+    env_file_roots: Annotated[tuple[Path, ...], NoDecode] = ()
 
-    @field_validator("broker_url")
+    @field_validator("jobs_roots", "selection_roots", "env_file_roots", "pier_env", mode="before")
     @classmethod
-    def _broker_is_redis(cls, value: str) -> str:
-        if not value.startswith(("redis://", "rediss://", "unix://", "sentinel://")):
-            raise ValueError("must be a redis://, rediss://, unix:// or sentinel:// URL")
+    def _path_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [part for part in value.split(":") if part.strip()]
         return value
+
+    @field_validator("pier_env")
+    @classmethod
+    def _not_ours(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        ours = [name for name in value if name.upper().startswith(ENV_PREFIX)]
+        if ours:
+            raise ValueError(f"{ours[0]}: sciencebench's own settings never reach Pier")
+        return value
+
+    @field_validator("jobs_roots", "selection_roots", "env_file_roots")
+    @classmethod
+    def _absolute(cls, value: tuple[Path, ...]) -> tuple[Path, ...]:
+        relative = [str(path) for path in value if not path.is_absolute()]
+        if relative:
+            raise ValueError(f"must be absolute paths (got {relative[0]!r})")
+        return value
+
+    @field_validator("broker_url", "result_backend")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        if value:
+            check_redis_url(value)
+        return value
+
+    @field_validator("state_dir", mode="before")
+    @classmethod
+    def _state_dir(cls, value: Any) -> Any:
+        # " " is as unset as "": the worker and Pier's plugin (state_dir_from_env) must agree.
+        return (value.strip() or DEFAULT_STATE_DIR) if isinstance(value, str) else value
+
+    @field_validator("warm_pier", mode="before")
+    @classmethod
+    def _switch(cls, value: Any) -> Any:
+        return (value.strip() or True) if isinstance(value, str) else value
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -95,9 +142,27 @@ class Settings(BaseSettings):
 
 
 def state_dir_from_env() -> Path:
-    """The host state directory alone, for processes that hold no Settings (Pier's plugins)."""
+    """The host state directory alone, for processes that hold no Settings (Pier's plugins).
+
+    The same value `Settings.state_dir` gives for the same environment.
+    """
     configured = os.environ.get(STATE_DIR_ENV, "").strip()
     return Path(configured) if configured else DEFAULT_STATE_DIR
+
+
+def check_redis_url(url: str) -> None:
+    """Raise ValueError unless `url` is a Redis URL (or a `;` failover list) with a numeric port and db."""
+    for part in url.split(";"):
+        parts = urlsplit(part)
+        if parts.scheme not in ("redis", "rediss", "unix", "sentinel"):
+            raise ValueError("must be a redis://, rediss://, unix:// or sentinel:// URL")
+        try:
+            parts.port  # noqa: B018 - parsing it is the check
+        except ValueError:
+            raise ValueError("has a port that is not a number in 0-65535") from None
+        database = parts.path.strip("/") if parts.scheme != "unix" else ""
+        if database and not database.isdigit():
+            raise ValueError("names a database that is not a number")
 
 
 def required_visibility_timeout(longest_trial_sec: float) -> int:

@@ -23,6 +23,7 @@ from pydantic import Field, ValidationError
 
 from sciencebench.core.errors import InputError
 from sciencebench.core.models import RunOptions
+from sciencebench.core.paths import DEFAULT_JOBS_DIR
 
 
 class SubmitOptions(RunOptions):
@@ -35,7 +36,7 @@ class SubmitOptions(RunOptions):
     models: list[str] = Field(default_factory=list)
     agent_env: list[str] = Field(default_factory=list)
     agent_kwargs: list[str] = Field(default_factory=list)
-    jobs_dir: Path = Path("jobs")
+    jobs_dir: Path = DEFAULT_JOBS_DIR
     job_name: str | None = None
     auto_provider: bool = True
     auto_agent_adapter: bool = True
@@ -69,14 +70,14 @@ FLAGS: tuple[Flag, ...] = (
     Flag("agent_kwargs", "--agent-kwarg", "Extra Pier agent keyword; repeatable.", metavar="KEY=VALUE"),
     Flag("n_concurrent", "--n-concurrent", "Cluster-wide cap on simultaneously running trials of this job."),
     Flag("n_attempts", "--n-attempts", "Attempts per task."),
-    Flag("max_retries", "--max-retries", "Retries of a trial after an infrastructure failure."),
+    Flag("max_retries", "--max-retries", "Tries again of a trial whose failure Pier would retry."),
     Flag("agent_timeout_multiplier", "--agent-timeout-multiplier", "Multiplier for the agent stage timeout."),
     Flag("verifier_timeout_multiplier", "--verifier-timeout-multiplier",
          "Multiplier for the verifier and build timeouts."),
     Flag("jobs_dir", "--jobs-dir", "Directory for jobs (shared with the workers)."),
     Flag("job_name", "--job-name", "Stable job name used in result paths (default: agent-timestamp)."),
     Flag("platform", "--platform", "Docker pull and Pier image platform."),
-    Flag("pier_bin", "--pier-bin", "Pier executable on the worker hosts."),
+    Flag("pier_bin", "--pier-bin", "Pier executable for --local (workers run their own)."),
     Flag("skip_pull", "--skip-pull", "Trust local images; fail when one is missing."),
     Flag("auto_provider", "--no-auto-provider",
          "Do not translate CODEX_* profile values into Codex arguments.", negated=True),

@@ -40,6 +40,7 @@ def expand(selection: Selection, job: JobSpec, toml_hashes: dict[str, str]) -> l
         for attempt in range(1, job.n_attempts + 1):
             trials.append(
                 TrialSpec(
+                    job_id=job.job_id,
                     job_name=job.job_name,
                     jobs_dir=job.jobs_dir,
                     task_id=task_id,

@@ -8,6 +8,7 @@ messages or logs is names, hashes and validated gateway URLs.
 from __future__ import annotations
 
 import hashlib
+import tomllib
 from pathlib import Path
 
 from sciencebench.core.envfile import VARIABLE_NAME, EnvFile, parse_env_text
@@ -63,6 +64,26 @@ def is_sensitive_key(key: str) -> bool:
 
 # --- provider translation --------------------------------------------------
 
+
+def config_toml_gateways(config_toml: str | None) -> list[Gateway]:
+    """The gateways an explicit Codex `config_toml` names (`base_url` of its model providers).
+
+    They join the proxy's allowlist like CODEX_BASE_URL would. Raises
+    ProfileError when the TOML does not parse or a base URL is not a valid gateway.
+    """
+    if not config_toml:
+        return []
+    try:
+        parsed = tomllib.loads(config_toml)
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(f"--agent-kwarg config_toml: not valid TOML ({exc})") from None
+    providers = parsed.get("model_providers") or {}
+    urls = [p.get("base_url") for p in providers.values() if isinstance(p, dict)]
+    if isinstance(parsed.get("openai_base_url"), str):
+        urls.append(parsed["openai_base_url"])
+    return [parse_gateway(url, "config_toml base_url") for url in urls if isinstance(url, str)]
+
+
 # Variables naming a model gateway, per harness, in the order the seed lists them.
 _GATEWAY_VARIABLES = {
     "codex": ("CODEX_BASE_URL", "OPENAI_BASE_URL"),
@@ -97,10 +118,23 @@ def plan_agent(
             f"--agent-kwarg {sensitive[0]}: looks like a credential; put it in --env-file "
             "(kwargs travel on Pier's command line)"
         )
+    on_worker_files = sorted(key for key in agent_kwargs if key.endswith(("_file", "_path", "_dir")))
+    if on_worker_files:
+        raise ProfileError(
+            f"--agent-kwarg {on_worker_files[0]}: names a file on the worker hosts, which a job may not "
+            "read; pass the content itself (e.g. config_toml)"
+        )
+    adapter = agent == "codex" and agent_import_path is None and auto_agent_adapter
+    if "config_toml" in agent_kwargs and adapter:
+        raise ProfileError(
+            "--agent-kwarg config_toml: the sciencebench Codex adapter writes the provider block itself "
+            "from CODEX_BASE_URL in --env-file; add --no-auto-agent-adapter to give Pier's Codex agent "
+            "your own config_toml"
+        )
     kwargs = dict(agent_kwargs)
     models = list(models)
     provider: Provider | None = None
-    gateways: list[Gateway] = []
+    gateways: list[Gateway] = [*config_toml_gateways(agent_kwargs.get("config_toml"))]
 
     if agent == "codex" and auto_provider:
         wire_api = env_values.get("CODEX_WIRE_API", "responses")

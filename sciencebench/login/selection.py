@@ -129,9 +129,16 @@ def load_selection(path: Path, task_id_filter: str | None = None) -> Selection:
         raise SelectionError(f"--path {path}: permission denied") from None
     if not ids:
         raise SelectionError(f"--path {path}: not a materialized selection (no task_NNN/ directories)")
+    root = path.resolve()
     for task_id in ids:
-        if not (path / f"task_{task_id}").is_dir():
+        task_dir = path / f"task_{task_id}"
+        if not task_dir.is_dir():
             raise SelectionError(f"{path}: task {task_id} is listed but task_{task_id}/ is missing")
+        if task_dir.is_symlink() or task_dir.resolve() != root / task_dir.name:
+            raise SelectionError(
+                f"{task_dir}: a symlink (it resolves to {task_dir.resolve()}); a task directory "
+                "must be a real directory inside the selection"
+            )
     if task_id_filter is not None:
         wanted = parse_task_id_filter(task_id_filter)
         unknown = [task_id for task_id in wanted if task_id not in ids]

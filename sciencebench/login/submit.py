@@ -10,21 +10,27 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
-from sciencebench.core.envfile import EnvFile
-from sciencebench.core.errors import InputError, JobConflictError, ProfileError
-from sciencebench.core.models import JobSpec, RunOptions, TrialSpec
+from pydantic import ValidationError
+
+from sciencebench.core.envfile import EnvFile, harness_key_problem
+from sciencebench.core.errors import InputError, JobConflictError, ProfileError, TaskSpecError
+from sciencebench.core.images import parse_platform
+from sciencebench.core.models import JobSpec, RunOptions, TrialSpec, check_job_name
 from sciencebench.core.paths import JobPaths, write_atomic
 from sciencebench.core.settings import required_visibility_timeout
-from sciencebench.core.taskdir import task_toml_sha256
-from sciencebench.login.options import SubmitOptions
+from sciencebench.login.options import SubmitOptions, describe
 from sciencebench.login.plan import expand
 from sciencebench.login.profiles import is_sensitive_key, parse_assignments, plan_agent, read_env_file
+from sciencebench.login.runrecord import write_run_record
 from sciencebench.login.selection import Selection, load_selection
 
-_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+DEFAULT_PIER_BIN = SubmitOptions.model_fields["pier_bin"].default
 
 
 @dataclass(frozen=True)
@@ -38,22 +44,60 @@ class Prepared:
     agent_env_values: dict[str, str]
 
 
-def _check_options(opts: SubmitOptions) -> None:
+def _check_options(opts: SubmitOptions, local: bool) -> None:
     # Numbers are checked by SubmitOptions' own constraints.
     if opts.env != "docker":
         raise InputError("--env: only 'docker' is supported (the offline network policy needs it)")
-    if opts.job_name is not None and not _JOB_NAME.match(opts.job_name):
-        raise InputError("--job-name: use letters, digits, '.', '_' and '-' (at most 128)")
+    if opts.job_name is not None:
+        try:
+            check_job_name(opts.job_name)
+        except ValueError as exc:
+            raise InputError(f"--job-name: {exc}") from None
+    if parse_platform(opts.platform) is None:
+        raise InputError(f"--platform {opts.platform!r}: expected os/arch[/variant], e.g. linux/amd64")
+    if not local and opts.pier_bin != DEFAULT_PIER_BIN:
+        raise InputError(
+            "--pier-bin: with a broker every worker runs its own Pier (sciencebench worker --pier-bin, "
+            "or SCIENCEBENCH_PIER_BIN on the worker hosts); --pier-bin applies to --local only"
+        )
+    if opts.agent_import_path is not None:
+        module, sep, attribute = opts.agent_import_path.partition(":")
+        if not sep or not all(p.isidentifier() for p in [*module.split("."), *attribute.split(".")]):
+            raise InputError(f"--agent-import-path {opts.agent_import_path!r}: expected module:Class")
+
+
+def _check_declared(selection: Selection, declared: set[str]) -> None:
+    """Refuse a task whose templates or compose variables name a variable the submit did not declare.
+
+    Pier resolves those from its process environment; only what the env file
+    and --agent-env provide may reach a container.
+    """
+    for task_id in selection.task_ids:
+        task = selection.tasks[task_id]
+        for kind, names in (("an env template", task.template_variables),
+                            ("its compose file", task.compose_variables)):  # fmt: skip
+            undeclared = sorted(names - declared)
+            if undeclared:
+                raise TaskSpecError(
+                    f"task_{task_id}: {kind} asks for ${{{undeclared[0]}}}, which neither --env-file "
+                    "nor --agent-env provides"
+                )
 
 
 def default_job_name(agent: str) -> str:
-    """`<agent>-<UTC timestamp>`, the name of a job submitted without --job-name."""
-    return f"{agent}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+    """`<agent>-<UTC timestamp>`, the name of a job submitted without --job-name (a valid job name)."""
+    stem = re.sub(r"[^A-Za-z0-9._-]", "-", agent).lstrip("._-")[:100] or "job"
+    return f"{stem}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
 
 
-def prepare(opts: SubmitOptions, visibility_timeout_sec: int | None = None) -> Prepared:
-    """Validate everything a submit needs; write nothing. Raises InputError."""
-    _check_options(opts)
+def prepare(
+    opts: SubmitOptions, visibility_timeout_sec: int | None = None, *, local: bool = False
+) -> Prepared:
+    """Validate everything a submit needs; write nothing. Raises InputError.
+
+    `local`: the trials run in this process (`--local`), not on workers.
+    """
+    _check_options(opts, local)
     selection = load_selection(opts.path, opts.task_id)
 
     env_file: EnvFile | None = None
@@ -61,6 +105,11 @@ def prepare(opts: SubmitOptions, visibility_timeout_sec: int | None = None) -> P
     if opts.env_file is not None:
         env_file, env_values = read_env_file(opts.env_file)
     agent_env = parse_assignments(opts.agent_env, "--agent-env")
+    for option, keys in (("--env-file", env_values), ("--agent-env", agent_env)):
+        problem = next((p for key in keys if (p := harness_key_problem(key))), None)
+        if problem:
+            raise ProfileError(f"{option}: refused: {problem}")
+    _check_declared(selection, set(env_values) | set(agent_env))
     agent_kwargs = parse_assignments(opts.agent_kwargs, "--agent-kwarg")
     agent_plan = plan_agent(
         agent=opts.agent,
@@ -74,21 +123,24 @@ def prepare(opts: SubmitOptions, visibility_timeout_sec: int | None = None) -> P
         dry_run=opts.dry_run,
     )
     jobs_dir = opts.jobs_dir.resolve()
-    hashes = {task_id: task_toml_sha256(selection.tasks[task_id].directory) for task_id in selection.task_ids}
-    job = JobSpec(
-        job_name=opts.job_name or default_job_name(opts.agent),
-        jobs_dir=jobs_dir,
-        selection_path=selection.path,
-        selection_sha256=selection.sha256,
-        task_ids=selection.task_ids,
-        allow_restricted_licenses=selection.allow_restricted_licenses,
-        image_refs=selection.image_refs,
-        task_hashes=hashes,
-        agent=agent_plan,
-        env_file=env_file,
-        # The options every trial runs with, as the table defines them.
-        **{name: getattr(opts, name) for name in RunOptions.model_fields},
-    )
+    hashes = {task_id: selection.tasks[task_id].task_hash for task_id in selection.task_ids}
+    try:
+        job = JobSpec(
+            job_name=opts.job_name or default_job_name(opts.agent),
+            jobs_dir=jobs_dir,
+            selection_path=selection.path,
+            selection_sha256=selection.sha256,
+            task_ids=selection.task_ids,
+            allow_restricted_licenses=selection.allow_restricted_licenses,
+            image_refs=selection.image_refs,
+            task_hashes=hashes,
+            agent=agent_plan,
+            env_file=env_file,
+            # The options every trial runs with, as the table defines them.
+            **{name: getattr(opts, name) for name in RunOptions.model_fields},
+        )
+    except ValidationError as exc:  # e.g. a --job-name the options let through
+        raise InputError(describe(exc)) from None
     check_job_name_free(job)
     secrets = [v for k, v in env_values.items() if is_sensitive_key(k)] + list(agent_env.values())
     trials = expand(selection, job, hashes)
@@ -142,6 +194,51 @@ def check_visibility_timeout(trials: list[TrialSpec], configured_sec: int) -> No
             f"the longest trial may run {needed // 3600}h+; set SCIENCEBENCH_VISIBILITY_TIMEOUT="
             f"{needed} (seconds) on the login node and every worker"
         )
+
+
+def persist(prepared: Prepared, record: dict[str, Any]) -> Prepared:
+    """Write what workers read (the job directory, job.json, the --agent-env file) and the run record.
+
+    The job directory is created exclusively: of two submits of one name at
+    once, exactly one gets it and the other exits 2. On any failure what was
+    written is removed again (exit 2 writes nothing, secrets included).
+    """
+    job = prepared.job
+    paths = JobPaths(job.jobs_dir, job.job_name)
+    created_jobs_dir = not job.jobs_dir.exists()
+    try:
+        job.jobs_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--jobs-dir {job.jobs_dir}: cannot be created ({exc.strerror})") from None
+    try:
+        paths.job_dir.mkdir()
+    except FileExistsError:
+        raise JobConflictError(
+            f"--job-name {job.job_name}: {paths.job_dir} exists (another submit took the name); "
+            "choose another name"
+        ) from None
+    except OSError as exc:
+        if created_jobs_dir:
+            _remove_quietly(job.jobs_dir)
+        raise InputError(f"--jobs-dir {job.jobs_dir}: not writable ({exc.strerror})") from None
+    try:
+        prepared = write_agent_env_file(prepared)
+        write_job_spec(prepared.job)
+        write_run_record(prepared.selection.path, record, prepared.secret_values)
+    except BaseException as exc:
+        if prepared.job.agent_env_file is not None:
+            prepared.job.agent_env_file.path.unlink(missing_ok=True)
+        _remove_quietly(paths.job_dir)
+        if created_jobs_dir:
+            _remove_quietly(job.jobs_dir)
+        if isinstance(exc, OSError):
+            raise InputError(f"cannot record the job ({exc.strerror}: {exc.filename})") from None
+        raise
+    return prepared
+
+
+def _remove_quietly(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def write_agent_env_file(prepared: Prepared) -> Prepared:

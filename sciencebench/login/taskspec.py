@@ -8,14 +8,18 @@ bytes.
 
 from __future__ import annotations
 
+import stat
 import tomllib
 from pathlib import Path
 from typing import Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from sciencebench.core.compose_policy import COMPOSE_FILES, compose_hazards, compose_needs, template_variables
 from sciencebench.core.errors import TaskSpecError
 from sciencebench.core.images import ImageRef
+from sciencebench.core.taskdir import DEFINING_FILES, task_toml_sha256
 
 
 class _Section(BaseModel):
@@ -26,6 +30,7 @@ class EnvironmentSection(_Section):
     """`[environment]` (and `[verifier.environment]`)."""
 
     docker_image: ImageRef
+    env: dict[str, str] = Field(default_factory=dict)
     build_timeout_sec: float = Field(default=600.0, gt=0)
     cpus: int | None = Field(default=None, gt=0)
     memory_mb: int | None = Field(default=None, gt=0)
@@ -76,6 +81,11 @@ class TaskSpec(BaseModel):
     cpus: int | None
     memory_mb: int | None
     allow_internet: bool
+    # Variables the task's files take from the worker's environment: `${VAR}`
+    # templates of its env tables, and compose variables beyond Pier's own.
+    template_variables: frozenset[str] = frozenset()
+    compose_variables: frozenset[str] = frozenset()
+    task_hash: str = ""
 
     @property
     def name(self) -> str:
@@ -89,7 +99,10 @@ class TaskSpec(BaseModel):
 
 
 def _required_files(task_dir: Path) -> list[str]:
-    """What Pier needs to accept a task directory, plus the patch hook we need."""
+    """What Pier needs to accept a task directory, plus the patch hook we need.
+
+    Each must be a regular file: a pipe or a device would hang or mislead the reader.
+    """
     missing = []
     if not (task_dir / "instruction.md").is_file():
         missing.append("instruction.md")
@@ -110,18 +123,47 @@ def _first_error(exc: ValidationError) -> str:
     return f"{where}: {message}" if where else message
 
 
+def _compose_checks(task_dir: Path, own_env: set[str]) -> set[str]:
+    """The compose variables the task's compose files need from the submit; TaskSpecError on a hazard."""
+    needed: set[str] = set()
+    for relative in COMPOSE_FILES:
+        path = task_dir / relative
+        if not path.exists() and not path.is_symlink():
+            continue
+        text = _read_regular(path)
+        try:
+            compose = yaml.safe_load(text) or {}
+        except yaml.YAMLError:
+            raise TaskSpecError(f"{path}: not valid YAML") from None
+        problems = compose_hazards(compose, path.parent, [task_dir])
+        if problems:
+            raise TaskSpecError(f"{path}: refused by the network policy: {problems[0]}")
+        needed |= compose_needs(text, own_env)
+    return needed
+
+
+def _read_regular(path: Path) -> str:
+    """A regular file's text; TaskSpecError for anything else (pipes hang readers) or unreadable."""
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise TaskSpecError(f"{path}: not a regular file")
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TaskSpecError(f"{path}: missing") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or exc.__class__.__name__
+        raise TaskSpecError(f"{path}: unreadable ({reason})") from None
+
+
 def load_task(task_dir: Path, task_id: str) -> TaskSpec:
     """Read and validate `<task_dir>/task.toml` and the files around it.
 
     Raises TaskSpecError naming the file and the first problem found.
     """
     toml_path = task_dir / "task.toml"
+    text = _read_regular(toml_path)
     try:
-        raw = tomllib.loads(toml_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise TaskSpecError(f"{toml_path}: missing") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TaskSpecError(f"{toml_path}: unreadable ({exc.__class__.__name__})") from None
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise TaskSpecError(f"{toml_path}: malformed TOML ({exc})") from None
     except RecursionError:  # tomllib recurses once per nesting level of arrays and inline tables
@@ -134,6 +176,14 @@ def load_task(task_dir: Path, task_id: str) -> TaskSpec:
     missing = _required_files(task_dir)
     if missing:
         raise TaskSpecError(f"task {task_id} ({task_dir}): missing {missing[0]}")
+    for name in DEFINING_FILES[1:]:
+        _read_regular(task_dir / name)  # readable, before anything hashes it
+    try:
+        task_hash = task_toml_sha256(task_dir)
+    except OSError as exc:
+        raise TaskSpecError(f"task {task_id} ({task_dir}): unreadable ({exc.strerror})") from None
+    own_env = set(parsed.environment.env)
+    compose_needs = _compose_checks(task_dir, own_env)
 
     verifier_env = parsed.verifier.environment
     if parsed.verifier.environment_mode == "shared" and verifier_env is not None:
@@ -159,4 +209,7 @@ def load_task(task_dir: Path, task_id: str) -> TaskSpec:
         cpus=parsed.environment.cpus,
         memory_mb=parsed.environment.memory_mb,
         allow_internet=allow_internet,
+        template_variables=frozenset(template_variables(raw)),
+        compose_variables=frozenset(compose_needs),
+        task_hash=task_hash,
     )

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
+import yaml
 from docker.errors import DockerException
 from pier.environments.agent_setup import new_proxy_token, proxy_environment
 from pier.environments.docker.docker import (
@@ -37,6 +38,7 @@ from pier.environments.docker.docker import (
     _sanitize_docker_compose_project_name,
 )
 
+from sciencebench.core.compose_policy import compose_hazards
 from sciencebench.core.errors import ProfileError
 from sciencebench.core.gateways import Gateway, parse_gateway
 from sciencebench.core.images import check_image_ref
@@ -151,7 +153,10 @@ class IsolatedDockerEnvironment(DockerEnvironment):
 
     Extra keywords (from `--ek`): `inference_urls`, the gateway base URLs
     whose `host:port` the proxy allows; `proxy_image`, the proxy image ref
-    (default: the `SCIENCEBENCH_PROXY_IMAGE` environment variable).
+    (default: the `SCIENCEBENCH_PROXY_IMAGE` environment variable, for a
+    direct `pier run`); `owner`, the worker host state's id that labels every
+    container (default: computed from this host's state dir). A worker passes
+    both, so Pier's process environment holds none of its settings.
     `start` raises PolicyRefused or PolicyViolation (both PolicyError).
     """
 
@@ -160,12 +165,14 @@ class IsolatedDockerEnvironment(DockerEnvironment):
         *args: Any,
         inference_urls: object = None,
         proxy_image: str | None = None,
+        owner: str | None = None,
         **kwargs: Any,
     ) -> None:
         # Decisions that can fail wait for start(): an exception raised here
         # would abort Pier's whole job instead of being recorded on the trial.
         self._inference_urls = inference_urls
         self._proxy_image = proxy_image or os.environ.get(PROXY_IMAGE_ENV) or None
+        self._owner = str(owner) if owner else None
         self._plan: EgressPlan | None = None
         self._policy_compose_path: Path | None = None
         super().__init__(*args, **kwargs)
@@ -227,21 +234,49 @@ class IsolatedDockerEnvironment(DockerEnvironment):
             )
             self._egress_proxy_env = proxy_environment(token, PROXY_SERVICE, PROXY_PORT)
         compose_path = directory / "docker-compose-policy.json"
-        owner = owner_id()
+        owner = self._owner or owner_id()
         compose_path.write_text(json.dumps(policy_compose(plan.mode, proxy, owner), indent=2))
         self._policy_compose_path = compose_path
         if plan.mode == "isolated-allowlist":
             # Pier appends its no-network file only when no egress file is set.
             self._egress_proxy_compose_path = compose_path
 
+    @property
+    def _task_dir(self) -> Path:
+        """The task directory this environment's files come from (the one holding task.toml)."""
+        start = Path(self.environment_dir).resolve()
+        return next((d for d in (start, *start.parents) if (d / "task.toml").is_file()), start.parent)
+
+    @property
+    def _mount_roots(self) -> list[Path]:
+        """Where bind mounts may come from: the trial directory (Pier's logs) and the task directory."""
+        return [Path(self.trial_paths.trial_dir).resolve(), self._task_dir]
+
+    def _check_task_compose(self) -> None:
+        """Refuse a task compose file that asks for host namespaces, devices or host paths."""
+        if not self._uses_compose:
+            return
+        path = Path(self.environment_dir) / "docker-compose.yaml"
+        try:
+            compose = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise PolicyRefused(f"{path.name}: unreadable ({exc.__class__.__name__})") from None
+        problems = compose_hazards(compose, path.parent, [self._task_dir])
+        if problems:
+            raise PolicyRefused(
+                f"the task's {path.name} asks for what the policy refuses: {'; '.join(problems)}"
+            )
+
     async def start(self, force_build: bool) -> None:
         """Start under the policy, then verify it before Pier sets up the agent.
 
-        Raises PolicyRefused before anything is started, and PolicyViolation
+        Raises PolicyRefused before anything is started (including a task
+        compose file asking for host namespaces or paths), and PolicyViolation
         (after stopping the environment) when inspection fails or cannot
         finish within 15 s.
         """
         self._plan = self._make_plan()
+        self._check_task_compose()
         await super().start(force_build=force_build)
         await self._enforce(self._plan)
 
@@ -258,8 +293,9 @@ class IsolatedDockerEnvironment(DockerEnvironment):
             await self._stop_after_violation()
             raise PolicyViolation([f"inspection failed: {exc}"]) from exc
         violations = inspect_policy(
-            snapshot.engine_version, snapshot.containers, snapshot.networks, mode=plan.mode
-        )
+            snapshot.engine_version, snapshot.containers, snapshot.networks, mode=plan.mode,
+            mount_roots=[str(root) for root in self._mount_roots],
+        )  # fmt: skip
         if violations:
             await self._stop_after_violation()
             raise PolicyViolation(violations)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any
 
 import docker
@@ -87,8 +88,15 @@ def _caps(values: Sequence[str] | None) -> set[str]:
     return {v.upper().removeprefix("CAP_") for v in values or []}
 
 
-def _container_checks(container: Json) -> list[str]:
-    """Checks every container must pass, whatever its role."""
+def _container_checks(container: Json, mount_roots: Sequence[str] | None) -> list[str]:
+    """Checks every container must pass, whatever its role.
+
+    No added capability, NET_ADMIN and NET_RAW dropped, not privileged, no
+    host devices, no host pid/ipc/uts/user namespace, seccomp and
+    AppArmor confined, SELinux labels on, and every bind mount's source inside
+    one of `mount_roots` (Pier's trial directory, the task directory); with
+    `mount_roots` None, no bind mount may touch the Docker socket.
+    """
     name = _name(container)
     host = container.get("HostConfig") or {}
     failures: list[str] = []
@@ -100,10 +108,28 @@ def _container_checks(container: Json) -> list[str]:
         failures.append(f"{name}: Privileged is true")
     if host.get("CapAdd"):
         failures.append(f"{name}: CapAdd is {sorted(host['CapAdd'])}, expected none")
+    if host.get("Devices") or host.get("DeviceCgroupRules"):
+        failures.append(f"{name}: has host devices")
+    # (CgroupnsMode is "host" by default on cgroup v1 hosts: not checked.)
+    for key in ("PidMode", "IpcMode", "UTSMode", "UsernsMode"):
+        if str(host.get(key) or "").lower() == "host":
+            failures.append(f"{name}: {key} is host")
+    for option in host.get("SecurityOpt") or []:
+        text = str(option).lower().replace("=", ":")
+        if "unconfined" in text or text.startswith("label:disable"):
+            failures.append(f"{name}: SecurityOpt {option!r}")
     for mount in container.get("Mounts") or []:
+        source = str(mount.get("Source", ""))
         if any(str(mount.get(key, "")).endswith("docker.sock") for key in ("Source", "Destination")):
             failures.append(f"{name}: mounts the Docker socket ({mount.get('Destination')})")
+        elif mount_roots is not None and mount.get("Type") == "bind" and not _within(source, mount_roots):
+            failures.append(f"{name}: bind mount of {source!r} outside the trial and task directories")
     return failures
+
+
+def _within(source: str, roots: Sequence[str]) -> bool:
+    path = PurePosixPath(source)
+    return ".." not in path.parts and any(path.is_relative_to(PurePosixPath(root)) for root in roots)
 
 
 def _endpoints(container: Json) -> dict[str, Json]:
@@ -146,6 +172,7 @@ def inspect_policy(
     mode: Mode,
     agent_service: str = AGENT_SERVICE,
     proxy_service: str = PROXY_SERVICE,
+    mount_roots: Sequence[str] | None = None,
 ) -> list[str]:
     """Every check the started trial fails; an empty list means it complies.
 
@@ -154,8 +181,9 @@ def inspect_policy(
     the `docker network inspect` objects of every network they join. `mode`
     is what the environment configured: `none` (the agent has no network at
     all) or `isolated-allowlist` (agent on one internal isolated bridge shared
-    only with the proxy). Never raises on malformed input: a missing field is
-    a failed check.
+    only with the proxy). `mount_roots` are the host directories bind mounts
+    may come from (the trial's and the task's). Never raises on malformed
+    input: a missing field is a failed check.
     """
     failures: list[str] = []
     major = engine_major(engine_version)
@@ -166,7 +194,7 @@ def inspect_policy(
     for container in containers:
         labels = (container.get("Config") or {}).get("Labels") or {}
         by_service.setdefault(str(labels.get(SERVICE_LABEL, "")), []).append(container)
-        failures.extend(_container_checks(container))
+        failures.extend(_container_checks(container, mount_roots))
 
     expected = {agent_service} | ({proxy_service} if mode == "isolated-allowlist" else set())
     for service, members in sorted(by_service.items()):

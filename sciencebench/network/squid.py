@@ -93,7 +93,7 @@ def render_squid_conf(
 
     `domains` are allowlist entries as `normalize_domains` accepts them
     (IPs go into a `dst` rule, names into `dstdomain -n`); gateways come from
-    `sciencebench.profiles.parse_gateway`.
+    `sciencebench.core.gateways.parse_gateway`.
     Requests need basic proxy authentication as `agent`. Raises PolicyRefused
     when there is nothing to allow (a proxy that allows nothing is a bug).
     """

@@ -1,7 +1,9 @@
-"""Worker side of the secrets path: read env files by path, check their hashes.
+"""Worker side of the secrets path: read env files by path, check their hashes and keys.
 
 Messages carry only a path and a SHA-256. A file that changed since submit
-is refused as a trial error rather than silently running with other keys.
+is refused as a trial error rather than silently running with other keys;
+a key that would steer the harness is refused again here (the login node
+refused it at submit; a job.json may have been written by someone else).
 """
 
 from __future__ import annotations
@@ -9,8 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 
-from sciencebench.core.envfile import EnvFile, parse_env_text
-from sciencebench.core.errors import ProfileError, SecretsMismatchError
+from sciencebench.core.envfile import EnvFile, harness_key_problem, parse_env_text
+from sciencebench.core.errors import ProfileError, RefusedError, SecretsMismatchError
 from sciencebench.core.models import JobSpec
 
 
@@ -33,5 +35,16 @@ def load_secrets(job: JobSpec) -> dict[str, str]:
         except ProfileError as exc:
             raise SecretsMismatchError(str(exc)) from None
     if job.agent_env_file is not None:
-        values.update(json.loads(_read_checked(job.agent_env_file)))
+        try:
+            agent_env = json.loads(_read_checked(job.agent_env_file))
+        except ValueError:
+            raise SecretsMismatchError(f"{job.agent_env_file.path}: not the JSON submit wrote") from None
+        if not isinstance(agent_env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and "\x00" not in v for k, v in agent_env.items()
+        ):
+            raise SecretsMismatchError(f"{job.agent_env_file.path}: not a JSON object of strings")
+        values.update(agent_env)
+    problems = [problem for key in values if (problem := harness_key_problem(key))]
+    if problems:
+        raise RefusedError(f"refused: {problems[0]}")
     return values

@@ -41,15 +41,36 @@ logger = logging.getLogger(__name__)
 SCIENCEBENCH_PATH = str(Path(__file__).parents[3])
 
 
-def pier_environment(
-    base: dict[str, str], secrets: dict[str, str], platform: str, pythonpath: str
-) -> dict[str, str]:
-    """Pier's process environment: the worker's, the secrets, the platform.
+# What Pier, the docker CLI and compose need of the worker's own environment; nothing else of it
+# (its SCIENCEBENCH_* settings hold the broker password) reaches Pier or, through task
+# templates and compose variables, a container.
+PASSED_THROUGH = (
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
+    "DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY", "DOCKER_CONTEXT",
+)  # fmt: skip
+PASSED_THROUGH_PREFIXES = ("LC_",)
 
+
+def pier_environment(
+    base: dict[str, str],
+    secrets: dict[str, str],
+    platform: str,
+    pythonpath: str,
+    passed: tuple[str, ...] = (),
+) -> dict[str, str]:
+    """Pier's process environment: an allowlist of the worker's, the job's values, the platform.
+
+    `secrets` are the env file's and `--agent-env`'s values (their keys were
+    checked: none steers the harness). `passed` names further variables of
+    the worker's environment its operator lets through (SCIENCEBENCH_PIER_ENV).
     LiteLLM must not fetch its price table (no internet on worker hosts), and
     sciencebench must be importable for the environment class and adapters.
     """
-    env = dict(base)
+    env = {
+        key: value
+        for key, value in base.items()
+        if key in PASSED_THROUGH or key in passed or key.startswith(PASSED_THROUGH_PREFIXES)
+    }
     env.update(secrets)
     env["DOCKER_DEFAULT_PLATFORM"] = platform
     env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
@@ -58,9 +79,9 @@ def pier_environment(
     return env
 
 
-def zygote_environment(platform: str) -> dict[str, str]:
-    """Pier's environment without any secret: what the zygote imports Pier under."""
-    return pier_environment(dict(os.environ), {}, platform, SCIENCEBENCH_PATH)
+def zygote_environment(platform: str, passed: tuple[str, ...] = ()) -> dict[str, str]:
+    """Pier's environment without any job's values: what the zygote imports Pier under."""
+    return pier_environment(dict(os.environ), {}, platform, SCIENCEBENCH_PATH, passed)
 
 
 @dataclass(frozen=True)

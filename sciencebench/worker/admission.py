@@ -1,0 +1,158 @@
+"""Admission: may this worker host run a trial of this job at all? Decided before claiming it.
+
+A message and the `job.json` it points to are untrusted input: whoever can
+write to the broker or to the shared filesystem can write them, and a worker
+holds the Docker socket. So every path they name must resolve (symlinks
+followed) under a root the worker is configured with, and the job must be
+the one its submit wrote (the `job_id` in the message and in `job.json`).
+
+Two verdicts besides admission:
+
+- `UnfitError`: this host cannot serve the job (its jobs directory, selection
+  or env file is outside what it serves or not visible here). Another host
+  may; the trial is handed back.
+- `RefusedError`: the job asks for what no worker does (a task directory
+  outside its selection, an agent that is not importable here, a secrets file
+  elsewhere). The trial gets a refused record and nothing runs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib.machinery import PathFinder
+from pathlib import Path
+
+from sciencebench.core.errors import RefusedError, UnfitError, WorkspaceError
+from sciencebench.core.models import JobSpec, TrialSpec, check_job_name
+from sciencebench.core.paths import JobPaths
+from sciencebench.core.settings import Settings
+from sciencebench.worker.context import load_job
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A trial this host may run: its job, read from the job directory the message named."""
+
+    job: JobSpec
+    paths: JobPaths
+
+
+def under(path: Path, roots: Sequence[Path]) -> bool:
+    """Whether `path`, symlinks resolved, lies in one of `roots` (also resolved)."""
+    real = path.resolve()
+    return any(real.is_relative_to(root.resolve()) for root in roots)
+
+
+def _roots_text(roots: Sequence[Path]) -> str:
+    return ", ".join(map(str, roots)) or "none configured"
+
+
+def admit(spec: TrialSpec, settings: Settings) -> Admitted:
+    """Admit `spec` on this host, or raise UnfitError / RefusedError (see the module docstring)."""
+    jobs_dir = spec.jobs_dir
+    if not jobs_dir.is_absolute() or not under(jobs_dir, settings.jobs_roots):
+        raise UnfitError(
+            f"jobs dir {jobs_dir} is outside the jobs roots this host serves "
+            f"({_roots_text(settings.jobs_roots)})"
+        )
+    paths = JobPaths(jobs_dir, spec.job_name)
+    if not under(paths.job_dir, settings.jobs_roots):
+        raise RefusedError(f"job dir {paths.job_dir} resolves outside the jobs roots")
+    try:
+        job = load_job(paths)
+    except WorkspaceError as exc:
+        raise UnfitError(str(exc)) from None
+    except ValueError:
+        raise RefusedError(f"{paths.job_spec}: not a job spec sciencebench wrote") from None
+    if job.job_id != spec.job_id or job.job_name != spec.job_name:
+        raise UnfitError(f"{paths.job_spec} on this host belongs to another submit than the trial's")
+    _admit_selection(spec, job, settings)
+    _admit_secrets(job, settings)
+    if job.agent.agent_import_path:
+        _admit_agent(job.agent.agent_import_path)
+    return Admitted(job=job, paths=paths)
+
+
+def verified_paths(spec: TrialSpec, settings: Settings) -> JobPaths | None:
+    """The trial's job paths when this host serves them and they hold the trial's own job, else None."""
+    return verified_paths_of(spec.jobs_dir, spec.job_name, spec.job_id, settings)
+
+
+def verified_paths_of(
+    jobs_dir: Path, job_name: str, job_id: uuid.UUID, settings: Settings
+) -> JobPaths | None:
+    """`JobPaths` of a job when this host serves its directory and its job.json is job `job_id`'s."""
+    try:
+        paths = JobPaths(jobs_dir, check_job_name(job_name))
+        if not jobs_dir.is_absolute() or not under(paths.job_dir, settings.jobs_roots):
+            return None
+        return paths if load_job(paths).job_id == job_id else None
+    except (WorkspaceError, ValueError, OSError):
+        return None
+
+
+def _admit_selection(spec: TrialSpec, job: JobSpec, settings: Settings) -> None:
+    selection = job.selection_path
+    if not selection.is_absolute() or not under(selection, settings.selection_roots):
+        raise UnfitError(
+            f"selection {selection} is outside the selection roots this host serves "
+            f"({_roots_text(settings.selection_roots)})"
+        )
+    if not selection.is_dir():
+        raise UnfitError(f"selection {selection} is not visible on this host (is it shared?)")
+    if spec.task_id not in job.task_ids:
+        raise RefusedError(f"task {spec.task_id} is not in the job's selection")
+    expected = selection / f"task_{spec.task_id}"
+    if spec.task_dir != expected:
+        raise RefusedError(f"task dir {spec.task_dir} is not {expected.name} of the job's selection")
+    if not expected.resolve().is_relative_to(selection.resolve()):
+        raise RefusedError(f"{expected} resolves outside its selection")
+
+
+def _admit_secrets(job: JobSpec, settings: Settings) -> None:
+    if job.env_file is not None:
+        env_file = job.env_file.path
+        if not env_file.is_absolute() or not under(env_file, settings.env_file_roots):
+            raise UnfitError(
+                f"env file {env_file} is outside the env-file roots this host serves "
+                f"({_roots_text(settings.env_file_roots)})"
+            )
+        if not os.access(env_file, os.R_OK):
+            raise UnfitError(
+                f"env file {env_file} is not readable on this host (does it exist only on the login node?)"
+            )
+    if job.agent_env_file is not None:
+        secrets_dir = job.selection_path / ".sciencebench" / "secrets"
+        if job.agent_env_file.path.parent != secrets_dir or not under(job.agent_env_file.path, [secrets_dir]):
+            raise RefusedError(f"--agent-env file {job.agent_env_file.path} is not in {secrets_dir}")
+
+
+def importable(module: str, search_path: Sequence[str]) -> bool:
+    """Whether `module` (dotted) would be found on `search_path`, without running any of its code."""
+    path: list[str] | None = list(search_path)
+    parts = module.split(".")
+    for index, part in enumerate(parts):
+        if not part.isidentifier() or path is None:
+            return False
+        found = PathFinder.find_spec(part, path)
+        if found is None:
+            return False
+        locations = found.submodule_search_locations
+        path = list(locations) if locations is not None else None
+        if path is None and index < len(parts) - 1:
+            return False
+    return True
+
+
+def _admit_agent(import_path: str) -> None:
+    module, sep, attribute = import_path.partition(":")
+    if not sep or not all(part.isidentifier() for part in attribute.split(".")):
+        raise RefusedError(f"agent import path {import_path!r} is not module:Class")
+    if not importable(module, [entry for entry in sys.path if os.path.isabs(entry)]):
+        raise RefusedError(
+            f"agent import path {import_path!r}: module {module} is not installed on this worker"
+        )
