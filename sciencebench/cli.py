@@ -7,6 +7,7 @@ failure); 2 bad input, with nothing written and nothing enqueued.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import sys
 from collections.abc import Callable
@@ -18,9 +19,11 @@ from rich.console import Console
 from rich.table import Table
 
 from sciencebench import __version__
+from sciencebench.coordination.protocol import Coordinator
 from sciencebench.core.errors import InputError, SciencebenchError
-from sciencebench.core.models import JobSpec
-from sciencebench.core.paths import JobPaths
+from sciencebench.core.images import DEFAULT_PLATFORM
+from sciencebench.core.models import JobSpec, trial_label
+from sciencebench.core.paths import DEFAULT_JOBS_DIR, JobPaths
 from sciencebench.core.settings import Settings
 from sciencebench.login import options
 from sciencebench.login.options import SubmitOptions
@@ -43,10 +46,23 @@ def _handle_errors[**P, R](fn: Callable[P, R]) -> Callable[P, R]:
             _fail(str(exc), 2)
         except SciencebenchError as exc:
             _fail(str(exc), 1)
+        except OSError as exc:  # a full disk, a vanished mount: what and where, not a traceback
+            where = f": {exc.filename}" if exc.filename else ""
+            _fail(f"{exc.strerror or exc.__class__.__name__}{where}", 1)
         except KeyboardInterrupt:
             _fail("interrupted", 130)
 
     return wrapper
+
+
+def _require_worker_extra(command: str) -> None:
+    """Refuse a worker-side command, in one line, where the `worker` extra is not installed."""
+    missing = [module for module in ("pier", "docker") if importlib.util.find_spec(module) is None]
+    if missing:
+        raise SciencebenchError(
+            f"{command} runs Pier and Docker on this host: install sciencebench[worker] "
+            f"(missing: {', '.join(missing)})"
+        )
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -85,7 +101,7 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
     from sciencebench.login.runrecord import build_run_record, write_run_record
 
     settings = Settings.from_env()
-    prepared = submitting.prepare(opts, None if local else settings.visibility_timeout_sec)
+    prepared = submitting.prepare(opts, None if local else settings.visibility_timeout_sec, local=local)
     broker = "embedded (in-process)" if local else settings.broker_url
     record = build_run_record(prepared.job, prepared.trials[0], broker, prepared.secret_values)
 
@@ -100,12 +116,11 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
         return
 
     if local:
+        _require_worker_extra("submit --local")
         from sciencebench.local import run_local
 
-        prepared = _persist(prepared, record)
-        summary = run_local(prepared, settings, out)
-        _print_summary(JobPaths(prepared.job.jobs_dir, prepared.job.job_name))
-        sys.exit(1 if summary["n_errored_trials"] else 0)
+        prepared = submitting.persist(prepared, record)
+        sys.exit(_conclude(prepared.job, run_local(prepared, settings, out)))
 
     from sciencebench.coordination.celery_app import create_app
     from sciencebench.coordination.redis import RedisCoordinator
@@ -114,7 +129,7 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
 
     coord = RedisCoordinator(settings.broker_url)
     coord.ping()
-    prepared = _persist(prepared, record)
+    prepared = submitting.persist(prepared, record)
     app = create_app(settings)
     final = dispatch(app, coord, prepared.job, prepared.trials)
     job = prepared.job
@@ -122,8 +137,39 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
     out.print(f"follow it:  sciencebench status {job.job_name} --jobs-dir {job.jobs_dir}")
     if wait:
         answer = follow(coord, job, [t.key for t in prepared.trials], final, err)
-        _print_summary(JobPaths(job.jobs_dir, job.job_name))
-        sys.exit(1 if answer["n_errored_trials"] else 0)
+        sys.exit(_conclude(job, answer, coord))
+
+
+def _conclude(job: JobSpec, answer: dict[str, Any], coord: Coordinator | None = None) -> int:
+    """Print the summary and what is missing; the exit code: 1 if any trial errored or is missing.
+
+    When the finalizer could not write the job directory (a host that cannot
+    see it), this node writes the records the store holds and the summary.
+    """
+    from sciencebench.coordination.records import finish_job, forget_agent_env
+
+    paths = JobPaths(job.jobs_dir, job.job_name)
+    if coord is not None and (not answer.get("summary_written") or answer.get("missing")):
+        if answer.get("problem"):
+            err.print(f"finalizer: {answer['problem']}; writing the summary here", markup=False)
+        try:
+            answer = finish_job(coord, paths, job.job_name, job.job_id)
+        except OSError as exc:
+            err.print(f"cannot write the summary into {paths.job_dir}: {exc.strerror}", markup=False)
+            return 1
+    try:
+        _print_summary(paths)
+    except (OSError, ValueError) as exc:
+        err.print(f"no summary in {paths.job_dir} ({exc.__class__.__name__})", markup=False)
+        return 1
+    missing = list(answer.get("missing") or [])
+    if coord is not None or not missing:
+        forget_agent_env(job)  # the job has ended: its --agent-env values are no longer needed
+    if missing:
+        shown = ", ".join(f"task_{key.replace('#', ' #')}" for key in missing[:20])
+        more = f" and {len(missing) - 20} more" if len(missing) > 20 else ""
+        err.print(f"missing: {len(missing)} trial(s) have no record: {shown}{more}", markup=False)
+    return 1 if answer.get("n_errored_trials") or missing else 0
 
 
 def _prewarm(settings: Settings, job: JobSpec, console: Console) -> None:
@@ -141,17 +187,6 @@ def _prewarm(settings: Settings, job: JobSpec, console: Console) -> None:
     prewarm(create_app(settings), job.image_refs, job.platform, console)
 
 
-def _persist(prepared: Any, record: dict[str, Any]) -> Any:
-    """Write what workers read (job.json, --agent-env file) and the run record."""
-    from sciencebench.login import submit as submitting
-    from sciencebench.login.runrecord import write_run_record
-
-    prepared = submitting.write_agent_env_file(prepared)
-    submitting.write_job_spec(prepared.job)
-    write_run_record(prepared.selection.path, record, prepared.secret_values)
-    return prepared
-
-
 def _print_summary(paths: JobPaths) -> None:
     summary = json.loads(paths.summary_json.read_text(encoding="utf-8"))
     table = Table(title=f"{paths.job_name}: {summary['trial_count']} trial(s)")
@@ -164,7 +199,7 @@ def _print_summary(paths: JobPaths) -> None:
 
 
 def _job_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    fn = click.option("--jobs-dir", type=click.Path(path_type=Path), default=Path("jobs"),
+    fn = click.option("--jobs-dir", type=click.Path(path_type=Path), default=DEFAULT_JOBS_DIR,
                       show_default=True, help="Directory holding the job.")(fn)  # fmt: skip
     return click.argument("job_name")(fn)
 
@@ -188,19 +223,26 @@ def status(job_name: str, jobs_dir: Path) -> None:
     job = _load(jobs_dir, job_name)
     coord = RedisCoordinator(Settings.from_env().broker_url)
     coord.ping()
-    states = coord.states(job.job_name)
-    table = Table(title=f"job {job.job_name}" + ("  (cancelled)" if coord.is_cancelled(job.job_name) else ""))
+    states = coord.states(job.job_key)
+    table = Table(title=f"job {job.job_name}" + ("  (cancelled)" if coord.is_cancelled(job.job_key) else ""))
     for column in ("trial", "state", "host"):
         table.add_column(column)
     counts: dict[str, int] = {}
-    for task_id in job.task_ids:
-        for attempt in range(1, job.n_attempts + 1):
-            status = states.get(f"{task_id}#{attempt}")
-            state = str(status.state) if status else "unknown"
-            counts[state] = counts.get(state, 0) + 1
-            table.add_row(f"task_{task_id} #{attempt}", state, status.host if status else "")
+    for key in job.trial_keys():
+        status = states.get(key)
+        state = str(status.state) if status else "unknown"
+        counts[state] = counts.get(state, 0) + 1
+        table.add_row(trial_label(key), state, status.host if status else "")
     out.print(table)
     out.print("  ".join(f"{state} {n}" for state, n in sorted(counts.items())))
+    now = coord.now()
+    for host, mark in sorted(coord.unfit_hosts(job.job_key).items()):
+        out.print(
+            f"unfit host {host}: {mark.reason} ({now - mark.at:.0f}s ago)", markup=False, soft_wrap=True
+        )
+    for host, health in sorted(coord.hosts().items()):
+        if health.paused:
+            out.print(f"paused host {host}: {health.reason}", markup=False, soft_wrap=True)
 
 
 @main.command()
@@ -208,22 +250,25 @@ def status(job_name: str, jobs_dir: Path) -> None:
 @_handle_errors
 def cancel(job_name: str, jobs_dir: Path) -> None:
     """Cancel a job: queued trials end at once, running Pier processes are stopped."""
+    from sciencebench.coordination.records import forget_agent_env
     from sciencebench.coordination.redis import RedisCoordinator
 
     job = _load(jobs_dir, job_name)
     coord = RedisCoordinator(Settings.from_env().broker_url)
     coord.ping()
-    coord.cancel(job.job_name)
+    coord.cancel(job.job_key)
+    forget_agent_env(job)  # no trial starts any more; running ones hold their values already
     out.print(f"job {job.job_name} cancelled; the finalizer writes its summary once trials stop")
 
 
 @main.command()
 @_job_option
-@click.option("--failed", is_flag=True, required=True, help="Re-run only the errored trials.")
+@click.option("--failed", is_flag=True, required=True,
+              help="Re-run the errored trials and those with no record.")  # fmt: skip
 @click.option("--wait", is_flag=True, help="Follow the retry until it ends.")
 @_handle_errors
 def retry(job_name: str, jobs_dir: Path, failed: bool, wait: bool) -> None:
-    """Re-run a job's errored trials into the same job directory."""
+    """Re-run a job's errored trials, and those with no record, into the same job directory."""
     from sciencebench.coordination.celery_app import create_app
     from sciencebench.coordination.redis import RedisCoordinator
     from sciencebench.login.dispatch import dispatch
@@ -236,31 +281,34 @@ def retry(job_name: str, jobs_dir: Path, failed: bool, wait: bool) -> None:
     coord.ping()
     trials = failed_trials(job)
     if not trials:
-        out.print(f"job {job.job_name}: no errored trials")
+        out.print(f"job {job.job_name}: no errored or missing trials")
         return
-    coord.uncancel(job.job_name)
+    coord.uncancel(job.job_key)
     for trial in trials:
-        coord.clear_result(job.job_name, trial.key)
+        coord.clear_result(job.job_key, trial.key)
     final = dispatch(create_app(settings), coord, job, trials)
-    out.print(f"job {job.job_name}: {len(trials)} errored trial(s) sent again")
+    out.print(f"job {job.job_name}: {len(trials)} errored or missing trial(s) sent again")
     if wait:
         answer = follow(coord, job, [t.key for t in trials], final, err)
-        _print_summary(JobPaths(job.jobs_dir, job.job_name))
-        sys.exit(1 if answer["n_errored_trials"] else 0)
+        sys.exit(_conclude(job, answer, coord))
 
 
 @main.command()
-@click.option("--jobs-dir", type=click.Path(path_type=Path), default=Path("jobs"), show_default=True)
+@click.option("--jobs-dir", type=click.Path(path_type=Path), default=DEFAULT_JOBS_DIR, show_default=True)
 @click.option("--job-name", required=True, help="The job to summarize.")
 @_handle_errors
 def summarize(jobs_dir: Path, job_name: str) -> None:
-    """Rebuild result.json, summary.json and summary.csv from disk alone."""
+    """Rebuild result.json, summary.json and summary.csv from disk alone.
+
+    Exits 1 when a trial errored or has no record yet (listed on stderr).
+    """
+    from sciencebench.coordination.records import missing_trials
     from sciencebench.core.summary import write_summary
 
     job = _load(jobs_dir, job_name)
     result = write_summary(job)
-    _print_summary(JobPaths(job.jobs_dir, job.job_name))
-    sys.exit(1 if result["stats"]["n_errored_trials"] else 0)
+    missing = missing_trials(job, JobPaths(job.jobs_dir, job.job_name))
+    sys.exit(_conclude(job, {"n_errored_trials": result["stats"]["n_errored_trials"], "missing": missing}))
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
@@ -269,21 +317,43 @@ def summarize(jobs_dir: Path, job_name: str) -> None:
 @click.option("--hostname", help="Worker name (default: celery's, from this host's name).")
 @click.option("--queues", "-Q", help="Comma-separated queues to consume (default: celery).")
 @click.option("--loglevel", default="INFO", show_default=True)
-@click.option("--platform", default="linux/amd64", show_default=True,
+@click.option("--platform", default=DEFAULT_PLATFORM, show_default=True,
               help="Platform this host must run (checked at start).")  # fmt: skip
-@click.option("--pier-bin", default="pier", show_default=True, help="Pier executable checked at start.")
+@click.option("--pier-bin", help="The Pier this worker runs for every trial [env: SCIENCEBENCH_PIER_BIN; "
+              "default: pier].")  # fmt: skip
+@click.option("--jobs-root", "jobs_roots", multiple=True, type=click.Path(path_type=Path),
+              help="A jobs directory this worker serves; repeatable "
+              "[env: SCIENCEBENCH_JOBS_ROOTS].")  # fmt: skip
+@click.option("--selection-root", "selection_roots", multiple=True, type=click.Path(path_type=Path),
+              help="A directory of selections this worker serves; repeatable "
+              "[env: SCIENCEBENCH_SELECTION_ROOTS].")  # fmt: skip
+@click.option("--env-file-root", "env_file_roots", multiple=True, type=click.Path(path_type=Path),
+              help="A directory of env files this worker reads; repeatable "
+              "[env: SCIENCEBENCH_ENV_FILE_ROOTS].")  # fmt: skip
 @_handle_errors
-def worker(concurrency: int, hostname: str | None, queues: str | None, loglevel: str,
-           platform: str, pier_bin: str) -> None:  # fmt: skip
+def worker(concurrency: int, hostname: str | None, queues: str | None, loglevel: str, platform: str,
+           pier_bin: str | None, jobs_roots: tuple[Path, ...], selection_roots: tuple[Path, ...],
+           env_file_roots: tuple[Path, ...]) -> None:  # fmt: skip
     """Run a Celery worker that executes trials on this host.
 
-    Late acks, prefetch 1, task events on, and a watchdog that re-dispatches
-    trials of lost hosts. A host that fails preflight consumes no trials.
+    The worker runs its own Pier and serves only the jobs directories,
+    selections and env files under its roots: every path a job names must
+    resolve under one of them. Late acks, prefetch 1, task events on, a
+    watchdog that re-dispatches trials of lost hosts; a host that turns
+    unhealthy pauses and resumes by itself.
     """
-    from sciencebench.worker.main import run_worker
+    _require_worker_extra("worker")
+    from sciencebench.worker.main import run_worker, worker_settings
 
+    settings = worker_settings(
+        Settings.from_env(),
+        pier_bin=pier_bin,
+        jobs_roots=tuple(p.absolute() for p in jobs_roots),
+        selection_roots=tuple(p.absolute() for p in selection_roots),
+        env_file_roots=tuple(p.absolute() for p in env_file_roots),
+    )
     run_worker(concurrency=concurrency, hostname=hostname, queues=queues, loglevel=loglevel,
-               platform=platform, pier_bin=pier_bin)  # fmt: skip
+               platform=platform, settings=settings)  # fmt: skip
 
 
 @main.command()
@@ -315,6 +385,7 @@ def demo(workdir: Path, base_image: str, registry: str, agent: str) -> None:
     task_001's solution fixes the bug (oracle reward 1), task_002's does not
     (reward 0). Needs Docker Engine >= 28 and Pier on this host.
     """
+    _require_worker_extra("demo")
     from sciencebench.demo import build_demo_selection
     from sciencebench.login.submit import default_job_name
 
@@ -329,14 +400,16 @@ def demo(workdir: Path, base_image: str, registry: str, agent: str) -> None:
 
 
 @main.command()
-@click.option("--platform", default="linux/amd64", show_default=True)
+@click.option("--platform", default=DEFAULT_PLATFORM, show_default=True)
 @click.option("--jobs-dir", type=click.Path(path_type=Path), help="Shared jobs directory to check.")
-@click.option("--pier-bin", default="pier", show_default=True)
+@click.option("--pier-bin", help="The worker's Pier [env: SCIENCEBENCH_PIER_BIN; default: pier].")
 @click.option("--broker/--no-broker", default=True, show_default=True, help="Check the broker too.")
 @_handle_errors
-def preflight(platform: str, jobs_dir: Path | None, pier_bin: str, broker: bool) -> None:
+def preflight(platform: str, jobs_dir: Path | None, pier_bin: str | None, broker: bool) -> None:
     """Check this host can join as a worker: Engine >= 28, platform, compose v2, Pier, jobs dir, broker."""
+    _require_worker_extra("preflight")
     from sciencebench.worker.runtime import host_preflight
 
-    for line in host_preflight(platform=platform, jobs_dir=jobs_dir, pier_bin=pier_bin, broker=broker):
+    pier = pier_bin or Settings.from_env().pier_bin
+    for line in host_preflight(platform=platform, jobs_dir=jobs_dir, pier_bin=pier, broker=broker):
         out.print(line, markup=False)

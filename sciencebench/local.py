@@ -1,8 +1,10 @@
 """Embedded mode: the same trials in this process, no broker.
 
-`--n-concurrent` threads each run `trial.execute` (the code a Celery worker
-runs) against an in-process coordinator; `summary.write_summary` (the code
-the chord finalizer runs) writes the same three files.
+`--n-concurrent` threads each run `worker.trial.handle` (the code a Celery
+worker runs) against an in-process coordinator, as the job's only worker
+(it serves exactly the job's directories and runs the submit's `--pier-bin`);
+`coordination.records.finish_job` (the code the chord finalizer runs) writes
+the same three files.
 """
 
 from __future__ import annotations
@@ -14,18 +16,35 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sciencebench.coordination.memory import MemoryCoordinator
-from sciencebench.core.models import TrialRecord
+from sciencebench.coordination.records import finish_job
+from sciencebench.core.models import JobSpec
+from sciencebench.core.paths import JobPaths
 from sciencebench.core.settings import Settings
-from sciencebench.core.summary import write_summary
 from sciencebench.login.submit import Prepared
 from sciencebench.worker.context import WorkerContext, docker_runtime
-from sciencebench.worker.trial import execute
+from sciencebench.worker.trial import Answer, handle
+
+
+def local_settings(settings: Settings, job: JobSpec) -> Settings:
+    """This process as the job's only worker: it serves exactly the job's directories and runs its Pier."""
+    env_file_roots = (job.env_file.path.parent,) if job.env_file else ()
+    return settings.model_copy(
+        update={
+            "pier_bin": job.pier_bin,
+            "jobs_roots": (job.jobs_dir,),
+            "selection_roots": (job.selection_path,),
+            "env_file_roots": env_file_roots,
+        }
+    )
 
 
 def run_local(prepared: Prepared, settings: Settings, console: Console) -> dict[str, Any]:
-    """Run every trial with `n_concurrent` threads; return finalizer counts."""
+    """Run every trial with `n_concurrent` threads; return what the finalizer would answer."""
     job = prepared.job
-    ctx = WorkerContext(coord=MemoryCoordinator(), runtime=docker_runtime(settings), settings=settings)
+    settings = local_settings(settings, job)
+    coord = MemoryCoordinator()
+    ctx = WorkerContext(coord=coord, runtime=docker_runtime(settings), settings=settings)
+    ctx.runtime.check_host()
     ctx.runtime.preflight(job)
     failed = 0
     with (
@@ -39,14 +58,9 @@ def run_local(prepared: Prepared, settings: Settings, console: Console) -> dict[
         ThreadPoolExecutor(max_workers=job.n_concurrent, thread_name_prefix="trial") as pool,
     ):
         progress = bar.add_task(job.job_name, total=len(prepared.trials), failed=0)
-        futures = [pool.submit(execute, trial, ctx, None) for trial in prepared.trials]
+        futures = [pool.submit(handle, trial, ctx, None) for trial in prepared.trials]
         for future in futures:
-            record: TrialRecord | None = future.result()
-            failed += bool(record is None or record.errored)
+            outcome = future.result()
+            failed += not isinstance(outcome, Answer) or outcome.record.errored
             bar.update(progress, advance=1, failed=failed)
-    result = write_summary(job)
-    return {
-        "job_name": job.job_name,
-        "n_total_trials": result["n_total_trials"],
-        "n_errored_trials": result["stats"]["n_errored_trials"],
-    }
+    return finish_job(coord, JobPaths(job.jobs_dir, job.job_name), job.job_name, job.job_id)

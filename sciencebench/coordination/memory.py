@@ -7,7 +7,15 @@ import time
 from collections.abc import Callable
 from typing import Any, override
 
-from sciencebench.coordination.protocol import JOBS_KEY, PREFIX, Coordinator, job_key
+from sciencebench.coordination.protocol import (
+    JOBS_KEY,
+    PREFIX,
+    Claim,
+    Coordinator,
+    HostStatus,
+    Unfit,
+    job_key,
+)
 from sciencebench.core.models import Redispatch, TrialState, TrialStatus
 
 
@@ -22,6 +30,8 @@ class MemoryCoordinator(Coordinator):
         self._lock = threading.Lock()
         self._values: dict[str, Any] = {}
         self._expiry: dict[str, float] = {}
+        self._seen: dict[str, float] = {}
+        self._paused: dict[str, str] = {}
 
     def _get(self, name: str) -> Any:
         expiry = self._expiry.get(name)
@@ -30,6 +40,11 @@ class MemoryCoordinator(Coordinator):
             self._expiry.pop(name, None)
         return self._values.get(name)
 
+    def _put(self, name: str, value: Any) -> None:
+        """A plain write, as Redis `SET`: the key keeps no earlier expiry."""
+        self._values[name] = value
+        self._expiry.pop(name, None)
+
     @override
     def get_result(self, job: str, key: str) -> str | None:
         with self._lock:
@@ -37,9 +52,13 @@ class MemoryCoordinator(Coordinator):
             return str(value) if value is not None else None
 
     @override
-    def store_result(self, job: str, key: str, record_json: str) -> None:
+    def store_result(self, job: str, key: str, record_json: str) -> bool:
         with self._lock:
-            self._values[job_key(job, "result", key)] = record_json
+            name = job_key(job, "result", key)
+            if self._get(name) is not None:
+                return False
+            self._put(name, record_json)
+            return True
 
     @override
     def clear_result(self, job: str, key: str) -> None:
@@ -50,7 +69,7 @@ class MemoryCoordinator(Coordinator):
     @override
     def mark_counted(self, job: str, key: str) -> None:
         with self._lock:
-            self._values[job_key(job, "counted", key)] = True
+            self._put(job_key(job, "counted", key), True)
 
     @override
     def is_counted(self, job: str, key: str) -> bool:
@@ -58,26 +77,55 @@ class MemoryCoordinator(Coordinator):
             return bool(self._get(job_key(job, "counted", key)))
 
     @override
-    def claim(self, job: str, key: str, owner: str, ttl_sec: float) -> bool:
+    def claim(self, job: str, key: str, owner: str, ttl_sec: float, parked: str = "") -> Claim:
         with self._lock:
-            self._values.setdefault(JOBS_KEY, set()).add(job)
+            if self._get(job_key(job, "result", key)) is not None:
+                return Claim.ANSWERED
             name = job_key(job, "lease", key)
-            if self._get(name) is not None:
+            holder = self._get(name)
+            if holder is not None and (not parked or holder != parked):
+                return Claim.HELD
+            self._values.setdefault(JOBS_KEY, set()).add(job)
+            self._values[name] = owner
+            self._expiry[name] = time.monotonic() + ttl_sec
+            return Claim.CLAIMED
+
+    @override
+    def park(self, job: str, key: str, token: str, ttl_sec: float) -> bool:
+        with self._lock:
+            name = job_key(job, "lease", key)
+            if self._get(name) not in (None, token):
                 return False
+            self._values.setdefault(JOBS_KEY, set()).add(job)
+            self._values[name] = token
+            self._expiry[name] = time.monotonic() + ttl_sec
+            return True
+
+    def _rightful(self, job: str, key: str, owner: str) -> bool:
+        """As over Redis: the holder, or a lapsed holder its running entry still names."""
+        holder = self._get(job_key(job, "lease", key))
+        if holder is not None:
+            return bool(holder == owner)
+        entry = self._values.get(job_key(job, "running"), {}).get(key)
+        return entry is not None and entry.owner == owner
+
+    @override
+    def renew(self, job: str, key: str, owner: str, ttl_sec: float) -> bool:
+        with self._lock:
+            if not self._rightful(job, key, owner):
+                return False
+            name = job_key(job, "lease", key)
             self._values[name] = owner
             self._expiry[name] = time.monotonic() + ttl_sec
             return True
 
     @override
-    def renew(self, job: str, key: str, owner: str, ttl_sec: float) -> bool:
+    def commit_result(self, job: str, key: str, owner: str, record_json: str) -> bool:
         with self._lock:
-            name = job_key(job, "lease", key)
-            holder = self._get(name)
-            if holder not in (owner, None):
+            name = job_key(job, "result", key)
+            if self._get(name) is not None or not self._rightful(job, key, owner):
                 return False
-            # As over Redis: a lease that lapsed with nobody taking it is re-created.
-            self._values[name] = owner
-            self._expiry[name] = time.monotonic() + ttl_sec
+            self._put(name, record_json)
             return True
 
     @override
@@ -91,7 +139,6 @@ class MemoryCoordinator(Coordinator):
     @override
     def set_running(self, job: str, key: str, payload: Redispatch) -> None:
         with self._lock:
-            self._values.setdefault(JOBS_KEY, set()).add(job)
             self._values.setdefault(job_key(job, "running"), {})[key] = payload
 
     @override
@@ -133,9 +180,20 @@ class MemoryCoordinator(Coordinator):
             return dict(self._get(job_key(job, "state")) or {})
 
     @override
+    def wait_for_slot(self, job: str, payload: Redispatch) -> None:
+        with self._lock:
+            self._values.setdefault(job_key(job, "waiting"), []).append(payload)
+
+    @override
+    def next_waiting(self, job: str) -> Redispatch | None:
+        with self._lock:
+            waiting = self._get(job_key(job, "waiting")) or []
+            return waiting.pop(0) if waiting else None
+
+    @override
     def cancel(self, job: str) -> None:
         with self._lock:
-            self._values[job_key(job, "cancelled")] = True
+            self._put(job_key(job, "cancelled"), True)
 
     @override
     def uncancel(self, job: str) -> None:
@@ -148,6 +206,13 @@ class MemoryCoordinator(Coordinator):
             return bool(self._get(job_key(job, "cancelled")))
 
     @override
+    def take_orphan(self, job: str, key: str) -> bool:
+        with self._lock:
+            if self._get(job_key(job, "lease", key)) is not None:
+                return False
+            return self._values.get(job_key(job, "running"), {}).pop(key, None) is not None
+
+    @override
     def orphaned(self) -> list[tuple[str, str, Redispatch]]:
         with self._lock:
             found = []
@@ -158,12 +223,55 @@ class MemoryCoordinator(Coordinator):
             return found
 
     @override
+    def mark_unfit(self, job: str, host: str, reason: str) -> None:
+        with self._lock:
+            self._values.setdefault(job_key(job, "unfit"), {})[host] = Unfit(reason=reason, at=time.time())
+
+    @override
+    def unfit_hosts(self, job: str) -> dict[str, Unfit]:
+        with self._lock:
+            return dict(self._get(job_key(job, "unfit")) or {})
+
+    @override
     def retire(self, job: str, ttl_sec: int) -> None:
         with self._lock:
             self._values.get(JOBS_KEY, set()).discard(job)
             deadline = time.monotonic() + ttl_sec
             for name in [n for n in self._values if n.startswith(job_key(job, ""))]:
                 self._expiry[name] = min(self._expiry.get(name, deadline), deadline)
+
+    @override
+    def now(self) -> float:
+        return time.time()
+
+    @override
+    def beat(self, host: str) -> None:
+        with self._lock:
+            self._seen[host] = time.time()
+
+    @override
+    def pause_host(self, host: str, reason: str) -> None:
+        with self._lock:
+            self._paused[host] = reason
+
+    @override
+    def resume_host(self, host: str) -> None:
+        with self._lock:
+            self._paused.pop(host, None)
+
+    @override
+    def forget_host(self, host: str) -> None:
+        with self._lock:
+            self._seen.pop(host, None)
+            self._paused.pop(host, None)
+
+    @override
+    def hosts(self) -> dict[str, HostStatus]:
+        with self._lock:
+            return {
+                host: HostStatus(seen_at=seen, paused=host in self._paused, reason=self._paused.get(host, ""))
+                for host, seen in self._seen.items()
+            }
 
     @property
     @override
@@ -180,6 +288,6 @@ class MemoryCoordinator(Coordinator):
             lock = f"{PREFIX}:lock:{name}"
             if self._get(lock) is not None:
                 return False
-            self._values[lock] = True
+            self._put(lock, True)
             self._expiry[lock] = time.monotonic() + ttl_sec
             return True

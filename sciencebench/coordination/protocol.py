@@ -4,34 +4,48 @@ One protocol in five parts, with two implementations that one conformance
 suite checks alike (`tests/coordination/`): `RedisCoordinator` for a
 cluster, `MemoryCoordinator` for the embedded single-process mode.
 
-    Results     the latest record of each trial, and whether the chord counted it
-    Leases      which process runs a trial; running trials' re-dispatch payloads
+    Results     the one record of each trial, and whether the chord counted it
+    Leases      which process runs a trial (fenced: once a trial is sent elsewhere
+                its old holder can neither renew nor commit); re-dispatch payloads
     Slots       the job's --n-concurrent cap, across the whole cluster
-    JobControl  the cancel flag; retiring a finished job's state
-    Board       each trial's display state (queued, waiting, running, done, failed)
+    JobControl  the cancel flag; hosts unfit for the job; retiring its state
+    Board       each trial's display state; each worker host's heartbeat and health
 
-Keys (Redis), for a job `J` and a trial key `K` = `<task id>#<attempt>`:
+Keys (Redis), for a job `J` (the submit's job id, a UUID) and a trial key
+`K` = `<task id>#<attempt>`:
 
-    sciencebench:jobs                 set of job names with live state
-    sciencebench:J:result:K           latest TrialRecord JSON
+    sciencebench:jobs                 set of job ids with live state
+    sciencebench:hosts                hash host -> last heartbeat (the store's clock, s)
+    sciencebench:hosts:paused         hash host -> why it takes no trials now
+    sciencebench:J:result:K           the trial's TrialRecord JSON
     sciencebench:J:counted:K          the chord has been told about K
     sciencebench:J:lease:K            owner id, expires unless renewed
     sciencebench:J:running            hash K -> Redispatch JSON
-    sciencebench:J:slots              zset K -> slot expiry (ms)
+    sciencebench:J:slots              zset K -> slot expiry (ms, the server's clock)
+    sciencebench:J:waiting            list of Redispatch JSON: parked trials waiting for a slot
     sciencebench:J:state              hash K -> TrialStatus JSON
+    sciencebench:J:unfit              hash host -> Unfit JSON: why it cannot serve the job, since when
     sciencebench:J:cancelled          present when the job is cancelled
     sciencebench:lock:<name>          short-lived mutual exclusion (e.g. one re-dispatch)
+
+Times that several hosts compare (slot expiry, host heartbeats) come from
+one clock: the store's (`now`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import StrEnum
 from typing import Protocol
+
+from pydantic import BaseModel
 
 from sciencebench.core.models import Redispatch, TrialState, TrialStatus
 
 PREFIX = "sciencebench"
 JOBS_KEY = f"{PREFIX}:jobs"
+HOSTS_KEY = f"{PREFIX}:hosts"
+PAUSED_KEY = f"{PREFIX}:hosts:paused"
 
 
 def job_key(job: str, *parts: str) -> str:
@@ -39,15 +53,38 @@ def job_key(job: str, *parts: str) -> str:
     return ":".join((PREFIX, job, *parts))
 
 
+class Claim(StrEnum):
+    """What `Leases.claim` found."""
+
+    CLAIMED = "claimed"  # the caller holds the lease now
+    HELD = "held"  # another live process holds it
+    ANSWERED = "answered"  # the trial has a result already
+
+
+class Unfit(BaseModel):
+    """Why a host cannot serve a job, and when it last found so (the store's clock, s)."""
+
+    reason: str
+    at: float
+
+
+class HostStatus(BaseModel):
+    """A worker host as the store knows it: last heartbeat (store clock, s) and health."""
+
+    seen_at: float
+    paused: bool = False
+    reason: str = ""
+
+
 class Results(Protocol):
-    """The latest record of each trial, and whether the chord has counted it."""
+    """The one record of each trial, and whether the chord has counted it."""
 
     def get_result(self, job: str, key: str) -> str | None:
         """The stored TrialRecord JSON of a trial, or None."""
         ...
 
-    def store_result(self, job: str, key: str, record_json: str) -> None:
-        """Store a trial's TrialRecord JSON (the latest wins)."""
+    def store_result(self, job: str, key: str, record_json: str) -> bool:
+        """Store a trial's record unless it has one; False when it had (nothing changes)."""
         ...
 
     def clear_result(self, job: str, key: str) -> None:
@@ -66,12 +103,39 @@ class Results(Protocol):
 class Leases(Protocol):
     """Which process runs a trial, and how to send it again when that process is lost."""
 
-    def claim(self, job: str, key: str, owner: str, ttl_sec: float) -> bool:
-        """Take the trial's lease for `ttl_sec`; False when another owner holds it."""
+    def claim(self, job: str, key: str, owner: str, ttl_sec: float, parked: str = "") -> Claim:
+        """Take the trial's lease for `ttl_sec`, unless the trial has a result or a live holder.
+
+        A lease parked under the token `parked` (see `park`) counts as free.
+        One atomic step: two copies of a message never both claim.
+        """
+        ...
+
+    def park(self, job: str, key: str, token: str, ttl_sec: float) -> bool:
+        """Hold the lease under `token` while a handed-back trial waits to be sent again.
+
+        When the park lapses after `ttl_sec` the watchdog sends the trial again
+        (its running entry names the message); only a message whose parking
+        token is `token` may claim it before. False when a live process holds the lease.
+        """
         ...
 
     def renew(self, job: str, key: str, owner: str, ttl_sec: float) -> bool:
-        """Extend the lease `owner` holds; False when it is lost."""
+        """Extend the lease while `owner` is the trial's rightful holder; False when it is lost.
+
+        The rightful holder holds the lease, or held it when it lapsed while
+        nobody could renew (a broker outage) and the trial's running entry
+        still names it. Once a watchdog has sent the trial to another host
+        (clearing that entry), the lease is lost for good.
+        """
+        ...
+
+    def commit_result(self, job: str, key: str, owner: str, record_json: str) -> bool:
+        """Store the trial's record if `owner` is its rightful holder and it has no record.
+
+        One atomic step: a host that lost the trial (partitioned, paused) and
+        finishes late can never overwrite the record of the copy that replaced it.
+        """
         ...
 
     def release(self, job: str, key: str, owner: str) -> None:
@@ -90,13 +154,22 @@ class Leases(Protocol):
         """Running trials (job, key, payload) whose lease expired: their host is gone."""
         ...
 
+    def take_orphan(self, job: str, key: str) -> bool:
+        """Clear a running entry whose lease is still absent; True if the caller took it.
+
+        One atomic step: either the old holder renewed first (it keeps the
+        trial) or the caller took it (and must send it again) and the old
+        holder is no longer rightful.
+        """
+        ...
+
     def try_lock(self, name: str, ttl_sec: float) -> bool:
         """A short-lived lock `name`; False when someone holds it."""
         ...
 
 
 class Slots(Protocol):
-    """The job's `--n-concurrent` cap, held across the whole cluster."""
+    """The job's `--n-concurrent` cap, held across the whole cluster, and who waits for a slot."""
 
     def acquire_slot(self, job: str, key: str, cap: int, ttl_sec: float) -> bool:
         """Take (or refresh) a slot for `ttl_sec` if fewer than `cap` are held; False otherwise."""
@@ -106,9 +179,17 @@ class Slots(Protocol):
         """Give the trial's slot back."""
         ...
 
+    def wait_for_slot(self, job: str, payload: Redispatch) -> None:
+        """Queue a parked trial to be sent again when a slot of its job frees."""
+        ...
+
+    def next_waiting(self, job: str) -> Redispatch | None:
+        """Take the job's longest-waiting trial off the queue, if any."""
+        ...
+
 
 class JobControl(Protocol):
-    """A job's cancel flag and the end of its state."""
+    """A job's cancel flag, the hosts that cannot serve it, and the end of its state."""
 
     def cancel(self, job: str) -> None:
         """Cancel the job: queued trials end at once, running ones are stopped."""
@@ -120,6 +201,18 @@ class JobControl(Protocol):
 
     def is_cancelled(self, job: str) -> bool:
         """Whether the job is cancelled."""
+        ...
+
+    def mark_unfit(self, job: str, host: str, reason: str) -> None:
+        """Remember that `host` could not serve the job just now (the store's clock), and why."""
+        ...
+
+    def unfit_hosts(self, job: str) -> dict[str, Unfit]:
+        """Hosts that found they could not serve the job, with why and when.
+
+        A host marks itself each time; a mark that is no longer renewed (the
+        host was fixed, or left) ages: callers weigh it by `at`.
+        """
         ...
 
     def retire(self, job: str, ttl_sec: int) -> None:
@@ -140,6 +233,30 @@ class Board(Protocol):
 
     def states(self, job: str) -> dict[str, TrialStatus]:
         """Every trial's status by trial key."""
+        ...
+
+    def now(self) -> float:
+        """The store's clock (epoch seconds): the one clock all hosts compare against."""
+        ...
+
+    def beat(self, host: str) -> None:
+        """A worker host's heartbeat (stamped with the store's clock)."""
+        ...
+
+    def pause_host(self, host: str, reason: str) -> None:
+        """The host stopped taking trials because it is unhealthy, and why."""
+        ...
+
+    def resume_host(self, host: str) -> None:
+        """The host is healthy again and takes trials."""
+        ...
+
+    def forget_host(self, host: str) -> None:
+        """A worker host stopped on purpose."""
+        ...
+
+    def hosts(self) -> dict[str, HostStatus]:
+        """Every worker host that ever beat and was not forgotten."""
         ...
 
 

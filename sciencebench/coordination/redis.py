@@ -11,41 +11,108 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, override
+from typing import override
 
 import redis
 from redis.typing import EncodableT
 
-from sciencebench.coordination.protocol import JOBS_KEY, PREFIX, Coordinator, job_key
+from sciencebench.coordination.protocol import (
+    HOSTS_KEY,
+    JOBS_KEY,
+    PAUSED_KEY,
+    PREFIX,
+    Claim,
+    Coordinator,
+    HostStatus,
+    Unfit,
+    job_key,
+)
 from sciencebench.core.errors import BrokerUnavailableError
 from sciencebench.core.models import Redispatch, TrialState, TrialStatus
 
-# Refresh a lease we own; re-create it when it lapsed while nobody could
-# renew it (a broker outage) and no other run has taken the trial since.
-_RENEW = """
-local holder = redis.call('get', KEYS[1])
-if holder == ARGV[1] then
-  return redis.call('pexpire', KEYS[1], ARGV[2])
+# Claim a trial: nothing if it has a result (KEYS[2]) or a live lease (KEYS[1])
+# other than the parked one the caller's message may take over (ARGV[4]).
+_CLAIM = """
+if redis.call('exists', KEYS[2]) == 1 then
+  return 'answered'
 end
-if not holder then
+local holder = redis.call('get', KEYS[1])
+if holder and (ARGV[4] == '' or holder ~= ARGV[4]) then
+  return 'held'
+end
+redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('sadd', KEYS[3], ARGV[3])
+return 'claimed'
+"""
+# Park a lease under a token unless a live process holds it.
+_PARK = """
+local holder = redis.call('get', KEYS[1])
+if holder and holder ~= ARGV[1] then
+  return 0
+end
+redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('sadd', KEYS[2], ARGV[3])
+return 1
+"""
+# Is the caller still the trial's rightful holder? It holds the lease (KEYS[1]),
+# or the lease lapsed while nobody could renew it (a broker outage) and the
+# trial's running entry (KEYS[2], field ARGV[3]) still names it: no watchdog
+# has sent the trial to anyone else. Once one has, the caller's claim is gone.
+_RIGHTFUL = """
+local function rightful(lease, running, field, owner)
+  local holder = redis.call('get', lease)
+  if holder then
+    return holder == owner
+  end
+  local entry = redis.call('hget', running, field)
+  return entry ~= false and cjson.decode(entry)['owner'] == owner
+end
+"""
+_RENEW = (
+    _RIGHTFUL
+    + """
+if rightful(KEYS[1], KEYS[2], ARGV[3], ARGV[1]) then
   redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return 1
 end
 return 0
 """
+)
 _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
   return redis.call('del', KEYS[1])
 end
 return 0
 """
-# Take (or refresh) a concurrency slot: drop expired holders, then admit
-# the caller if it already holds a slot or fewer than the cap are held.
+# Store the record (KEYS[3]) only while the caller is the rightful holder.
+_COMMIT = (
+    _RIGHTFUL
+    + """
+if redis.call('exists', KEYS[3]) == 1 or not rightful(KEYS[1], KEYS[2], ARGV[3], ARGV[1]) then
+  return 0
+end
+redis.call('set', KEYS[3], ARGV[2])
+return 1
+"""
+)
+# Take an orphan: clear the running entry (KEYS[2], field ARGV[1]) only while
+# the lease (KEYS[1]) is still absent, so a late renewal and a re-send never
+# both win: after this the old holder is no longer rightful.
+_TAKE_ORPHAN = """
+if redis.call('exists', KEYS[1]) == 1 then
+  return 0
+end
+return redis.call('hdel', KEYS[2], ARGV[1])
+"""
+# Take (or refresh) a concurrency slot: drop expired holders, then admit the
+# caller if it already holds a slot or fewer than the cap are held. Expiry is
+# on the server's clock, so hosts with skewed clocks agree.
 _SLOT = """
-local now = tonumber(ARGV[1])
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('zremrangebyscore', KEYS[1], '-inf', now)
-if redis.call('zscore', KEYS[1], ARGV[2]) or redis.call('zcard', KEYS[1]) < tonumber(ARGV[3]) then
-  redis.call('zadd', KEYS[1], now + tonumber(ARGV[4]), ARGV[2])
+if redis.call('zscore', KEYS[1], ARGV[1]) or redis.call('zcard', KEYS[1]) < tonumber(ARGV[2]) then
+  redis.call('zadd', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
   return 1
 end
 return 0
@@ -62,9 +129,13 @@ class RedisCoordinator(Coordinator):
         self._redis: redis.Redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=30)
         self.outage_sec = outage_sec
         self._recovered_at = float("-inf")
+        self._claim_script = self._redis.register_script(_CLAIM)
+        self._park_script = self._redis.register_script(_PARK)
         self._renew_script = self._redis.register_script(_RENEW)
         self._release_script = self._redis.register_script(_RELEASE)
+        self._commit_script = self._redis.register_script(_COMMIT)
         self._slot_script = self._redis.register_script(_SLOT)
+        self._take_orphan_script = self._redis.register_script(_TAKE_ORPHAN)
 
     @property
     @override
@@ -112,9 +183,11 @@ class RedisCoordinator(Coordinator):
         return str(value) if value is not None else None
 
     @override
-    def store_result(self, job: str, key: str, record_json: str) -> None:
-        """Store a trial's TrialRecord JSON (the latest wins)."""
-        self.patiently(lambda: self._redis.set(job_key(job, "result", key), record_json))
+    def store_result(self, job: str, key: str, record_json: str) -> bool:
+        """Store a trial's record unless it has one (`SET NX`)."""
+        return bool(
+            self.patiently(lambda: self._redis.set(job_key(job, "result", key), record_json, nx=True))
+        )
 
     @override
     def clear_result(self, job: str, key: str) -> None:
@@ -134,22 +207,31 @@ class RedisCoordinator(Coordinator):
     # --- leases
 
     @override
-    def claim(self, job: str, key: str, owner: str, ttl_sec: float) -> bool:
-        """Take the trial's lease (`SET NX PX`); the job joins the set watchdogs scan."""
+    def claim(self, job: str, key: str, owner: str, ttl_sec: float, parked: str = "") -> Claim:
+        """Take the trial's lease unless it has a result or a live holder; the job joins the scan."""
+        keys = [job_key(job, "lease", key), job_key(job, "result", key), JOBS_KEY]
+        args: list[int | str] = [owner, int(ttl_sec * 1000), job, parked]
+        return Claim(str(self.patiently(lambda: self._claim_script(keys=keys, args=args))))
 
-        def claim() -> Any:
-            self._redis.sadd(JOBS_KEY, job)
-            return self._redis.set(job_key(job, "lease", key), owner, nx=True, px=int(ttl_sec * 1000))
-
-        return bool(self.patiently(claim))
+    @override
+    def park(self, job: str, key: str, token: str, ttl_sec: float) -> bool:
+        """Hold the lease under `token` unless a live process holds it."""
+        keys = [job_key(job, "lease", key), JOBS_KEY]
+        args: list[int | str] = [token, int(ttl_sec * 1000), job]
+        return bool(self.patiently(lambda: self._park_script(keys=keys, args=args)))
 
     @override
     def renew(self, job: str, key: str, owner: str, ttl_sec: float) -> bool:
-        """Extend `owner`'s lease; re-create it when it lapsed in an outage and nobody took it."""
-        lease = job_key(job, "lease", key)
-        return bool(
-            self.patiently(lambda: self._renew_script(keys=[lease], args=[owner, int(ttl_sec * 1000)]))
-        )
+        """Extend `owner`'s lease while it is the trial's rightful holder (see `_RIGHTFUL`)."""
+        keys = [job_key(job, "lease", key), job_key(job, "running")]
+        args: list[int | str] = [owner, int(ttl_sec * 1000), key]
+        return bool(self.patiently(lambda: self._renew_script(keys=keys, args=args)))
+
+    @override
+    def commit_result(self, job: str, key: str, owner: str, record_json: str) -> bool:
+        """Store the record if `owner` is the rightful holder and the trial has none (one script)."""
+        keys = [job_key(job, "lease", key), job_key(job, "running"), job_key(job, "result", key)]
+        return bool(self.patiently(lambda: self._commit_script(keys=keys, args=[owner, record_json, key])))
 
     @override
     def release(self, job: str, key: str, owner: str) -> None:
@@ -166,6 +248,12 @@ class RedisCoordinator(Coordinator):
     def clear_running(self, job: str, key: str) -> None:
         """The trial is no longer running here."""
         self.patiently(lambda: self._redis.hdel(job_key(job, "running"), key))
+
+    @override
+    def take_orphan(self, job: str, key: str) -> bool:
+        """Clear the running entry if the lease is still absent (one script)."""
+        keys = [job_key(job, "lease", key), job_key(job, "running")]
+        return bool(self.patiently(lambda: self._take_orphan_script(keys=keys, args=[key])))
 
     @override
     def orphaned(self) -> list[tuple[str, str, Redispatch]]:
@@ -200,9 +288,8 @@ class RedisCoordinator(Coordinator):
 
     @override
     def acquire_slot(self, job: str, key: str, cap: int, ttl_sec: float) -> bool:
-        """Take (or refresh) one of the job's `cap` slots for `ttl_sec`."""
-        now_ms = int(time.time() * 1000)
-        args: list[int | str] = [now_ms, key, cap, int(ttl_sec * 1000)]
+        """Take (or refresh) one of the job's `cap` slots for `ttl_sec` (the server's clock)."""
+        args: list[int | str] = [key, cap, int(ttl_sec * 1000)]
         return bool(self.patiently(lambda: self._slot_script(keys=[job_key(job, "slots")], args=args)))
 
     @override
@@ -211,6 +298,17 @@ class RedisCoordinator(Coordinator):
         self.patiently(lambda: self._redis.zrem(job_key(job, "slots"), key))
 
     # --- job control
+
+    @override
+    def wait_for_slot(self, job: str, payload: Redispatch) -> None:
+        """Queue a parked trial to be sent again when a slot frees (`RPUSH`)."""
+        self.patiently(lambda: self._redis.rpush(job_key(job, "waiting"), payload.model_dump_json()))
+
+    @override
+    def next_waiting(self, job: str) -> Redispatch | None:
+        """The longest-waiting parked trial (`LPOP`), or None."""
+        value = self.patiently(lambda: self._redis.lpop(job_key(job, "waiting")))
+        return Redispatch.model_validate_json(str(value)) if value is not None else None
 
     @override
     def cancel(self, job: str) -> None:
@@ -228,14 +326,32 @@ class RedisCoordinator(Coordinator):
         return bool(self.patiently(lambda: self._redis.exists(job_key(job, "cancelled"))))
 
     @override
+    def mark_unfit(self, job: str, host: str, reason: str) -> None:
+        """Remember that `host` could not serve the job just now, and why."""
+        value = Unfit(reason=reason, at=self.now()).model_dump_json()
+        self.patiently(lambda: self._redis.hset(job_key(job, "unfit"), host, value))
+
+    @override
+    def unfit_hosts(self, job: str) -> dict[str, Unfit]:
+        """Hosts that found they could not serve the job, with why and when."""
+        return {
+            host: Unfit.model_validate_json(value)
+            for host, value in self._hash(job_key(job, "unfit")).items()
+        }
+
+    @override
     def retire(self, job: str, ttl_sec: int) -> None:
-        """A finished job: watchdogs stop scanning it; its keys expire after `ttl_sec`."""
+        """A finished job: watchdogs stop scanning it; its keys expire after `ttl_sec`.
+
+        `EXPIRE LT` never lengthens a shorter life: a live lease still lapses
+        on time (a key without a TTL counts as infinite, so it gets one).
+        """
 
         def expire_all() -> None:
             self._redis.srem(JOBS_KEY, job)
             with self._redis.pipeline(transaction=False) as pipe:
                 for name in self._redis.scan_iter(match=job_key(job, "*"), count=1000):
-                    pipe.expire(name, ttl_sec)
+                    pipe.expire(name, ttl_sec, lt=True)
                 pipe.execute()
 
         self.patiently(expire_all)
@@ -261,3 +377,39 @@ class RedisCoordinator(Coordinator):
         """Every trial's status by trial key."""
         raw = self._hash(job_key(job, "state"))
         return {key: TrialStatus.model_validate_json(value) for key, value in raw.items()}
+
+    @override
+    def now(self) -> float:
+        """The server's clock (`TIME`)."""
+        seconds, micros = self.patiently(lambda: self._redis.time())
+        return float(seconds) + float(micros) / 1e6
+
+    @override
+    def beat(self, host: str) -> None:
+        """A worker host's heartbeat, stamped with the server's clock."""
+        self.patiently(lambda: self._redis.hset(HOSTS_KEY, host, repr(self.now())))
+
+    @override
+    def pause_host(self, host: str, reason: str) -> None:
+        """The host takes no trials now, and why."""
+        self.patiently(lambda: self._redis.hset(PAUSED_KEY, host, reason))
+
+    @override
+    def resume_host(self, host: str) -> None:
+        """The host takes trials again."""
+        self.patiently(lambda: self._redis.hdel(PAUSED_KEY, host))
+
+    @override
+    def forget_host(self, host: str) -> None:
+        """A worker host stopped on purpose."""
+        self.patiently(lambda: self._redis.hdel(HOSTS_KEY, host))
+        self.patiently(lambda: self._redis.hdel(PAUSED_KEY, host))
+
+    @override
+    def hosts(self) -> dict[str, HostStatus]:
+        """Every worker host that beat and was not forgotten."""
+        paused = self._hash(PAUSED_KEY)
+        return {
+            host: HostStatus(seen_at=float(seen), paused=host in paused, reason=paused.get(host, ""))
+            for host, seen in self._hash(HOSTS_KEY).items()
+        }

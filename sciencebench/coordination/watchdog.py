@@ -37,7 +37,8 @@ def redispatch_orphans(app: Celery, coord: Coordinator, lease_seconds: float) ->
     for job, key, payload in orphans:
         if not coord.try_lock(f"redispatch:{job}:{key}", lease_seconds):
             continue
-        coord.clear_running(job, key)
+        if not coord.take_orphan(job, key):  # its host renewed in time after all
+            continue
         send_again(app, coord, payload)
         log.warning("trial %s of job %s lost its host (%s); dispatched again", key, job, payload.host)
         sent += 1
@@ -47,7 +48,7 @@ def redispatch_orphans(app: Celery, coord: Coordinator, lease_seconds: float) ->
 def send_again(app: Celery, coord: Coordinator, payload: Redispatch) -> None:
     """Queue a trial again as the same chord member (same task id, chord, group)."""
     spec = payload.trial
-    coord.set_state(spec.job_name, spec.key, TrialState.QUEUED, "")
+    coord.set_state(spec.job_key, spec.key, TrialState.QUEUED, "")
     app.send_task(
         RUN_TRIAL,
         args=[spec.model_dump(mode="json")],

@@ -14,16 +14,19 @@ messages and Redis carry them as JSON, workers read them back with
 
 from __future__ import annotations
 
+import re
+import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from sciencebench.core.envfile import EnvFile
 from sciencebench.core.gateways import Gateway
 from sciencebench.core.harness import POLICY_ENVIRONMENT, POLICY_NAME
+from sciencebench.core.images import DEFAULT_PLATFORM
 
 
 class Provider(BaseModel):
@@ -68,17 +71,38 @@ class RunOptions(BaseModel):
     n_concurrent: int = Field(default=1, ge=1)
     n_attempts: int = Field(default=1, ge=1)
     max_retries: int = Field(default=0, ge=0)
-    agent_timeout_multiplier: float | None = Field(default=None, gt=0)
-    verifier_timeout_multiplier: float | None = Field(default=None, gt=0)
-    platform: str = "linux/amd64"
+    agent_timeout_multiplier: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    verifier_timeout_multiplier: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    platform: str = DEFAULT_PLATFORM
     pier_bin: str = "pier"
     skip_pull: bool = False
 
 
-class JobSpec(RunOptions):
-    """Everything a worker needs to run any trial of a job, minus secret values."""
+# Letters, digits, '.', '_' and '-', at most 128, not starting with punctuation.
+JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
-    job_name: str
+
+def check_job_name(name: str) -> str:
+    """Return `name` when it is a valid job name (the whole of it); ValueError otherwise."""
+    if not JOB_NAME.fullmatch(name):
+        raise ValueError("use letters, digits, '.', '_' and '-' (at most 128)")
+    return name
+
+
+JobName = Annotated[str, AfterValidator(check_job_name)]
+TaskId = Annotated[str, Field(pattern=r"^[0-9]{3,12}$")]
+
+
+class JobSpec(RunOptions):
+    """Everything a worker needs to run any trial of a job, minus secret values.
+
+    `job_id` is new with every submit: coordination state is keyed by it, and
+    a worker runs a trial only when the job directory's `job.json` carries the
+    id its message names.
+    """
+
+    job_id: uuid.UUID = Field(default_factory=uuid.uuid4)
+    job_name: JobName
     jobs_dir: Path
     selection_path: Path
     selection_sha256: str
@@ -98,6 +122,11 @@ class JobSpec(RunOptions):
         """`<jobs dir>/<job name>`."""
         return self.jobs_dir / self.job_name
 
+    @property
+    def job_key(self) -> str:
+        """The job's key in the coordination store: its submit's id."""
+        return str(self.job_id)
+
     def trial_keys(self) -> list[str]:
         """Every trial key of the job (`002#1`), in task then attempt order."""
         return [trial_key(t, a) for t in self.task_ids for a in range(1, self.n_attempts + 1)]
@@ -108,14 +137,21 @@ def trial_key(task_id: str, attempt: int) -> str:
     return f"{task_id}#{attempt}"
 
 
+def trial_label(key: str) -> str:
+    """What people see for a trial key (Flower, status): `task_002 #1`."""
+    task_id, _, attempt = key.partition("#")
+    return f"task_{task_id} #{attempt}"
+
+
 class TrialSpec(BaseModel):
     """One trial: a task and an attempt of a job. Small: it rides in every message."""
 
     model_config = ConfigDict(frozen=True)
 
-    job_name: str
+    job_id: uuid.UUID
+    job_name: JobName
     jobs_dir: Path
-    task_id: str
+    task_id: TaskId
     attempt: int = Field(ge=1)
     task_dir: Path
     task_toml_sha256: str
@@ -128,16 +164,39 @@ class TrialSpec(BaseModel):
         return trial_key(self.task_id, self.attempt)
 
     @property
+    def job_key(self) -> str:
+        """The job's key in the coordination store: its submit's id."""
+        return str(self.job_id)
+
+    @property
     def label(self) -> str:
         """What people see (Flower, status): `task_002 #1`."""
-        return f"task_{self.task_id} #{self.attempt}"
+        return trial_label(self.key)
 
 
-class TrialRecord(BaseModel):
-    """The small JSON record of one finished trial (successful or not)."""
+class TryRecord(BaseModel):
+    """One try of a trial: a Pier run (or a stage before it) and how it ended."""
 
     model_config = ConfigDict(frozen=True)
 
+    trial_dir: str | None = None
+    exception_type: str | None = None
+    exception_message: str | None = None
+    stage: str | None = None
+    worker: str | None = None
+    finished_at: datetime | None = None
+
+
+class TrialRecord(BaseModel):
+    """The small JSON record of one finished trial (successful or not).
+
+    `tries` counts the tries that ran; `earlier_tries` says how each try but
+    the last ended (the last one is the record itself).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    job_id: uuid.UUID
     job_name: str
     task_id: str
     attempt: int
@@ -145,6 +204,7 @@ class TrialRecord(BaseModel):
     rewards: dict[str, float] | None = None
     exception_type: str | None = None
     exception_message: str | None = None
+    exception_traceback: str | None = None
     stage: str | None = None
     timings_sec: dict[str, float] = Field(default_factory=dict)
     worker: str | None = None
@@ -152,6 +212,7 @@ class TrialRecord(BaseModel):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     tries: int = 1
+    earlier_tries: list[TryRecord] = Field(default_factory=list)
 
     @property
     def key(self) -> str:

@@ -20,7 +20,9 @@ PUBLISH_BATCH_OPS = 2000
 
 def dispatch(app: Celery, coord: Coordinator, job: JobSpec, trials: list[TrialSpec]) -> AsyncResult[object]:
     """chord(group(run_trial per trial), finalize_job): longest trials first."""
-    finalize = app.signature(FINALIZE_JOB, args=(str(job.jobs_dir), job.job_name), immutable=True)
+    finalize = app.signature(
+        FINALIZE_JOB, args=(str(job.jobs_dir), job.job_name, job.job_key), immutable=True
+    )
     header = [
         app.signature(
             RUN_TRIAL,
@@ -30,7 +32,7 @@ def dispatch(app: Celery, coord: Coordinator, job: JobSpec, trials: list[TrialSp
         )
         for trial in trials
     ]
-    coord.set_states(job.job_name, [trial.key for trial in trials], TrialState.QUEUED)
+    coord.set_states(job.job_key, [trial.key for trial in trials], TrialState.QUEUED)
     return send_chord(app, header, finalize)
 
 

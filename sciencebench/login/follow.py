@@ -31,7 +31,7 @@ class Counts:
 
 def count_states(coord: Coordinator, job: JobSpec, keys: list[str]) -> Counts:
     """Count the states of `keys` (a trial not on the board yet counts as queued)."""
-    states = coord.states(job.job_name)
+    states = coord.states(job.job_key)
     counts = Counter(status.state if (status := states.get(key)) else TrialState.QUEUED for key in keys)
     return Counts(
         done=counts[TrialState.DONE],

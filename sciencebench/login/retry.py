@@ -6,29 +6,39 @@ from sciencebench.core.errors import JobConflictError
 from sciencebench.core.models import JobSpec, TrialSpec
 from sciencebench.core.paths import JobPaths
 from sciencebench.core.summary import load_records
-from sciencebench.core.taskdir import task_toml_sha256
 from sciencebench.login.plan import expand
 from sciencebench.login.selection import load_selection
 
 
 def failed_trials(job: JobSpec) -> list[TrialSpec]:
-    """Trial specs of every errored trial, rebuilt from the selection on disk.
+    """Trial specs of every errored trial and every trial with no record, rebuilt from the selection.
 
-    Raises InputError when the selection no longer matches the job.
+    Raises InputError when the selection no longer matches the job, or when
+    the job's --agent-env values are gone (they are deleted once a job ends).
     """
-    records = load_records(JobPaths(job.jobs_dir, job.job_name))
-    errored = {(r.task_id, r.attempt) for r in records if r.errored}
-    if not errored:
+    records = {(r.task_id, r.attempt): r for r in load_records(JobPaths(job.jobs_dir, job.job_name))}
+    wanted = {
+        (task_id, attempt)
+        for task_id in job.task_ids
+        for attempt in range(1, job.n_attempts + 1)
+        if (task_id, attempt) not in records or records[(task_id, attempt)].errored
+    }
+    if not wanted:
         return []
+    if job.agent_env_file is not None and not job.agent_env_file.path.is_file():
+        raise JobConflictError(
+            f"job {job.job_name} used --agent-env, whose values were deleted when it ended; "
+            "submit the selection again as a new job"
+        )
     selection = load_selection(job.selection_path, ",".join(job.task_ids))
     if selection.sha256 != job.selection_sha256:
         raise JobConflictError(
             f"{job.selection_path}: selection changed since job {job.job_name} was submitted"
         )
-    hashes = {t: task_toml_sha256(selection.tasks[t].directory) for t in selection.task_ids}
+    hashes = {t: selection.tasks[t].task_hash for t in selection.task_ids}
     changed = sorted(t for t in selection.task_ids if job.task_hashes.get(t, hashes[t]) != hashes[t])
     if changed:
         raise JobConflictError(
             f"task_{changed[0]}: task definition changed since job {job.job_name} was submitted"
         )
-    return [t for t in expand(selection, job, hashes) if (t.task_id, t.attempt) in errored]
+    return [t for t in expand(selection, job, hashes) if (t.task_id, t.attempt) in wanted]

@@ -27,8 +27,16 @@ from sciencebench.core.settings import Settings
 class HostRuntime(Protocol):
     """What a trial needs from its host's container engine."""
 
+    def check_host(self) -> object:
+        """Raise PreflightError when this host cannot run any trial now (the host's fault)."""
+        ...
+
     def preflight(self, job: JobSpec) -> None:
-        """Raise PreflightError when this host cannot run the job's trials now."""
+        """Raise RefusedError when this host cannot run this job's trials at all (the job's fault)."""
+        ...
+
+    def environment_kwargs(self) -> dict[str, str]:
+        """Host-side `--ek` keywords for the policy environment (proxy image, owner id)."""
         ...
 
     def ensure_images(self, refs: list[str], platform: str, skip_pull: bool) -> None:
@@ -56,6 +64,13 @@ class WorkerContext:
 
 _context: WorkerContext | None = None
 _context_lock = threading.Lock()
+_settings: Settings | None = None
+
+
+def use_settings(settings: Settings) -> None:
+    """The settings every WorkerContext of this process (and its forks) is built with."""
+    global _settings
+    _settings = settings
 
 
 def worker_context(hostname: str | None = None) -> WorkerContext:
@@ -66,7 +81,7 @@ def worker_context(hostname: str | None = None) -> WorkerContext:
     global _context
     with _context_lock:
         if _context is None:
-            settings = Settings.from_env()
+            settings = _settings or Settings.from_env()
             if hostname:
                 settings = settings.model_copy(update={"hostname": hostname})
             coord = RedisCoordinator(settings.broker_url)

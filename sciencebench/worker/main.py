@@ -1,41 +1,69 @@
-"""`sciencebench worker`: preflight, sweep leftovers, warm Pier, then a Celery worker.
+"""`sciencebench worker`: configure, preflight, sweep leftovers, warm Pier, then a Celery worker.
 
 Prefork pool with `-O fair` (a slot takes a trial only when free), late acks
-and prefetch 1 (from the app), task events for Flower (`-E`), and the
-lost-host watchdog in the main process.
+and prefetch 1 (from the app), task events for Flower (`-E`). The main
+process also runs the lost-host watchdog and the host keeper: a heartbeat
+for the cluster, and, while a trial found this host unhealthy (its engine
+gone, its state dir full), a health check with backoff that resumes taking
+trials by itself once the host is fit again.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
-from celery.signals import worker_ready
+from celery import Celery
+from celery.signals import worker_ready, worker_shutdown
 
+from sciencebench.coordination.protocol import Coordinator
 from sciencebench.coordination.redis import RedisCoordinator
 from sciencebench.coordination.watchdog import start_watchdog
+from sciencebench.core.errors import InputError, PreflightError
 from sciencebench.core.settings import Settings
+from sciencebench.worker import preflight
 from sciencebench.worker.app import app
+from sciencebench.worker.context import use_settings
 from sciencebench.worker.pier import process
 from sciencebench.worker.runtime import prepare_host
 
 log = logging.getLogger(__name__)
 
+# The longest a paused host waits between two health checks.
+MAX_HEALTH_BACKOFF_SEC = 60.0
+
+
+def worker_settings(settings: Settings, **overrides: Any) -> Settings:
+    """The worker's settings with its command-line options; InputError when it serves nothing."""
+    settings = settings.model_copy(update={k: v for k, v in overrides.items() if v})
+    if not settings.jobs_roots or not settings.selection_roots:
+        raise InputError(
+            "a worker serves only the directories it is given: set --jobs-root and --selection-root "
+            "(or SCIENCEBENCH_JOBS_ROOTS and SCIENCEBENCH_SELECTION_ROOTS)"
+        )
+    return settings
+
 
 def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, loglevel: str,
-               platform: str, pier_bin: str) -> None:  # fmt: skip
+               platform: str, settings: Settings) -> None:  # fmt: skip
     """Check the host, then run the Celery worker until it is stopped."""
-    settings = Settings.from_env()
     coord = RedisCoordinator(settings.broker_url)
     coord.ping()
-    prepare_host(platform, pier_bin, settings)
+    prepare_host(platform, settings)
+    # Forked pool processes build their context from these, not from the environment alone.
+    use_settings(settings)
+    pier_bin = settings.pier_bin
     # Imports Pier in the background while Celery starts; pool processes share it.
     zygote_pid = (
-        process.prewarm(pier_bin, process.zygote_environment(platform)) if settings.warm_pier else None
+        process.prewarm(pier_bin, process.zygote_environment(platform, settings.pier_env))
+        if settings.warm_pier
+        else None
     )
+    stop = threading.Event()
 
     @worker_ready.connect(weak=False)
-    def _on_ready(**_: Any) -> None:
+    def _on_ready(sender: Any = None, **_: Any) -> None:
         if zygote_pid is not None:
             log.info("Pier starts warm: forked by zygote pid %d", zygote_pid)
         elif not settings.warm_pier:
@@ -45,6 +73,18 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
         else:
             log.info("Pier starts cold (its zygote did not start; see the warning above)")
         start_watchdog(app, coord, settings.lease_seconds)
+        name = getattr(sender, "hostname", None) or settings.hostname
+        threading.Thread(
+            target=keep_host, args=(app, coord, settings, name, stop), name="sciencebench-host", daemon=True
+        ).start()
+
+    @worker_shutdown.connect(weak=False)
+    def _on_shutdown(sender: Any = None, **_: Any) -> None:
+        stop.set()
+        try:
+            coord.forget_host(getattr(sender, "hostname", None) or settings.hostname)
+        except Exception:  # the broker may be gone already
+            log.warning("could not remove this host from the cluster's list", exc_info=True)
 
     argv = ["worker", f"--concurrency={concurrency}", f"--loglevel={loglevel}", "-E", "-O", "fair"]
     if hostname:
@@ -52,3 +92,36 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     if queues:
         argv.append(f"--queues={queues}")
     app.worker_main(argv)
+
+
+def keep_host(
+    app: Celery, coord: Coordinator, settings: Settings, hostname: str, stop: threading.Event
+) -> None:
+    """Beat every quarter lease; while paused, check health with backoff and resume when fit."""
+    interval = max(settings.lease_seconds / 4, 0.5)
+    backoff = interval
+    next_check = 0.0
+    while not stop.wait(interval):
+        try:
+            coord.beat(hostname)
+            status = coord.hosts().get(hostname)
+            if status is None or not status.paused:
+                backoff = interval
+                continue
+            next_check -= interval
+            if next_check > 0:
+                continue
+            try:
+                preflight.check_host(platform=None, pier_bin=settings.pier_bin, state_dir=settings.state_dir)
+            except PreflightError as exc:
+                backoff = min(backoff * 2, MAX_HEALTH_BACKOFF_SEC)
+                next_check = backoff
+                coord.pause_host(hostname, str(exc))
+                log.warning("host still unhealthy (next check in %.0fs): %s", backoff, exc)
+                continue
+            app.control.add_consumer(app.conf.task_default_queue, destination=[hostname])
+            coord.resume_host(hostname)
+            backoff = interval
+            log.warning("host healthy again: taking trials")
+        except Exception:  # the broker may be restarting; try again later
+            log.warning("host keeper: broker call failed", exc_info=True)

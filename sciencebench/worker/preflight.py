@@ -15,14 +15,13 @@ from pathlib import Path
 
 from sciencebench.core.errors import PreflightError
 from sciencebench.core.harness import PIER_VERSION
-from sciencebench.core.images import parse_platform
+from sciencebench.core.images import DEFAULT_PLATFORM, parse_platform
 from sciencebench.core.versions import parse_version
 from sciencebench.worker.docker import engine
 from sciencebench.worker.pier.process import pier_version
 
 MIN_ENGINE = (28, 0)
 MIN_COMPOSE_MAJOR = 2
-DEFAULT_PLATFORM = "linux/amd64"
 
 
 @dataclass(frozen=True)
@@ -113,15 +112,30 @@ def check_jobs_dir(jobs_dir: Path) -> None:
         raise PreflightError(f"jobs dir {jobs_dir} is not writable from this host: {reason}") from None
 
 
+def check_state_dir(state_dir: Path) -> None:
+    """Raise PreflightError unless the host state dir (pull locks, live-trial locks) takes a file."""
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=state_dir, prefix=".preflight-")
+        os.close(fd)
+        Path(name).unlink()
+    except OSError as exc:
+        reason = exc.strerror or exc.__class__.__name__
+        raise PreflightError(f"host state dir {state_dir} is not writable: {reason}") from None
+
+
 def check_host(
-    platform: str = DEFAULT_PLATFORM, jobs_dir: Path | None = None, pier_bin: str = "pier"
+    platform: str | None = DEFAULT_PLATFORM,
+    jobs_dir: Path | None = None,
+    pier_bin: str = "pier",
+    state_dir: Path | None = None,
 ) -> HostReport:
     """Check this host can run trials; a report of what it runs.
 
-    In order: the Docker Engine answers and is >= 28.0, it runs `platform`,
-    `docker compose` v2 is present, `pier_bin --version` is 0.3.0, and
-    `jobs_dir` (when given) is writable. Raises PreflightError with one line
-    naming the first problem and why it matters.
+    In order: the Docker Engine answers and is >= 28.0, it runs `platform`
+    (when given), `docker compose` v2 is present, `pier_bin --version` is
+    0.3.0, and `jobs_dir` and `state_dir` (when given) are writable. Raises
+    PreflightError with one line naming the first problem and why it matters.
     """
     client = engine.connect()
     try:
@@ -129,11 +143,14 @@ def check_host(
     finally:
         client.close()
     check_engine_version(facts.server_version)
-    check_platform(facts.os, facts.arch, platform)
+    if platform is not None:
+        check_platform(facts.os, facts.arch, platform)
     compose = check_compose(facts.compose_version, facts.compose_problem)
     pier = check_pier_version(pier_version(pier_bin))
     if jobs_dir is not None:
         check_jobs_dir(jobs_dir)
+    if state_dir is not None:
+        check_state_dir(state_dir)
     return HostReport(
         engine_version=facts.server_version,
         api_version=facts.api_version,

@@ -15,13 +15,13 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from sciencebench.coordination.redis import RedisCoordinator
-from sciencebench.core.errors import BrokerUnavailableError, PreflightError
+from sciencebench.core.errors import BrokerUnavailableError, PreflightError, RefusedError
 from sciencebench.core.models import JobSpec
 from sciencebench.core.settings import Settings
 from sciencebench.worker import preflight
 from sciencebench.worker.docker.cleanup import cleanup_matching, sweep_leftovers
 from sciencebench.worker.docker.engine import ClientPerProcess
-from sciencebench.worker.docker.hostlocks import hold_live_trial
+from sciencebench.worker.docker.hostlocks import hold_live_trial, owner_id
 from sciencebench.worker.docker.images import ImagePuller
 from sciencebench.worker.pier.naming import pier_trial_prefix, projects_of_trial
 
@@ -37,18 +37,42 @@ class DockerRuntime:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.puller = ImagePuller(state=settings.state_dir)
-        self._checked: dict[tuple[str, str, str], float] = {}
+        self._report: preflight.HostReport | None = None
+        self._checked_at = -PREFLIGHT_TTL_SEC
         self._client = ClientPerProcess()
         self._lock = threading.Lock()
 
-    def preflight(self, job: JobSpec) -> None:
-        """Raise PreflightError when this host cannot run the job's trials now."""
-        key = (job.platform, str(job.jobs_dir), job.pier_bin)
+    def check_host(self) -> preflight.HostReport:
+        """Raise PreflightError when this host cannot run trials now (checked at most once a minute).
+
+        The engine answers and is >= 28, compose v2 is there, the worker's own
+        Pier is 0.3.0, the host state dir is writable. A failure is the host's,
+        not any job's.
+        """
         with self._lock:
-            if time.monotonic() - self._checked.get(key, -PREFLIGHT_TTL_SEC) < PREFLIGHT_TTL_SEC:
-                return
-            preflight.check_host(platform=job.platform, jobs_dir=job.jobs_dir, pier_bin=job.pier_bin)
-            self._checked[key] = time.monotonic()
+            if self._report is None or time.monotonic() - self._checked_at >= PREFLIGHT_TTL_SEC:
+                self._report = None
+                self._report = preflight.check_host(
+                    platform=None, pier_bin=self.settings.pier_bin, state_dir=self.settings.state_dir
+                )
+                self._checked_at = time.monotonic()
+            return self._report
+
+    def preflight(self, job: JobSpec) -> None:
+        """Raise RefusedError when this host cannot run the job's trials at all (its platform)."""
+        report = self.check_host()
+        engine_os, _, engine_arch = report.platform.partition("/")
+        try:
+            preflight.check_platform(engine_os, engine_arch, job.platform)
+        except PreflightError as exc:
+            raise RefusedError(str(exc)) from None
+
+    def environment_kwargs(self) -> dict[str, str]:
+        """Host-side keywords of the policy environment: the proxy image and this host state's owner id."""
+        kwargs = {"owner": owner_id(self.settings.state_dir)}
+        if self.settings.proxy_image:
+            kwargs["proxy_image"] = self.settings.proxy_image
+        return kwargs
 
     def ensure_images(self, refs: list[str], platform: str, skip_pull: bool) -> None:
         """Make every pinned image present for `platform` (pulled at most once per host)."""
@@ -69,9 +93,9 @@ class DockerRuntime:
             log.warning("cleanup of %s: %s", trial_name, error)
 
 
-def prepare_host(platform: str, pier_bin: str, settings: Settings) -> None:
+def prepare_host(platform: str, settings: Settings) -> None:
     """Worker start: the host must pass preflight; then sweep crashed trials' leftovers."""
-    preflight.check_host(platform=platform, jobs_dir=None, pier_bin=pier_bin)
+    preflight.check_host(platform=platform, pier_bin=settings.pier_bin, state_dir=settings.state_dir)
     report = sweep_leftovers(state=settings.state_dir)
     if report.projects:
         log.warning("removed leftovers of crashed trials: %s", ", ".join(report.projects))

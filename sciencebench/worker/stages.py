@@ -1,15 +1,18 @@
-"""The stages of one claimed trial on a worker host, each timed into the record.
+"""One try of a claimed trial on a worker host: its stages, each timed into the record.
 
     workspace  task directory readable and unchanged, jobs directory writable
-    secrets    env files read locally, hashes checked
-    preflight  this host can run trials (Engine >= 28, compose v2, Pier)
+    secrets    env files read locally, hashes and keys checked
+    preflight  what this job needs of the host (its platform)
     pull       pinned images present, pulled by digest at most once per host
-    harness    one Pier process in a private scratch job directory
+    harness    one Pier process in a private scratch job directory, with a
+               clean environment (`process.pier_environment`)
     cleanup    the trial's containers, networks and derived images removed
-    collect    trial directory moved into the job, patch boundary checked
+    collect    Pier's result read, patch boundary checked
 
 A stage fails by raising its TrialError; `worker.trial` turns that into the
-trial's record (and retries what is worth retrying).
+try's record and decides on another try. Nothing is moved into the job
+directory here: `publish_dirs` does that once the record is committed, so a
+host that lost its lease never touches the job's files.
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from sciencebench.coordination.heartbeat import Heartbeat
-from sciencebench.core.errors import CollectError, HarnessError, WorkspaceError
+from sciencebench.core.compose_policy import task_variables
+from sciencebench.core.errors import CollectError, HarnessError, RefusedError, WorkspaceError
 from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec
 from sciencebench.core.paths import JobPaths
 from sciencebench.core.pier_argv import render_argv
@@ -35,11 +40,32 @@ from sciencebench.worker.pier.layout import find_trial_dirs, read_trial_outcome
 from sciencebench.worker.secrets import load_secrets
 
 CANCELLED = "Cancelled"
+# Exceptions Pier records that another try cannot mend (Pier's own RetryConfig
+# excludes the first five), plus the network policy's deterministic refusals.
+NOT_RETRIED = frozenset({
+    "AgentTimeoutError", "VerifierTimeoutError", "RewardFileNotFoundError", "RewardFileEmptyError",
+    "VerifierOutputParseError", "CancelledError", CANCELLED, "PolicyRefused", "PolicyViolation",
+})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Try:
+    """How one try ended: its record, Pier's trial directory (in scratch), whether to try again."""
+
+    record: TrialRecord
+    pier_dir: Path | None
+    retryable: bool
+
+
+def scratch_root(paths: JobPaths, spec: TrialSpec, owner: str) -> Path:
+    """This run's private scratch directory (inside the job dir: one filesystem with it)."""
+    return paths.scratch_dir / f"{spec.task_id}-{spec.attempt}.{owner}"
 
 
 def trial_record(spec: TrialSpec, ctx: WorkerContext, started: datetime, **fields: Any) -> TrialRecord:
     """A record of `spec` by this worker, started at `started`, finished now."""
     return TrialRecord(
+        job_id=spec.job_id,
         job_name=spec.job_name,
         task_id=spec.task_id,
         attempt=spec.attempt,
@@ -69,15 +95,16 @@ def _check_workspace(spec: TrialSpec, paths: JobPaths) -> None:
         raise WorkspaceError(f"{paths.job_dir}: not writable on this worker ({exc.strerror})") from None
 
 
-def run_stages(
+def run_try(
     spec: TrialSpec,
     job: JobSpec,
     ctx: WorkerContext,
+    paths: JobPaths,
     heartbeat: Heartbeat,
     started: datetime,
-    tries: int,
-) -> TrialRecord:
-    """Run the stages of a claimed trial once; its record, or the stage's TrialError."""
+    number: int,
+) -> Try:
+    """Run the stages of one try; its Try, or the stage's TrialError."""
     timings: dict[str, float] = {}
 
     def timed(stage: str, fn: Callable[[], Any]) -> Any:
@@ -87,43 +114,73 @@ def run_stages(
         finally:
             timings[stage] = round(time.monotonic() - t0, 3)
 
-    paths = JobPaths(spec.jobs_dir, spec.job_name)
     timed("workspace", lambda: _check_workspace(spec, paths))
     secrets = timed("secrets", lambda: load_secrets(job))
+    _check_declared(spec, secrets)
     timed("preflight", lambda: ctx.runtime.preflight(job))
     timed("pull", lambda: ctx.runtime.ensure_images(spec.image_refs, job.platform, job.skip_pull))
 
-    # A private Pier job directory; a crashed earlier run's leftovers go first.
-    for leftover in paths.scratch_dir.glob(f"{spec.task_id}-{spec.attempt}.*"):
-        shutil.rmtree(leftover, ignore_errors=True)
-    scratch = paths.scratch_dir / f"{spec.task_id}-{spec.attempt}.{ctx.owner}"
+    root = scratch_root(paths, spec, ctx.owner)
+    if number == 1:  # a crashed earlier run's leftovers go first
+        for leftover in paths.scratch_dir.glob(f"{spec.task_id}-{spec.attempt}.*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+    scratch = root / f"try-{number}"
     scratch.mkdir(parents=True)
     pier_job = "job"
-    argv = render_argv(job, spec, scratch, pier_job)
-    env = process.pier_environment(dict(os.environ), secrets, job.platform, process.SCIENCEBENCH_PATH)
-    zygote_env = process.zygote_environment(job.platform) if ctx.settings.warm_pier else None
+    argv = render_argv(
+        job, spec, scratch, pier_job,
+        pier_bin=ctx.settings.pier_bin, environment_kwargs=ctx.runtime.environment_kwargs(),
+    )  # fmt: skip
+    passed = ctx.settings.pier_env
+    env = process.pier_environment(dict(os.environ), secrets, job.platform, process.SCIENCEBENCH_PATH, passed)
+    zygote_env = process.zygote_environment(job.platform, passed) if ctx.settings.warm_pier else None
+    timeout_sec = spec.expected_sec * 1.25 + 300
     with ctx.runtime.live_trial(spec.task_dir.name):
         run = timed("harness", lambda: process.run_pier(
-            argv, env, cwd=scratch, log_path=scratch / "pier.log",
-            timeout_sec=spec.expected_sec * 1.25 + 300,
-            should_stop=lambda: heartbeat.should_stop,
-            zygote_env=zygote_env,
+            argv, env, cwd=scratch, log_path=scratch / "pier.log", timeout_sec=timeout_sec,
+            should_stop=lambda: heartbeat.should_stop, zygote_env=zygote_env,
         ))  # fmt: skip
     trial_dirs = find_trial_dirs(scratch / pier_job)
+    timed("cleanup", lambda: _cleanup(ctx.runtime, trial_dirs))
+    if run.cancelled:
+        record = trial_record(spec, ctx, started, exception_type=CANCELLED,
+                              exception_message="job cancelled while the trial ran",
+                              stage="harness", timings_sec=timings)  # fmt: skip
+        return Try(record=record, pier_dir=trial_dirs[-1] if trial_dirs else None, retryable=False)
+    if run.timed_out:
+        raise HarnessError(f"Pier exceeded {timeout_sec:.0f}s and was stopped")
+    if not trial_dirs:
+        tail = run.log_tail.strip().splitlines()[-1:] or ["no output"]
+        raise HarnessError(
+            f"Pier exited {run.exit_code} without a trial directory: {tail[0][:300]}{_disk_full(paths)}"
+        )
+    return _collect(spec, ctx, trial_dirs[-1], started, timings)
+
+
+def _check_declared(spec: TrialSpec, secrets: dict[str, str]) -> None:
+    """Refuse a task whose templates or compose variables name what the job did not declare.
+
+    The login node checked this at submit; a job.json can be written by
+    someone else, and Pier would resolve the names from its environment.
+    """
     try:
-        timed("cleanup", lambda: _cleanup(ctx.runtime, trial_dirs))
-        if run.cancelled:
-            return trial_record(spec, ctx, started, exception_type=CANCELLED,
-                           exception_message="job cancelled while the trial ran",
-                           stage="harness", timings_sec=timings, tries=tries)  # fmt: skip
-        if run.timed_out:
-            raise HarnessError(f"Pier exceeded {spec.expected_sec * 1.25 + 300:.0f}s and was stopped")
-        if not trial_dirs:
-            tail = run.log_tail.strip().splitlines()[-1:] or ["no output"]
-            raise HarnessError(f"Pier exited {run.exit_code} without a trial directory: {tail[0][:300]}")
-        return _collect(spec, ctx, paths, trial_dirs[-1], started, timings, tries)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        needed = task_variables(spec.task_dir)
+    except (OSError, ValueError) as exc:
+        raise WorkspaceError(f"{spec.task_dir}: task files unreadable ({exc.__class__.__name__})") from None
+    undeclared = sorted(needed - set(secrets))
+    if undeclared:
+        raise RefusedError(
+            f"the task asks for ${{{undeclared[0]}}}, which the job's env files do not provide"
+        )
+
+
+def _disk_full(paths: JobPaths) -> str:
+    """A note when the job directory's filesystem has no space left (Pier could write nothing)."""
+    try:
+        stats = os.statvfs(paths.job_dir)
+    except OSError:
+        return ""
+    return f" (No space left on device in {paths.job_dir})" if stats.f_bavail == 0 else ""
 
 
 def _cleanup(runtime: HostRuntime, trial_dirs: list[Path]) -> None:
@@ -132,36 +189,47 @@ def _cleanup(runtime: HostRuntime, trial_dirs: list[Path]) -> None:
 
 
 def _collect(
-    spec: TrialSpec,
-    ctx: WorkerContext,
-    paths: JobPaths,
-    trial_dir: Path,
-    started: datetime,
-    timings: dict[str, float],
-    tries: int,
-) -> TrialRecord:
+    spec: TrialSpec, ctx: WorkerContext, trial_dir: Path, started: datetime, timings: dict[str, float]
+) -> Try:
     try:
         outcome = read_trial_outcome(trial_dir)
     except (OSError, ValueError) as exc:
         raise CollectError(f"{trial_dir.name}: no readable result.json ({exc.__class__.__name__})") from None
-    patch_collected = (trial_dir / "artifacts" / "model.patch").is_file()
-    # Pier's layout and naming: <jobs-dir>/<job-name>/<task>__<trial>/ ; one rename.
-    destination = paths.job_dir / trial_dir.name
+    timings.update(outcome.timings_sec)
+    exception_type = outcome.exception_type
+    record = trial_record(
+        spec, ctx, started,
+        trial_dir=trial_dir.name, rewards=outcome.rewards,
+        exception_type=exception_type, exception_message=outcome.exception_message,
+        stage="harness" if exception_type else None,
+        timings_sec=timings, patch_collected=(trial_dir / "artifacts" / "model.patch").is_file(),
+    )  # fmt: skip
+    return Try(
+        record=record,
+        pier_dir=trial_dir,
+        retryable=bool(exception_type) and exception_type not in NOT_RETRIED,
+    )
+
+
+def publish_dirs(paths: JobPaths, spec: TrialSpec, tries: list[Try]) -> None:
+    """Move the committed try's trial directory into the job, earlier ones to `superseded/`.
+
+    Pier's layout and naming: `<jobs-dir>/<job-name>/<task>__<trial>/`, one
+    rename on one filesystem. An earlier run's directory (`retry --failed`)
+    is superseded too. Raises OSError when the job directory cannot take them.
+    """
+    superseded = paths.meta_dir / "superseded"
     previous = _previous_trial_dir(paths, spec)
-    if previous is not None and previous != destination:
-        superseded = paths.meta_dir / "superseded"
+    final = tries[-1].pier_dir if tries else None
+    if previous is not None and (final is None or previous.name != final.name):
         superseded.mkdir(parents=True, exist_ok=True)
         previous.rename(superseded / previous.name)
-    os.replace(trial_dir, destination)
-    timings.update(outcome.timings_sec)
-    exception_type, message = outcome.exception_type, outcome.exception_message
-    return trial_record(
-        spec, ctx, started,
-        trial_dir=destination.name, rewards=outcome.rewards,
-        exception_type=exception_type, exception_message=message,
-        stage="harness" if exception_type else None,
-        timings_sec=timings, patch_collected=patch_collected, tries=tries,
-    )  # fmt: skip
+    for earlier in tries[:-1]:
+        if earlier.pier_dir is not None and earlier.pier_dir.is_dir():
+            superseded.mkdir(parents=True, exist_ok=True)
+            os.replace(earlier.pier_dir, superseded / earlier.pier_dir.name)
+    if final is not None and final.is_dir():
+        os.replace(final, paths.job_dir / final.name)
 
 
 def _previous_trial_dir(paths: JobPaths, spec: TrialSpec) -> Path | None:

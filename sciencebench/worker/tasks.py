@@ -1,60 +1,95 @@
 """Celery tasks: thin wrappers that deserialize, call the real logic, serialize.
 
-`run_trial` never raises for a failed trial: it returns the failure record so
-the chord's finalizer always runs. A duplicate delivery (the trial already
+`run_trial` never raises for a failed trial: it returns the record so the
+chord's finalizer always runs. A duplicate delivery (the trial already
 answered the chord, or runs elsewhere) raises `Ignore`, which Celery does not
-count towards the chord.
+count towards the chord; so does a hand-back, after parking the trial (it is
+sent again, same task id and chord membership, by the watchdog when the park
+lapses, or at once when it waits for a slot and a trial of its job ends). A
+hand-back for a host fault also stops this worker consuming until its health
+check passes (`worker.main`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 from celery import Task, shared_task
 from celery.exceptions import Ignore
 from celery.signals import task_success
+from pydantic import ValidationError
 
+from sciencebench.coordination.records import finish_job
 from sciencebench.coordination.watchdog import send_again
-from sciencebench.core.errors import PreflightError, SciencebenchError
+from sciencebench.core.errors import SciencebenchError
 from sciencebench.core.models import Redispatch, TrialSpec, trial_key
-from sciencebench.core.paths import JobPaths
 from sciencebench.core.settings import RESULT_EXPIRES_SEC
-from sciencebench.core.summary import write_summary
 from sciencebench.core.wire import FINALIZE_JOB, PREWARM_IMAGES, RUN_TRIAL
-from sciencebench.worker.context import load_job, worker_context
-from sciencebench.worker.trial import execute
+from sciencebench.worker.admission import verified_paths_of
+from sciencebench.worker.context import WorkerContext, worker_context
+from sciencebench.worker.trial import Answer, Duplicate, HandBack, handle, parking_token
 
 log = logging.getLogger(__name__)
 
 
 @shared_task(bind=True, name=RUN_TRIAL)
 def run_trial(self: Task[Any, Any], trial: dict[str, Any]) -> dict[str, Any]:
-    """One trial (`worker.trial.execute`); returns its record, failed or not, for the chord."""
-    spec = TrialSpec.model_validate(trial)
+    """One trial (`worker.trial.handle`); returns its record, failed or not, for the chord."""
+    try:
+        spec = TrialSpec.model_validate(trial)
+    except ValidationError as exc:
+        # Not a message sciencebench sent: nothing to run, nothing to answer.
+        log.error("refused a malformed trial message: %s", exc.errors()[0]["msg"])
+        raise Ignore() from None
     request = self.request
     redispatch = Redispatch(
-        task_id=request.id,
-        trial=spec,
-        chord=request.chord,
-        group_id=request.group,
-        group_index=request.group_index,
-    )
+        task_id=request.id, trial=spec, chord=request.chord,
+        group_id=request.group, group_index=request.group_index,
+    )  # fmt: skip
     ctx = worker_context(request.hostname)
-    try:
-        record = execute(spec, ctx, redispatch)
-    except PreflightError as exc:
-        # This host cannot run trials now: give the trial back and stop taking more.
-        log.error("%s: host failed preflight, trial handed back, leaving the queue: %s", spec.label, exc)
-        send_again(self.app, ctx.coord, redispatch)
-        if request.hostname:
-            self.app.control.cancel_consumer(self.app.conf.task_default_queue, destination=[request.hostname])
-        raise Ignore() from None
-    if record is None:
+    outcome = handle(spec, ctx, redispatch)
+    if isinstance(outcome, HandBack):
+        _hand_back(self, ctx, redispatch, outcome)
         raise Ignore()
-    return record.model_dump(mode="json")
+    _wake_one_waiting(self, ctx, spec)  # a trial of the job ended: its slot may be free
+    if isinstance(outcome, Answer):
+        return outcome.record.model_dump(mode="json")
+    assert isinstance(outcome, Duplicate)
+    raise Ignore()
+
+
+def _hand_back(task: Task[Any, Any], ctx: WorkerContext, redispatch: Redispatch, outcome: HandBack) -> None:
+    """Park the trial's lease under its message's token; pause this host on a host fault.
+
+    The running entry makes the watchdog send the trial again once the park
+    lapses; a trial waiting for a slot is also queued to be woken when one frees.
+    """
+    spec, coord = redispatch.trial, ctx.coord
+    if not coord.park(spec.job_key, spec.key, parking_token(redispatch.task_id), outcome.park_sec):
+        return  # a live copy holds the trial: nothing to hand back
+    coord.set_running(spec.job_key, spec.key, redispatch)
+    if outcome.for_slot:
+        coord.wait_for_slot(spec.job_key, redispatch)
+    log.warning("%s: handed back (%s)", spec.label, outcome.reason)
+    hostname = task.request.hostname
+    if outcome.host_fault and hostname:
+        # This host stops taking trials; worker.main resumes it once its health check passes.
+        coord.pause_host(ctx.settings.hostname, outcome.reason)
+        task.app.control.cancel_consumer(task.app.conf.task_default_queue, destination=[hostname])
+
+
+def _wake_one_waiting(task: Task[Any, Any], ctx: WorkerContext, spec: TrialSpec) -> None:
+    """Send again the job's longest-waiting trial that waits for a slot, if any."""
+    try:
+        waiting = ctx.coord.next_waiting(spec.job_key)
+        if waiting is not None:
+            send_again(task.app, ctx.coord, waiting)
+    except SciencebenchError:
+        log.warning("%s: could not wake a trial waiting for a slot; the watchdog will", spec.label)
 
 
 @task_success.connect
@@ -62,26 +97,39 @@ def _mark_counted(sender: Any = None, result: Any = None, **_: Any) -> None:
     """Remember that the chord has counted this trial, so a copy is ignored."""
     if getattr(sender, "name", None) != RUN_TRIAL or not isinstance(result, dict):
         return
-    worker_context().coord.mark_counted(result["job_name"], trial_key(result["task_id"], result["attempt"]))
+    job = str(result.get("job_id", ""))
+    worker_context().coord.mark_counted(job, trial_key(result["task_id"], result["attempt"]))
 
 
 @shared_task(name=FINALIZE_JOB)
-def finalize_job(jobs_dir: str, job_name: str) -> dict[str, Any]:
-    """Chord body (immutable): write result.json, summary.json, summary.csv.
+def finalize_job(jobs_dir: str, job_name: str, job_id: str) -> dict[str, Any]:
+    """Chord body (immutable): write result.json, summary.json, summary.csv; never raises.
 
-    It reads the trial records from disk rather than the chord's results, so
-    `sciencebench summarize` rebuilds exactly the same files.
+    It reads the trial records from disk (records only the store holds are
+    written there first), so `sciencebench summarize` rebuilds the same
+    files. When this host cannot write the job directory, the answer says so
+    and the login node writes them (`submit --wait`, `summarize`).
     """
-    job = load_job(JobPaths(Path(jobs_dir), job_name))
-    result = write_summary(job)
-    worker_context().coord.retire(job_name, RESULT_EXPIRES_SEC)
-    stats = result["stats"]
-    return {
-        "job_name": job_name,
-        "n_total_trials": result["n_total_trials"],
-        "n_completed_trials": stats["n_completed_trials"],
-        "n_errored_trials": stats["n_errored_trials"],
-    }
+    ctx = worker_context()
+    try:
+        job_uuid = uuid.UUID(job_id)
+    except ValueError:
+        return {"job_name": job_name, "job_id": job_id, "problem": "not a job id", "summary_written": False}
+    paths = verified_paths_of(Path(jobs_dir), job_name, job_uuid, ctx.settings)
+    try:
+        answer = finish_job(ctx.coord, paths, job_name, job_uuid)
+    except Exception as exc:  # the chord's answer must still arrive
+        if isinstance(exc, OSError):
+            log.error("finalizing job %s: cannot write its summary (%s)", job_name, exc.strerror)
+        else:
+            log.exception("finalizing job %s failed", job_name)
+        answer = {"job_name": job_name, "job_id": job_id, "problem": f"{type(exc).__name__}: {exc}",
+                  "summary_written": False}  # fmt: skip
+    try:
+        ctx.coord.retire(job_id, RESULT_EXPIRES_SEC)
+    except SciencebenchError:
+        log.warning("job %s: its coordination state could not be retired", job_name)
+    return answer
 
 
 @shared_task(name=PREWARM_IMAGES)

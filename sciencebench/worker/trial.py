@@ -1,111 +1,290 @@
-"""One trial on a worker host: claimed once, run in stages, recorded.
+"""One trial on a worker host: admitted, claimed once, run in tries, committed, published.
 
-    claim      take the trial's lease (a second copy of the message bows out)
-    slot       wait for one of the job's --n-concurrent slots
-    stages     workspace, secrets, preflight, pull, harness, cleanup, collect
-               (`worker.stages`), retried on infrastructure failures
-    record     written to the job directory and to the coordination store
+    admit    may this host run the job at all? (`worker.admission`)
+    host     is this host healthy now? (engine, state dir, its own Pier)
+    claim    take the trial's lease in one step with the result check
+    slot     one of the job's --n-concurrent slots, or back to the queue
+    tries    the stages (`worker.stages`), again while the failure is worth
+             another try and --max-retries allows
+    commit   the record, stored only while the lease is still ours
+    publish  the trial directory moved into the job, the record written
 
-A failure becomes the trial's record; nothing here raises for a failed
-trial. `execute` returns None only for a duplicate delivery that must not
-be counted twice by the chord, and lets PreflightError through: then the
-host, not the trial, is at fault and the trial belongs on another host.
+`handle` never raises. Its `Outcome` says what the Celery task answers: a
+record (failed or not, so the chord always fires), nothing (a duplicate
+delivery, or a late copy whose lease was lost), or "hand back" (another host
+or a later moment must run it: the task parks the trial's lease under its
+message's token for a while; when the park lapses the watchdog sends the
+trial again, and a trial waiting for a slot is sent again as soon as a trial
+of its job ends. No worker process waits, and no host's clock is trusted).
+Whatever goes wrong unexpectedly becomes the trial's record with its
+traceback.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import time
+import traceback
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from sciencebench.coordination.heartbeat import Heartbeat
-from sciencebench.core.errors import CollectError, HarnessError, PullError, TrialError
-from sciencebench.core.models import Redispatch, TrialRecord, TrialSpec, TrialState
-from sciencebench.core.paths import JobPaths, write_atomic
-from sciencebench.worker.context import WorkerContext, load_job
-from sciencebench.worker.stages import CANCELLED, run_stages, trial_record
+from sciencebench.coordination.protocol import Claim
+from sciencebench.core.errors import PreflightError, RefusedError, TrialError, UnfitError
+from sciencebench.core.models import Redispatch, TrialRecord, TrialSpec, TrialState, TryRecord
+from sciencebench.core.paths import write_atomic
+from sciencebench.worker.admission import Admitted, admit, verified_paths
+from sciencebench.worker.context import WorkerContext
+from sciencebench.worker.stages import CANCELLED, Try, publish_dirs, run_try, scratch_root, trial_record
 
 log = logging.getLogger(__name__)
 
-# Infrastructure failures worth another try on this host (backoff between).
-RETRYABLE = (HarnessError, CollectError, PullError)
+
+@dataclass(frozen=True)
+class Answer:
+    """Answer the chord with this record."""
+
+    record: TrialRecord
 
 
-def execute(spec: TrialSpec, ctx: WorkerContext, redispatch: Redispatch | None) -> TrialRecord | None:
-    """Run one trial exactly once per (job, task, attempt); see the module docstring.
+@dataclass(frozen=True)
+class Duplicate:
+    """A copy of a trial that runs or ran elsewhere: answer nothing."""
 
-    `redispatch` (None in the embedded mode, where no host can be lost) is
-    how the watchdog sends the trial again should this process die.
+
+@dataclass(frozen=True)
+class HandBack:
+    """Park the trial for `park_sec`, then have it sent again.
+
+    `for_slot`: it waits for one of its job's slots (sent again as soon as one
+    frees); `host_fault`: this host stops taking trials until it is healthy.
     """
-    coord, job_name, key = ctx.coord, spec.job_name, spec.key
-    recorded = coord.get_result(job_name, key)
-    if recorded is not None:
+
+    reason: str
+    park_sec: float
+    host_fault: bool = False
+    for_slot: bool = False
+
+
+Outcome = Answer | Duplicate | HandBack
+
+
+def handle(spec: TrialSpec, ctx: WorkerContext, redispatch: Redispatch | None) -> Outcome:
+    """Run one trial at most once per (job, task, attempt); see the module docstring.
+
+    `redispatch` (None in the embedded mode, where no host is lost and nothing
+    is handed back) is how the trial is sent again by the watchdog or a hand-back.
+    """
+    started = datetime.now(UTC)
+    try:
+        return _handle(spec, ctx, redispatch, started)
+    except Exception as exc:
+        log.exception("%s: unexpected failure", spec.label)
+        record = trial_record(
+            spec, ctx, started, exception_type=type(exc).__name__, exception_message=str(exc)[:2000],
+            exception_traceback=traceback.format_exc()[-8000:], stage="worker",
+        )  # fmt: skip
+        _publish_unleased(spec, ctx, record)
+        return Answer(record)
+
+
+def _handle(spec: TrialSpec, ctx: WorkerContext, redispatch: Redispatch | None, started: datetime) -> Outcome:
+    coord, job, key = ctx.coord, spec.job_key, spec.key
+    try:
+        admitted = admit(spec, ctx.settings)
+    except UnfitError as exc:
+        return _unfit(spec, ctx, redispatch, started, str(exc))
+    except RefusedError as exc:
+        return _refused(spec, ctx, started, exc)
+    try:
+        ctx.runtime.check_host()
+    except PreflightError as exc:
+        if redispatch is None:
+            return _refused(spec, ctx, started, exc, stage="preflight")
+        return HandBack(f"host unfit: {exc}", park_sec=backoff(ctx), host_fault=True)
+
+    parked = parking_token(redispatch.task_id) if redispatch is not None else ""
+    claim = coord.claim(job, key, ctx.owner, ctx.settings.lease_seconds, parked=parked)
+    if claim is Claim.ANSWERED:
         # Redelivered after completion: answer once for the chord, then ignore.
-        return None if coord.is_counted(job_name, key) else TrialRecord.model_validate_json(recorded)
-    if not coord.claim(job_name, key, ctx.owner, ctx.settings.lease_seconds):
-        return None  # a live copy of this trial runs elsewhere
-    heartbeat = Heartbeat(coord, job_name, key, ctx.owner, ctx.settings.lease_seconds)
+        recorded = coord.get_result(job, key)
+        if recorded is None or coord.is_counted(job, key):
+            return Duplicate()
+        return Answer(TrialRecord.model_validate_json(recorded))
+    if claim is Claim.HELD:
+        return Duplicate()  # a live copy of this trial runs elsewhere
+
+    if coord.is_cancelled(job):
+        message = "job cancelled before the trial started"
+        record = trial_record(
+            spec, ctx, started, exception_type=CANCELLED, exception_message=message, stage="slot"
+        )
+        try:
+            return _commit(spec, ctx, admitted, record, tries=[])
+        finally:
+            coord.release(job, key, ctx.owner)
+    while not coord.acquire_slot(job, key, admitted.job.n_concurrent, ctx.settings.lease_seconds):
+        if redispatch is not None:
+            # Waiting would hold a worker process: give the lease up and come back later.
+            coord.release(job, key, ctx.owner)
+            coord.set_state(job, key, TrialState.WAITING, ctx.settings.hostname)
+            return HandBack(
+                "waiting for a slot of the job's --n-concurrent",
+                park_sec=ctx.settings.lease_seconds,
+                for_slot=True,
+            )
+        time.sleep(min(1.0, ctx.settings.lease_seconds / 4))
+    return _run_claimed(spec, ctx, admitted, redispatch, started)
+
+
+def _run_claimed(
+    spec: TrialSpec, ctx: WorkerContext, admitted: Admitted, redispatch: Redispatch | None, started: datetime
+) -> Outcome:
+    coord, job, key = ctx.coord, spec.job_key, spec.key
+    heartbeat = Heartbeat(coord, job, key, ctx.owner, ctx.settings.lease_seconds)
+    heartbeat.holds_slot = True
     heartbeat.start()
     if redispatch is not None:
         coord.set_running(
-            job_name, key, redispatch.model_copy(update={"owner": ctx.owner, "host": ctx.settings.hostname})
+            job, key, redispatch.model_copy(update={"owner": ctx.owner, "host": ctx.settings.hostname})
         )
+    coord.set_state(job, key, TrialState.RUNNING, ctx.settings.hostname)
     try:
-        record = _run_claimed(spec, ctx, heartbeat)
+        tries = _run_tries(spec, ctx, admitted, heartbeat, started)
         if heartbeat.lost.is_set():
-            return None  # our lease lapsed and the trial was handed to another host
-        _persist(spec, record, ctx)
-        return record
+            log.warning("%s: lease lost while it ran; its result is discarded", spec.label)
+            return Duplicate()
+        return _commit(spec, ctx, admitted, tries[-1].record, tries)
     finally:
         heartbeat.stop()
-        coord.release_slot(job_name, key)
-        coord.clear_running(job_name, key)
-        coord.release(job_name, key, ctx.owner)
+        shutil.rmtree(scratch_root(admitted.paths, spec, ctx.owner), ignore_errors=True)
+        coord.release_slot(job, key)
+        coord.clear_running(job, key)
+        coord.release(job, key, ctx.owner)
 
 
-def _persist(spec: TrialSpec, record: TrialRecord, ctx: WorkerContext) -> None:
-    paths = JobPaths(spec.jobs_dir, spec.job_name)
-    text = record.model_dump_json()
-    write_atomic(paths.trial_record(spec.task_id, spec.attempt), text)
-    ctx.coord.store_result(spec.job_name, spec.key, text)
-    state = TrialState.FAILED if record.errored else TrialState.DONE
-    ctx.coord.set_state(spec.job_name, spec.key, state, ctx.settings.hostname)
-
-
-def _run_claimed(spec: TrialSpec, ctx: WorkerContext, heartbeat: Heartbeat) -> TrialRecord:
-    started = datetime.now(UTC)
-    coord, ttl = ctx.coord, ctx.settings.lease_seconds
-    paths = JobPaths(spec.jobs_dir, spec.job_name)
-    try:
-        job = load_job(paths)
-    except TrialError as exc:
-        return trial_record(spec, ctx, started, exception_type=type(exc).__name__,
-                       exception_message=str(exc), stage=exc.stage)  # fmt: skip
-
-    coord.set_state(spec.job_name, spec.key, TrialState.WAITING, ctx.settings.hostname)
-    while not coord.acquire_slot(spec.job_name, spec.key, job.n_concurrent, ttl):
-        if coord.is_cancelled(spec.job_name) or heartbeat.lost.is_set():
-            break
-        time.sleep(min(1.0, ttl / 4))
-    else:
-        heartbeat.holds_slot = True
-    if coord.is_cancelled(spec.job_name):
-        return trial_record(spec, ctx, started, exception_type=CANCELLED,
-                       exception_message="job cancelled before the trial started", stage="slot")  # fmt: skip
-    coord.set_state(spec.job_name, spec.key, TrialState.RUNNING, ctx.settings.hostname)
-
-    tries = 0
+def _run_tries(
+    spec: TrialSpec, ctx: WorkerContext, admitted: Admitted, heartbeat: Heartbeat, started: datetime
+) -> list[Try]:
+    """Run tries until one is final: succeeded, not worth another, or --max-retries spent."""
+    job = admitted.job
+    tries: list[Try] = []
     while True:
-        tries += 1
+        number = len(tries) + 1
         try:
-            return run_stages(spec, job, ctx, heartbeat, started, tries)
-        except RETRYABLE as exc:
-            if tries > job.max_retries or heartbeat.cancelled.is_set() or heartbeat.lost.is_set():
-                return trial_record(spec, ctx, started, exception_type=type(exc).__name__,
-                               exception_message=str(exc), stage=exc.stage, tries=tries)  # fmt: skip
-            delay = min(2.0**tries, 60.0)
-            log.warning("%s: %s; retry %d/%d in %.0fs", spec.label, exc, tries, job.max_retries, delay)
-            time.sleep(delay)
+            attempt = run_try(spec, job, ctx, admitted.paths, heartbeat, started, number)
         except TrialError as exc:
-            return trial_record(spec, ctx, started, exception_type=type(exc).__name__,
-                           exception_message=str(exc), stage=exc.stage, tries=tries)  # fmt: skip
+            record = trial_record(spec, ctx, started, exception_type=type(exc).__name__,
+                                  exception_message=str(exc), stage=exc.stage)  # fmt: skip
+            attempt = Try(record=record, pier_dir=None, retryable=exc.retryable)
+        except Exception as exc:  # a full disk, a broken file: the try's record says so
+            if isinstance(exc, OSError):
+                log.error("%s: try %d failed: %s", spec.label, number, exc)
+            else:
+                log.exception("%s: try %d failed unexpectedly", spec.label, number)
+            record = trial_record(
+                spec, ctx, started, exception_type=type(exc).__name__, exception_message=str(exc)[:2000],
+                exception_traceback=traceback.format_exc()[-8000:], stage="worker",
+            )  # fmt: skip
+            attempt = Try(record=record, pier_dir=None, retryable=False)
+        tries.append(attempt)
+        if not attempt.retryable or number > job.max_retries or heartbeat.should_stop:
+            break
+        delay = min(2.0**number, 60.0)
+        log.warning("%s: try %d failed (%s); try %d of %d in %.0fs", spec.label, number,
+                    attempt.record.exception_type, number + 1, job.max_retries + 1, delay)  # fmt: skip
+        time.sleep(delay)
+    final = tries[-1].record.model_copy(
+        update={
+            "tries": len(tries),
+            "started_at": started,
+            "earlier_tries": [_summary_of(t.record) for t in tries[:-1]],
+        }
+    )
+    tries[-1] = Try(record=final, pier_dir=tries[-1].pier_dir, retryable=False)
+    return tries
+
+
+def _summary_of(record: TrialRecord) -> TryRecord:
+    return TryRecord(
+        trial_dir=record.trial_dir, exception_type=record.exception_type,
+        exception_message=record.exception_message, stage=record.stage,
+        worker=record.worker, finished_at=record.finished_at,
+    )  # fmt: skip
+
+
+def _commit(
+    spec: TrialSpec, ctx: WorkerContext, admitted: Admitted, record: TrialRecord, tries: list[Try]
+) -> Outcome:
+    """Store the record while the lease is ours, then move the trial directories into place."""
+    coord, job, key = ctx.coord, spec.job_key, spec.key
+    if not coord.commit_result(job, key, ctx.owner, record.model_dump_json()):
+        log.warning("%s: lease lost before its result was stored; the result is discarded", spec.label)
+        return Duplicate()
+    try:
+        publish_dirs(admitted.paths, spec, tries)
+        write_atomic(admitted.paths.trial_record(spec.task_id, spec.attempt), record.model_dump_json())
+    except OSError as exc:
+        # The store carries the record; the finalizer and the login node write it when they can.
+        log.error("%s: cannot write to the job directory (%s); the record is in the store", spec.label, exc)
+    coord.set_state(job, key, TrialState.FAILED if record.errored else TrialState.DONE, ctx.settings.hostname)
+    return Answer(record)
+
+
+def _refused(
+    spec: TrialSpec, ctx: WorkerContext, started: datetime, exc: Exception, stage: str = "admission"
+) -> Outcome:
+    log.error("%s: refused: %s", spec.label, exc)
+    record = trial_record(spec, ctx, started, exception_type=type(exc).__name__, exception_message=str(exc),
+                          stage=stage)  # fmt: skip
+    return _publish_unleased(spec, ctx, record)
+
+
+def _unfit(
+    spec: TrialSpec, ctx: WorkerContext, redispatch: Redispatch | None, started: datetime, reason: str
+) -> Outcome:
+    """This host cannot serve the job: say so, and hand the trial to another host if one can."""
+    coord, job, host = ctx.coord, spec.job_key, ctx.settings.hostname
+    coord.mark_unfit(job, host, reason)
+    if redispatch is not None:
+        # Hosts alive now, and hosts that found themselves unfit lately (a fixed host stops re-marking).
+        now, horizon = coord.now(), 2 * ctx.settings.lease_seconds
+        live = {name for name, status in coord.hosts().items() if now - status.seen_at < horizon} | {host}
+        unfit = {
+            name: mark.reason for name, mark in coord.unfit_hosts(job).items() if now - mark.at < horizon
+        }
+        if not live <= set(unfit):
+            return HandBack(f"this host cannot serve the job: {reason}", park_sec=backoff(ctx) * 2)
+        reason = "no worker host can serve this job: " + "; ".join(
+            f"{h}: {r}" for h, r in sorted(unfit.items())
+        )
+    return _refused(spec, ctx, started, UnfitError(reason))
+
+
+def _publish_unleased(spec: TrialSpec, ctx: WorkerContext, record: TrialRecord) -> Outcome:
+    """Publish a record of a trial that never ran (no lease): unless the trial has one already."""
+    coord, job, key = ctx.coord, spec.job_key, spec.key
+    try:
+        if not coord.store_result(job, key, record.model_dump_json()):
+            return Duplicate()
+        coord.set_state(job, key, TrialState.FAILED, ctx.settings.hostname)
+    except Exception:  # the store is gone too: the chord still gets the record
+        log.exception("%s: cannot store the record", spec.label)
+    paths = verified_paths(spec, ctx.settings)
+    if paths is not None:  # only into the job directory the submit made, if this host serves it
+        try:
+            write_atomic(paths.trial_record(spec.task_id, spec.attempt), record.model_dump_json())
+        except OSError as exc:
+            log.error("%s: cannot write the record (%s); the store carries it", spec.label, exc.strerror)
+    return Answer(record)
+
+
+def parking_token(task_id: str) -> str:
+    """The token a handed-back trial's lease is parked under: its message may take it over."""
+    return f"parked:{task_id}"
+
+
+def backoff(ctx: WorkerContext) -> float:
+    """How long a handed-back trial stays parked: a quarter lease, between 1 s and 5 s."""
+    return min(max(ctx.settings.lease_seconds / 4, 1.0), 5.0)

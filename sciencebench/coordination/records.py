@@ -1,0 +1,93 @@
+"""Finishing a job: bring the store's records to disk, write the summary, say what is missing.
+
+The chord's finalizer runs this on a worker; the login node runs it again
+when the finalizer could not write the job directory (`submit --wait`), and
+`summarize` runs the disk-only half. A trial with no record anywhere is
+*missing*, and missing is never success.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from sciencebench.coordination.protocol import Coordinator
+from sciencebench.core.models import JobSpec, TrialRecord
+from sciencebench.core.paths import JobPaths, write_atomic
+from sciencebench.core.summary import write_summary
+
+log = logging.getLogger(__name__)
+
+
+def store_records_to_disk(coord: Coordinator, job: JobSpec, paths: JobPaths) -> None:
+    """Write every record the store holds but the job directory lacks (best effort per record)."""
+    for key in job.trial_keys():
+        task_id, _, attempt = key.partition("#")
+        target = paths.trial_record(task_id, int(attempt))
+        if target.is_file():
+            continue
+        stored = coord.get_result(job.job_key, key)
+        if stored is None:
+            continue
+        try:
+            TrialRecord.model_validate_json(stored)
+            write_atomic(target, stored)
+        except (OSError, ValueError) as exc:
+            log.warning("job %s: record of %s not written (%s)", job.job_name, key, exc)
+
+
+def missing_trials(job: JobSpec, paths: JobPaths) -> list[str]:
+    """Trial keys of the job with no record on disk."""
+    return [
+        key
+        for key in job.trial_keys()
+        if not paths.trial_record(key.partition("#")[0], int(key.partition("#")[2])).is_file()
+    ]
+
+
+def forget_agent_env(job: JobSpec) -> None:
+    """Delete the job's `--agent-env` secrets file: the job no longer needs it.
+
+    Only the file where submit writes it (`<selection>/.sciencebench/secrets/`)
+    is ever deleted, whatever a job spec names.
+    """
+    if job.agent_env_file is None:
+        return
+    path = job.agent_env_file.path
+    secrets_dir = job.selection_path / ".sciencebench" / "secrets"
+    if path.parent != secrets_dir or path.name != f"{job.job_name}.agent-env.json":
+        log.warning("job %s: not deleting %s (not where submit writes secrets)", job.job_name, path)
+        return
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        log.warning("job %s: cannot delete its --agent-env file (%s)", job.job_name, exc.strerror)
+
+
+def finish_job(
+    coord: Coordinator, paths: JobPaths | None, job_name: str, job_id: uuid.UUID
+) -> dict[str, Any]:
+    """Records to disk, the agent-env file deleted, the summary written; the chord's answer.
+
+    `paths` is None when this host cannot (or may not) write the job
+    directory; the answer then says the summary is not written.
+    """
+    answer: dict[str, Any] = {"job_name": job_name, "job_id": str(job_id), "summary_written": False}
+    if paths is None:
+        answer["problem"] = "the job directory is not visible on the finalizing host"
+        return answer
+    job = JobSpec.model_validate_json(paths.job_spec.read_bytes())
+    store_records_to_disk(coord, job, paths)
+    forget_agent_env(job)
+    result = write_summary(job)
+    missing = missing_trials(job, paths)
+    stats = result["stats"]
+    answer.update(
+        summary_written=True,
+        n_total_trials=result["n_total_trials"],
+        n_completed_trials=stats["n_completed_trials"],
+        n_errored_trials=stats["n_errored_trials"],
+        missing=missing,
+    )
+    return answer
