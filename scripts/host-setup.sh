@@ -28,8 +28,9 @@ export DOCKER_CONFIG=$SB_STATE/docker-config
 export PATH=$PREFIX/usr/bin:$PREFIX/usr/sbin:$PATH
 
 # From bookworm. runc stays the system one: forky's runc needs glibc 2.38.
+# faketime runs a worker whose clock is skewed (the fault-isolation tier).
 SYSTEM_PACKAGES=(redis-server docker-registry debootstrap runc iptables
-                 curl git ca-certificates debian-archive-keyring)
+                 curl git ca-certificates debian-archive-keyring faketime)
 # From forky. docker-cli keeps the client in step with the engine and frees the
 # setup from whatever docker binary the machine image happens to carry;
 # tini-static is docker-init (`--init`, compose `init: true`).

@@ -8,6 +8,7 @@ cluster keeps.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,12 +16,13 @@ import pytest
 import redis
 
 from sciencebench.coordination.memory import MemoryCoordinator
-from sciencebench.coordination.protocol import Coordinator
+from sciencebench.coordination.protocol import Claim, Coordinator
 from sciencebench.coordination.redis import RedisCoordinator
 from sciencebench.core.models import Redispatch, TrialSpec, TrialState
 from tests.fixtures.services import RedisServer
 
 TTL = 0.4  # seconds: short enough to watch a lease expire
+JOB_ID = uuid.UUID("00000000-0000-4000-8000-000000000001")
 
 
 @pytest.fixture(
@@ -40,7 +42,7 @@ def coord(request: pytest.FixtureRequest) -> Iterator[Coordinator]:
 
 def _payload(task_id: str = "001", attempt: int = 1) -> Redispatch:
     trial = TrialSpec(
-        job_name="j", jobs_dir=Path("/jobs"), task_id=task_id, attempt=attempt,
+        job_id=JOB_ID, job_name="j", jobs_dir=Path("/jobs"), task_id=task_id, attempt=attempt,
         task_dir=Path(f"/sel/task_{task_id}"), task_toml_sha256="x", image_refs=[], expected_sec=1.0,
     )  # fmt: skip
     return Redispatch(task_id=f"celery-{task_id}", trial=trial, group_id="g", group_index=0, host="h1")
@@ -49,11 +51,11 @@ def _payload(task_id: str = "001", attempt: int = 1) -> Redispatch:
 # --- results ---------------------------------------------------------------------
 
 
-def test_results_round_trip_and_clear(coord: Coordinator) -> None:
+def test_results_are_stored_once_and_cleared(coord: Coordinator) -> None:
     assert coord.get_result("j", "001#1") is None
-    coord.store_result("j", "001#1", '{"a": 1}')
-    coord.store_result("j", "001#1", '{"a": 2}')
-    assert coord.get_result("j", "001#1") == '{"a": 2}'
+    assert coord.store_result("j", "001#1", '{"a": 1}')
+    assert not coord.store_result("j", "001#1", '{"a": 2}')  # one record per trial
+    assert coord.get_result("j", "001#1") == '{"a": 1}'
     assert coord.get_result("other", "001#1") is None
     coord.mark_counted("j", "001#1")
     assert coord.is_counted("j", "001#1")
@@ -67,40 +69,90 @@ def test_results_round_trip_and_clear(coord: Coordinator) -> None:
 
 
 def test_a_lease_has_one_owner_until_released(coord: Coordinator) -> None:
-    assert coord.claim("j", "001#1", "a", 30)
-    assert not coord.claim("j", "001#1", "b", 30)
-    assert coord.claim("j", "001#2", "b", 30)  # another trial
+    assert coord.claim("j", "001#1", "a", 30) is Claim.CLAIMED
+    assert coord.claim("j", "001#1", "b", 30) is Claim.HELD
+    assert coord.claim("j", "001#2", "b", 30) is Claim.CLAIMED  # another trial
     assert coord.renew("j", "001#1", "a", 30)
     assert not coord.renew("j", "001#1", "b", 30)
     coord.release("j", "001#1", "b")  # not b's to release
-    assert not coord.claim("j", "001#1", "c", 30)
+    assert coord.claim("j", "001#1", "c", 30) is Claim.HELD
     coord.release("j", "001#1", "a")
-    assert coord.claim("j", "001#1", "c", 30)
+    assert coord.claim("j", "001#1", "c", 30) is Claim.CLAIMED
+
+
+def test_a_trial_with_a_result_is_never_claimed_again(coord: Coordinator) -> None:
+    assert coord.store_result("j", "001#1", "{}")
+    assert coord.claim("j", "001#1", "a", 30) is Claim.ANSWERED
 
 
 def test_a_lease_expires_unless_renewed(coord: Coordinator) -> None:
-    assert coord.claim("j", "001#1", "a", TTL)
+    assert coord.claim("j", "001#1", "a", TTL) is Claim.CLAIMED
     time.sleep(TTL * 0.6)
     assert coord.renew("j", "001#1", "a", TTL)
     time.sleep(TTL * 0.6)
-    assert not coord.claim("j", "001#1", "b", TTL)  # renewed: still a's
+    assert coord.claim("j", "001#1", "b", TTL) is Claim.HELD  # renewed: still a's
     time.sleep(TTL * 1.5)
-    assert coord.claim("j", "001#1", "b", TTL)
+    assert coord.claim("j", "001#1", "b", TTL) is Claim.CLAIMED
 
 
-def test_renew_recreates_a_lapsed_lease_nobody_took(coord: Coordinator) -> None:
-    # What lets a live worker keep its trial across a broker outage longer than the lease.
-    assert coord.claim("j", "001#1", "a", TTL)
+def test_a_lapsed_lease_is_lost_once_the_trial_was_sent_elsewhere(coord: Coordinator) -> None:
+    # Fencing: a host cut off (or paused) longer than its lease, whose trial a watchdog
+    # sent again (clearing its running entry), never gets the trial back.
+    assert coord.claim("j", "001#1", "a", TTL) is Claim.CLAIMED
+    coord.set_running("j", "001#1", _payload("001").model_copy(update={"owner": "a"}))
     time.sleep(TTL * 1.5)
+    coord.clear_running("j", "001#1")  # what the watchdog does before sending it again
+    assert not coord.renew("j", "001#1", "a", 30)
+    assert not coord.commit_result("j", "001#1", "a", '{"by": "a"}')
+    assert coord.claim("j", "001#1", "b", 30) is Claim.CLAIMED
+    assert not coord.renew("j", "001#1", "a", 30)
+
+
+def test_a_lease_lapsed_in_an_outage_returns_to_its_holder(coord: Coordinator) -> None:
+    # Nobody could renew (the broker was away) and nobody took the trial: it is still a's.
+    assert coord.claim("j", "001#1", "a", TTL) is Claim.CLAIMED
+    coord.set_running("j", "001#1", _payload("001").model_copy(update={"owner": "a"}))
+    time.sleep(TTL * 1.5)
+    assert not coord.renew("j", "001#1", "b", 30)  # a stranger is not its holder
     assert coord.renew("j", "001#1", "a", 30)
-    assert not coord.claim("j", "001#1", "b", 30)
+    assert coord.claim("j", "001#1", "b", 30) is Claim.HELD
+    coord.release("j", "001#1", "a")  # lapsed again; the entry still names a: a may commit
+    assert coord.commit_result("j", "001#1", "a", '{"by": "a"}')
+
+
+def test_only_the_lease_holder_commits_and_only_once(coord: Coordinator) -> None:
+    assert coord.claim("j", "001#1", "a", TTL) is Claim.CLAIMED
+    assert not coord.commit_result("j", "001#1", "b", '{"by": "b"}')
+    time.sleep(TTL * 1.5)
+    assert coord.claim("j", "001#1", "b", 30) is Claim.CLAIMED  # a's lease lapsed; b runs it again
+    assert not coord.commit_result("j", "001#1", "a", '{"by": "a"}')  # a finishes late: discarded
+    assert coord.commit_result("j", "001#1", "b", '{"by": "b"}')
+    assert not coord.commit_result("j", "001#1", "b", '{"by": "b again"}')
+    assert coord.get_result("j", "001#1") == '{"by": "b"}'
+
+
+def test_a_parked_lease_is_taken_over_only_by_its_message(coord: Coordinator) -> None:
+    assert coord.park("j", "001#1", "parked:m1", 30)
+    assert coord.park("j", "001#1", "parked:m1", 30)  # parking again extends it
+    assert coord.claim("j", "001#1", "a", 30) is Claim.HELD  # another copy waits
+    assert coord.claim("j", "001#1", "a", 30, parked="parked:m2") is Claim.HELD
+    assert coord.claim("j", "001#1", "a", 30, parked="parked:m1") is Claim.CLAIMED
+    assert not coord.park("j", "001#1", "parked:m1", 30)  # a live holder is never parked over
+
+
+def test_a_parked_trial_whose_copy_is_lost_is_an_orphan(coord: Coordinator) -> None:
+    assert coord.park("j", "001#1", "parked:m1", TTL)
+    coord.set_running("j", "001#1", _payload("001"))
+    assert coord.orphaned() == []
+    time.sleep(TTL * 1.5)
+    assert [(job, key) for job, key, _ in coord.orphaned()] == [("j", "001#1")]
 
 
 def test_running_trials_without_a_lease_are_orphans(coord: Coordinator) -> None:
     assert coord.orphaned() == []
-    assert coord.claim("j", "001#1", "a", TTL)
+    assert coord.claim("j", "001#1", "a", TTL) is Claim.CLAIMED
     coord.set_running("j", "001#1", _payload("001"))
-    assert coord.claim("j", "002#1", "b", 30)
+    assert coord.claim("j", "002#1", "b", 30) is Claim.CLAIMED
     coord.set_running("j", "002#1", _payload("002"))
     assert coord.orphaned() == []
     time.sleep(TTL * 1.5)
@@ -111,11 +163,48 @@ def test_running_trials_without_a_lease_are_orphans(coord: Coordinator) -> None:
     assert coord.orphaned() == []
 
 
+def test_an_orphan_is_taken_once_and_its_old_holder_is_fenced(coord: Coordinator) -> None:
+    assert coord.claim("j", "001#1", "a", TTL) is Claim.CLAIMED
+    coord.set_running("j", "001#1", _payload().model_copy(update={"owner": "a"}))
+    assert not coord.take_orphan("j", "001#1")  # the lease is live: not an orphan
+    time.sleep(TTL * 1.5)
+    assert coord.take_orphan("j", "001#1")
+    assert not coord.take_orphan("j", "001#1")  # one watchdog sends it again, not two
+    assert not coord.renew("j", "001#1", "a", TTL)  # its old holder cannot come back
+
+
+def test_a_late_renewal_before_the_take_keeps_the_trial(coord: Coordinator) -> None:
+    assert coord.claim("j", "001#1", "a", TTL) is Claim.CLAIMED
+    coord.set_running("j", "001#1", _payload().model_copy(update={"owner": "a"}))
+    time.sleep(TTL * 1.5)
+    assert coord.renew("j", "001#1", "a", TTL)  # lapsed, but no watchdog acted yet
+    assert not coord.take_orphan("j", "001#1")
+    assert coord.orphaned() == []
+
+
 def test_a_retired_job_is_not_scanned_for_orphans(coord: Coordinator) -> None:
-    assert coord.claim("j", "001#1", "a", TTL)
+    assert coord.claim("j", "001#1", "a", TTL) is Claim.CLAIMED
     coord.set_running("j", "001#1", _payload())
     coord.retire("j", 3600)
     time.sleep(TTL * 1.5)
+    assert coord.orphaned() == []
+
+
+def test_retiring_never_lengthens_a_live_lease(coord: Coordinator) -> None:
+    assert coord.claim("j", "001#1", "a", TTL) is Claim.CLAIMED
+    coord.retire("j", 3600)
+    time.sleep(TTL * 1.5)
+    assert coord.claim("j", "001#1", "b", TTL) is Claim.CLAIMED  # lapsed on time
+
+
+def test_a_retired_job_forgets_its_keys_but_not_later_writes(coord: Coordinator) -> None:
+    assert coord.store_result("j", "001#1", '{"a": 1}')
+    coord.retire("j", 1)
+    coord.mark_counted("j", "002#1")  # a plain write after retiring keeps no expiry (as SET)
+    coord.set_running("j", "003#1", _payload("003"))  # running alone never lists the job
+    time.sleep(1.3)
+    assert coord.get_result("j", "001#1") is None
+    assert coord.is_counted("j", "002#1")
     assert coord.orphaned() == []
 
 
@@ -147,6 +236,16 @@ def test_an_unrefreshed_slot_expires(coord: Coordinator) -> None:
     assert coord.acquire_slot("j", "002#1", 1, TTL)
 
 
+def test_trials_waiting_for_a_slot_are_woken_in_order(coord: Coordinator) -> None:
+    assert coord.next_waiting("j") is None
+    coord.wait_for_slot("j", _payload("001"))
+    coord.wait_for_slot("j", _payload("002"))
+    coord.wait_for_slot("other", _payload("003"))
+    assert coord.next_waiting("j") == _payload("001")
+    assert coord.next_waiting("j") == _payload("002")
+    assert coord.next_waiting("j") is None
+
+
 # --- job control -----------------------------------------------------------------
 
 
@@ -157,6 +256,20 @@ def test_cancel_and_uncancel(coord: Coordinator) -> None:
     assert not coord.is_cancelled("other")
     coord.uncancel("j")
     assert not coord.is_cancelled("j")
+
+
+def test_unfit_hosts_are_kept_per_job(coord: Coordinator) -> None:
+    assert coord.unfit_hosts("j") == {}
+    before = coord.now()
+    coord.mark_unfit("j", "w1@a", "cannot see /jobs")
+    coord.mark_unfit("j", "w2@b", "no env file")
+    marks = coord.unfit_hosts("j")
+    assert {host: mark.reason for host, mark in marks.items()} == {
+        "w1@a": "cannot see /jobs",
+        "w2@b": "no env file",
+    }
+    assert all(before - 1 <= mark.at <= coord.now() + 1 for mark in marks.values())
+    assert coord.unfit_hosts("other") == {}
 
 
 def test_retire_expires_the_jobs_state(coord: Coordinator) -> None:
@@ -187,6 +300,25 @@ def test_states_show_the_latest_state_and_host(coord: Coordinator) -> None:
     assert states["001#1"].at >= states["002#1"].at > 0
     coord.set_states("j", [], TrialState.FAILED)  # nothing to do
     assert len(coord.states("j")) == 2
+
+
+def test_hosts_beat_pause_and_resume_on_the_stores_clock(coord: Coordinator) -> None:
+    assert coord.hosts() == {}
+    before = coord.now()
+    coord.beat("w1@a")
+    coord.beat("w2@b")
+    coord.pause_host("w2@b", "engine unreachable")
+    hosts = coord.hosts()
+    assert set(hosts) == {"w1@a", "w2@b"}
+    assert before - 1 <= hosts["w1@a"].seen_at <= coord.now() + 1
+    assert not hosts["w1@a"].paused
+    assert (hosts["w2@b"].paused, hosts["w2@b"].reason) == (True, "engine unreachable")
+    coord.beat("w2@b")  # a heartbeat does not resume a paused host
+    assert coord.hosts()["w2@b"].paused
+    coord.resume_host("w2@b")
+    assert not coord.hosts()["w2@b"].paused
+    coord.forget_host("w1@a")
+    assert set(coord.hosts()) == {"w2@b"}
 
 
 def test_patiently_returns_what_the_call_returns(coord: Coordinator) -> None:

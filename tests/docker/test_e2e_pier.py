@@ -44,7 +44,9 @@ def test_oracle_and_nop_through_workers(
     env.update(SCIENCEBENCH_BROKER_URL=redis_server.url, SCIENCEBENCH_STATE_DIR=str(state_dir),
                SCIENCEBENCH_LEASE_SECONDS="10", LITELLM_LOCAL_MODEL_COST_MAP="True",
                PATH=f"{VENV_BIN}{os.pathsep}{env['PATH']}")  # fmt: skip
-    workers = [Worker(f"d{i}", env, tmp_path, concurrency=1).start() for i in range(2)]
+    # The workers serve the session's temp dir: the demo selection lives beside this test's jobs.
+    serves = demo_selection.parents[1]
+    workers = [Worker(f"d{i}", env, tmp_path, concurrency=1, serves=serves).start() for i in range(2)]
     try:
         for worker in workers:
             worker.wait_ready(timeout=120)

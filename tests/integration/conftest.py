@@ -40,6 +40,7 @@ class Cluster:
             SCIENCEBENCH_LEASE_SECONDS=str(LEASE_SECONDS),
             SCIENCEBENCH_STATE_DIR=str(self.state_dir),
             FAKE_PIER_LOG=str(self.root / "fake-pier.jsonl"),
+            SCIENCEBENCH_PIER_ENV="FAKE_PIER_LOG",
             LITELLM_LOCAL_MODEL_COST_MAP="True",
             PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
         )
@@ -60,10 +61,10 @@ class Cluster:
         self.workers += started
         return started
 
-    def selection(self, behaviours: dict[str, dict[str, Any]], **kw: Any) -> Path:
-        """A selection whose tasks tell the fake Pier what to do."""
+    def selection(self, behaviours: dict[str, dict[str, Any]], root: Path | None = None, **kw: Any) -> Path:
+        """A selection (at `root`, else `<test dir>/selection`); its tasks tell the fake Pier what to do."""
         kw = {"agent_image": self.base_image, "verifier_image": self.base_image, **kw}
-        path = make_selection(self.root / "selection", list(behaviours), **kw)
+        path = make_selection(root or self.root / "selection", list(behaviours), **kw)
         for task_id, behaviour in behaviours.items():
             (path / f"task_{task_id}" / "fake.json").write_text(json.dumps(behaviour))
         return path
@@ -76,14 +77,27 @@ class Cluster:
         self, path: Path, job_name: str, *extra: str, wait: bool = True
     ) -> subprocess.CompletedProcess[str]:
         args = ["submit", "--path", str(path), "--agent", "nop", "--jobs-dir", str(self.jobs_dir),
-                "--job-name", job_name, "--pier-bin", str(FAKE_PIER), *extra]  # fmt: skip
+                "--job-name", job_name, *extra]  # fmt: skip
         return self.cli(*args, *(["--wait"] if wait else []))
 
+    def submit_argv(self, path: Path, job_name: str, *extra: str) -> list[str]:
+        """The command line of `submit --wait` (later options win), for a test to run in the background."""
+        return [str(VENV_BIN / "sciencebench"), "submit", "--path", str(path), "--agent", "nop",
+                "--jobs-dir", str(self.jobs_dir), "--job-name", job_name, "--wait", *extra]  # fmt: skip
+
     def pier_runs(self) -> list[dict[str, Any]]:
-        log = self.root / "fake-pier.jsonl"
-        if not log.exists():
-            return []
-        return [json.loads(line) for line in log.read_text().splitlines()]
+        """The fake Pier runs that finished, in order."""
+        return _json_lines(self.root / "fake-pier.jsonl")
+
+    def pier_runs_started(self) -> list[dict[str, Any]]:
+        """The fake Pier runs that started (finished or not)."""
+        return _json_lines(self.root / "fake-pier.jsonl.starts")
+
+
+def _json_lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 @pytest.fixture

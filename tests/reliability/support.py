@@ -153,9 +153,11 @@ def redis_dump(url: str) -> dict[str, Any]:
     return dump
 
 
-def job_keys(url: str, job: str) -> list[str]:
+def job_keys(url: str, job_dir: Path) -> list[str]:
+    """Every Redis key of the job in `job_dir` (keyed by its submit's job id)."""
+    job_id = json.loads((job_dir / ".sciencebench" / "job.json").read_text())["job_id"]
     client = redis.Redis.from_url(url, decode_responses=True)
     try:
-        return sorted(client.scan_iter(match=f"sciencebench:{job}:*", count=1000))
+        return sorted(client.scan_iter(match=f"sciencebench:{job_id}:*", count=1000))
     finally:
         client.close()

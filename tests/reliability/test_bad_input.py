@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.selection import make_selection
-from tests.fixtures.services import FAKE_PIER, VENV_BIN, free_port
+from tests.fixtures.services import VENV_BIN, free_port
 from tests.integration.conftest import Cluster
 from tests.reliability.support import (
     fake_pier_completions,
@@ -84,7 +84,7 @@ def test_unreachable_broker_writes_nothing(cluster: Cluster) -> None:
     env = dict(cluster.env, SCIENCEBENCH_BROKER_URL=f"redis://127.0.0.1:{free_port()}/0")
     done = subprocess.run(
         [str(VENV_BIN / "sciencebench"), "submit", "--path", str(path), "--jobs-dir", str(cluster.jobs_dir),
-         "--job-name", "nobroker", "--pier-bin", str(FAKE_PIER), "--agent-env", f"EXTRA_TOKEN={CANARY}"],
+         "--job-name", "nobroker", "--agent-env", f"EXTRA_TOKEN={CANARY}"],
         env=env, cwd=cluster.root, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     _refused(done, 1, "broker unreachable")

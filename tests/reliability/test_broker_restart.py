@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.fixtures.services import FAKE_PIER, VENV_BIN
+from tests.fixtures.services import VENV_BIN
 from tests.integration.conftest import LEASE_SECONDS, Cluster
 from tests.reliability.support import (
     fake_pier_completions,
@@ -53,7 +53,7 @@ class _Run:
             {t: {"sleep_sec": trial_sec.get(t, TRIAL_SEC), "reward": 1.0} for t in TASKS}
         )
         argv = [str(VENV_BIN / "sciencebench"), "submit", "--path", str(path), "--agent", "nop",
-                "--jobs-dir", str(cluster.jobs_dir), "--job-name", job, "--pier-bin", str(FAKE_PIER),
+                "--jobs-dir", str(cluster.jobs_dir), "--job-name", job,
                 "--n-concurrent", "2", "--wait"]  # fmt: skip
         self.stderr_path = cluster.root / f"{job}.submit.stderr"
         with self.stderr_path.open("w") as err:
@@ -63,7 +63,7 @@ class _Run:
 
     def outage(self, down_sec: float) -> float:
         """Stop the broker, keep it away `down_sec`, start it again; return the time it was away."""
-        keys_before = job_keys(self.cluster.redis.url, self.job)
+        keys_before = job_keys(self.cluster.redis.url, self.job_dir)
         started = time.monotonic()
         if down_sec:
             self.cluster.redis.stop()
@@ -73,7 +73,7 @@ class _Run:
             self.cluster.redis.restart()
         away = time.monotonic() - started
         # AOF kept what was there (leases excepted: they expire on their own clock).
-        kept = set(job_keys(self.cluster.redis.url, self.job))
+        kept = set(job_keys(self.cluster.redis.url, self.job_dir))
         assert {k for k in keys_before if ":lease:" not in k} <= kept
         return away
 
@@ -105,7 +105,7 @@ class _Run:
         assert {r["exception_type"] for r in recs.values()} == {None}, recs
         if (self.job_dir / "summary.csv").exists():
             assert sorted(r["task_id"] for r in summary_rows(self.job_dir)) == [f"task_{t}" for t in TASKS]
-        results = [k for k in job_keys(self.cluster.redis.url, self.job) if ":result:" in k]
+        results = [k for k in job_keys(self.cluster.redis.url, self.job_dir) if ":result:" in k]
         assert len(results) == len(TASKS), results
         for worker in self.cluster.workers:
             assert worker.proc and worker.proc.poll() is None, worker.log_path.read_text()[-2000:]

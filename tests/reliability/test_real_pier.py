@@ -30,6 +30,7 @@ import pytest
 import redis
 
 from sciencebench.worker.docker import cleanup, labels
+from sciencebench.worker.docker.build import commit_image
 from sciencebench.worker.pier import naming
 from tests.fixtures.flower import Flower
 from tests.fixtures.services import VENV_BIN, RedisServer, Worker
@@ -82,7 +83,8 @@ def real(
                SCIENCEBENCH_LEASE_SECONDS="10", LITELLM_LOCAL_MODEL_COST_MAP="True",
                PATH=f"{VENV_BIN}{os.pathsep}{env['PATH']}")  # fmt: skip
     flower = Flower.start(env, root, FLOWER_USER, FLOWER_PASSWORD)
-    worker = Worker("rel", env, root, concurrency=2)
+    # It serves the session's temp dir: the demo selection lives beside this module's jobs.
+    worker = Worker("rel", env, root, concurrency=2, serves=tmp_path_factory.getbasetemp())
     try:
         worker.start().wait_ready(timeout=180)
         yield Real(root=root, env=env, worker=worker, flower=flower, redis_url=redis_server.url)
@@ -330,3 +332,57 @@ def test_another_workers_startup_sweep_spares_a_live_trial(
     figure("foreign_sweep", {"live_trial_containers_before": len(before["containers"]),
                              "removed_by_sweep": sorted(report.containers)})  # fmt: skip
     assert after["containers"] == before["containers"], report
+
+
+# --- what the containers themselves see --------------------------------------------------------
+
+
+def _env_dumping_copy(demo_selection: Path, root: Path, client: docker.DockerClient, registry: str) -> Path:
+    """The demo selection with task_001's agent and verifier writing their environment to their logs.
+
+    The agent side is its solution script; the verifier side needs a verifier
+    image whose /tests/test.sh does it (built here on the demo's, pushed, pinned).
+    """
+    copy = root / "selection"
+    shutil.copytree(demo_selection, copy, ignore=shutil.ignore_patterns("batch-run.json", ".sciencebench"))
+    solve = copy / "task_001" / "solution" / "solve.sh"
+    solve.write_text(
+        solve.read_text().replace("set -e\n", "set -e\nenv > /logs/agent/container-env.txt\n", 1)
+    )
+    toml_path = copy / "task_001" / "task.toml"
+    toml = toml_path.read_text()
+    verifier = re.search(r'\[verifier\.environment\]\ndocker_image = "([^"]+)"', toml)
+    assert verifier is not None
+    script = "sed -i '2i env > /logs/verifier/container-env.txt' /tests/test.sh"
+    dumping = commit_image(client, verifier.group(1), script, f"{registry}/sciencebench/envdump-verifier",
+                           "/app/project")  # fmt: skip
+    toml_path.write_text(toml.replace(verifier.group(1), dumping))
+    return copy
+
+
+def test_the_key_reaches_no_container_and_agent_env_only_the_agent(
+    real: Real, demo_selection: Path, docker_client: docker.DockerClient, registry: str
+) -> None:
+    root = real.root / "envdump"
+    path = _env_dumping_copy(demo_selection, root, docker_client, registry)
+    env_file = root / "provider.env"
+    env_file.write_text(f"OPENAI_API_KEY={CANARY}\n")
+    done = real.cli(
+        "submit", "--path", str(path), "--agent", "oracle", "--task-id", "001",
+        "--jobs-dir", str(root / "jobs"), "--job-name", "envdump", "--env-file", str(env_file),
+        "--agent-env", f"EXTRA_TOKEN={AGENT_ENV_CANARY}", "--wait",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (record,) = records(root / "jobs" / "envdump").values()
+    trial_dir = root / "jobs" / "envdump" / record["trial_dir"]
+    agent_env = (trial_dir / "agent" / "container-env.txt").read_text()
+    verifier_env = (trial_dir / "verifier" / "container-env.txt").read_text()
+    # What the submit meant for the harness reaches the agent; the model key was never asked for.
+    assert f"EXTRA_TOKEN={AGENT_ENV_CANARY}" in agent_env
+    assert CANARY not in agent_env
+    assert CANARY not in verifier_env and AGENT_ENV_CANARY not in verifier_env
+    # Nothing of the worker's own settings reaches either container.
+    for text in (agent_env, verifier_env):
+        assert "SCIENCEBENCH_" not in text and real.redis_url not in text
+    figure("container_envs", {"agent_vars": len(agent_env.splitlines()),
+                              "verifier_vars": len(verifier_env.splitlines())})  # fmt: skip

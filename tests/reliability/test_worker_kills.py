@@ -9,6 +9,7 @@ the figures of docs/reliability.md.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -58,8 +59,9 @@ def _audit(cluster: Cluster, job: str, tasks: list[str]) -> None:
     assert list((job_dir / ".sciencebench" / "scratch").iterdir()) == []
     completed = fake_pier_completions(cluster.pier_runs(), job)
     assert sorted(r["task"] for r in completed) == [f"task_{t}" for t in tasks]
-    results = [k for k in job_keys(cluster.redis.url, job) if ":result:" in k]
-    assert sorted(results) == sorted(f"sciencebench:{job}:result:{t}#1" for t in tasks)
+    results = [k for k in job_keys(cluster.redis.url, job_dir) if ":result:" in k]
+    job_id = json.loads((job_dir / ".sciencebench" / "job.json").read_text())["job_id"]
+    assert sorted(results) == sorted(f"sciencebench:{job_id}:result:{t}#1" for t in tasks)
     wait_for(lambda: _finalizer_runs(cluster, job) >= 1, 10, "the finalizer's log line")
     assert _finalizer_runs(cluster, job) == 1
 

@@ -62,10 +62,11 @@ def _options(argv: list[str]) -> dict[str, list[str]]:
 
 
 def test_nop_argv_in_full(tmp_path: Path) -> None:
-    prepared = _prepare(tmp_path, pier_bin="/opt/pier/bin/pier")
+    prepared = _prepare(tmp_path)
     trial = prepared.trials[0]
     scratch = prepared.job.job_dir / ".sciencebench" / "scratch" / "t1"
-    argv = render_argv(prepared.job, trial, scratch, "pier-job-1")
+    # A worker passes its own Pier; the job's --pier-bin is for --local only.
+    argv = render_argv(prepared.job, trial, scratch, "pier-job-1", pier_bin="/opt/pier/bin/pier")
     assert argv == [
         "/opt/pier/bin/pier",
         "run",
@@ -84,6 +85,27 @@ def test_nop_argv_in_full(tmp_path: Path) -> None:
         "--agent", "nop",
     ]  # fmt: skip
     assert POLICY_ENVIRONMENT == "sciencebench.network.environment:IsolatedDockerEnvironment"
+
+
+def test_the_environment_class_is_always_the_policys(tmp_path: Path) -> None:
+    prepared = _prepare(tmp_path)
+    # A job.json written by someone else cannot swap the environment class.
+    forged = prepared.job.model_copy(update={"environment_import_path": "evil:Env"})
+    argv = render_argv(forged, prepared.trials[0], tmp_path, "j")
+    assert _options(argv)["--environment-import-path"] == [POLICY_ENVIRONMENT]
+
+
+def test_host_side_environment_keywords_are_appended(tmp_path: Path) -> None:
+    prepared = _prepare(tmp_path)
+    proxy = "r/p@sha256:" + "0" * 64
+    argv = render_argv(
+        prepared.job,
+        prepared.trials[0],
+        tmp_path,
+        "j",
+        environment_kwargs={"owner": "abc", "proxy_image": proxy},
+    )
+    assert _options(argv)["--ek"] == ["owner=abc", f"proxy_image={proxy}"]
 
 
 def test_exactly_one_task_dir_and_private_jobs_dir(tmp_path: Path) -> None:

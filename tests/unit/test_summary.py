@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,12 @@ def _job(tmp_path: Path, ids: list[str], **kw: Any) -> tuple[JobSpec, JobPaths]:
 def _record(paths: JobPaths, task_id: str, attempt: int = 1, **fields: Any) -> TrialRecord:
     fields.setdefault("started_at", T0 + timedelta(minutes=int(task_id)))
     fields.setdefault("finished_at", T0 + timedelta(minutes=int(task_id) + 30))
-    record = TrialRecord(job_name=paths.job_name, task_id=task_id, attempt=attempt, **fields)
+    job_id = (
+        JobSpec.model_validate_json(paths.job_spec.read_bytes()).job_id if paths.job_spec.is_file() else None
+    )
+    record = TrialRecord(
+        job_id=job_id or uuid.uuid4(), job_name=paths.job_name, task_id=task_id, attempt=attempt, **fields
+    )
     target = paths.trial_record(task_id, attempt)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(record.model_dump_json())
