@@ -97,6 +97,7 @@ class Harness:
         self.pushed_refs: list[str] = []
         self._apps: dict[str, Any] = {}
         self._docker_worker: Worker | None = None
+        self._docker_pier = ""
 
     # ---- infrastructure
 
@@ -108,6 +109,7 @@ class Harness:
             SCIENCEBENCH_STATE_DIR=str(self.state_dir),
             FAKE_PIER_LOG=str(self.fake_log),
             BENCH_PIER_START_LOG=str(self.pier_start_log),
+            SCIENCEBENCH_PIER_ENV="FAKE_PIER_LOG:BENCH_PIER_START_LOG",
             LITELLM_LOCAL_MODEL_COST_MAP="True",
             PATH=f"{self.venv_bin}{os.pathsep}{os.environ['PATH']}",
             PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
@@ -129,8 +131,11 @@ class Harness:
     def start_workers(
         self, count: int, concurrency: int, env: dict[str, str] | None = None, pier_bin: str | None = None
     ) -> list[Worker]:
-        """Start `count` sciencebench workers of `concurrency` slots and wait until they are ready."""
-        extra = ["--pier-bin", pier_bin] if pier_bin else []
+        """Start `count` sciencebench workers of `concurrency` slots and wait until they are ready.
+
+        They run the fake Pier unless `pier_bin` names another (a worker runs its own Pier).
+        """
+        extra = ["--pier-bin", pier_bin or str(self.fake_pier)]
         started = [
             Worker(f"w{len(self.workers) + i}", env or self.env(), self.work, concurrency, extra).start()
             for i in range(count)
@@ -198,15 +203,24 @@ class Harness:
         """Host state dir of the docker items' worker: its pull log holds only this run's pulls."""
         return self.work / "host-state-docker"
 
-    def docker_worker(self, slots: int) -> Worker:
-        """One worker for items 4 and 5: `slots` slots, real Pier checked at start, a fresh state dir."""
-        if self._docker_worker is not None and self._docker_worker in self.workers:
+    def docker_worker(self, slots: int, pier_bin: str | None = None) -> Worker:
+        """One worker for items 4 and 5: `slots` slots, its own state dir, running `pier_bin` (default: fake).
+
+        A worker runs its own Pier, so item 5's real Pier needs a worker of its own.
+        """
+        wanted = pier_bin or str(self.fake_pier)
+        if (
+            self._docker_worker is not None
+            and self._docker_worker in self.workers
+            and self._docker_pier == wanted
+        ):
             return self._docker_worker
         if self.workers:
             self.stop_workers()
         self.pull_state.mkdir(parents=True, exist_ok=True)
         env = self.env(SCIENCEBENCH_STATE_DIR=str(self.pull_state))
-        self._docker_worker = self.start_workers(1, slots, env=env)[0]
+        self._docker_worker = self.start_workers(1, slots, env=env, pier_bin=wanted)[0]
+        self._docker_pier = wanted
         return self._docker_worker
 
     def has_docker_worker(self) -> bool:
@@ -233,7 +247,6 @@ class Harness:
         *,
         n_concurrent: int,
         n_attempts: int = 1,
-        pier_bin: str | None = None,
         agent: str = "nop",
         task_id: str | None = None,
         db: int = 0,
@@ -250,7 +263,6 @@ class Harness:
             n_attempts=n_attempts,
             jobs_dir=self.jobs_dir,
             job_name=job_name,
-            pier_bin=pier_bin or str(self.fake_pier),
             task_id=task_id,
         )
         t0 = time.monotonic()
@@ -258,7 +270,7 @@ class Harness:
         record = sb.build_run_record(
             prepared.job, prepared.trials[0], settings.broker_url, prepared.secret_values
         )
-        prepared = sb._persist(prepared, record)
+        prepared = sb.persist(prepared, record)
         t_dispatch = time.monotonic()
         final = sb.dispatch(app, coord, prepared.job, prepared.trials)
         t_sent = time.monotonic()

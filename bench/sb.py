@@ -15,7 +15,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sciencebench.cli import _persist
     from sciencebench.coordination.celery_app import create_app
     from sciencebench.coordination.redis import RedisCoordinator
     from sciencebench.core.models import TrialRecord
@@ -27,7 +26,7 @@ if TYPE_CHECKING:
     from sciencebench.login.dispatch import dispatch
     from sciencebench.login.options import SubmitOptions
     from sciencebench.login.runrecord import build_run_record
-    from sciencebench.login.submit import prepare
+    from sciencebench.login.submit import persist, prepare
     from sciencebench.network.environment import IsolatedDockerEnvironment
     from sciencebench.worker.context import load_job
     from sciencebench.worker.docker.images import pull_counts, pull_log_path
@@ -35,7 +34,7 @@ if TYPE_CHECKING:
 # name -> the module that defines it
 _WHERE: dict[str, str] = {
     "create_app": "sciencebench.coordination.celery_app",
-    "_persist": "sciencebench.cli",
+    "persist": "sciencebench.login.submit",
     "Settings": "sciencebench.core.settings",
     "RedisCoordinator": "sciencebench.coordination.redis",
     "build_demo_selection": "sciencebench.demo",
@@ -63,13 +62,13 @@ __all__ = [
     "Settings",
     "SubmitOptions",
     "TrialRecord",
-    "_persist",
     "build_demo_selection",
     "build_run_record",
     "create_app",
     "dispatch",
     "import_path",
     "load_job",
+    "persist",
     "prepare",
     "pull_counts",
     "pull_log_path",

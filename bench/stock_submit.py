@@ -1,6 +1,6 @@
 """`sciencebench submit` (no --wait) with stock Celery dispatch: the "before" of dispatch.py.
 
-    python -m bench.stock_submit --path SEL --n-attempts 10 --jobs-dir J --job-name N --pier-bin P
+    python -m bench.stock_submit --path SEL --n-attempts 10 --jobs-dir J --job-name N
 
 Does what `sciencebench submit` does (validate, write job.json and the run
 record, mark the trials queued) and sends the same header signatures with
@@ -23,7 +23,6 @@ def main() -> None:
     parser.add_argument("--n-attempts", type=int, default=1)
     parser.add_argument("--jobs-dir", type=Path, required=True)
     parser.add_argument("--job-name", required=True)
-    parser.add_argument("--pier-bin", required=True)
     args = parser.parse_args()
 
     from celery import chord, group
@@ -34,25 +33,27 @@ def main() -> None:
         RedisCoordinator,
         Settings,
         SubmitOptions,
-        _persist,
         build_run_record,
         create_app,
+        persist,
         prepare,
     )
 
     opts = SubmitOptions(
         path=args.path, n_attempts=args.n_attempts, jobs_dir=args.jobs_dir,
-        job_name=args.job_name, pier_bin=args.pier_bin,
+        job_name=args.job_name,
     )  # fmt: skip
     prepared = prepare(opts)
     settings = Settings.from_env()
     record = build_run_record(prepared.job, prepared.trials[0], settings.broker_url, prepared.secret_values)
     coord = RedisCoordinator(settings.broker_url)
     coord.ping()
-    prepared = _persist(prepared, record)
+    prepared = persist(prepared, record)
     app = create_app(settings)
     job, trials = prepared.job, prepared.trials
-    finalize = app.signature(FINALIZE_JOB, args=(str(job.jobs_dir), job.job_name), immutable=True)
+    finalize = app.signature(
+        FINALIZE_JOB, args=(str(job.jobs_dir), job.job_name, job.job_key), immutable=True
+    )
     header = group(
         app.signature(
             RUN_TRIAL,
@@ -61,7 +62,7 @@ def main() -> None:
         )
         for trial in trials
     )
-    coord.set_states(job.job_name, [trial.key for trial in trials], "queued")
+    coord.set_states(job.job_key, [trial.key for trial in trials], "queued")
     chord(header)(finalize)
     print(f"submitted job {job.job_name}: {len(trials)} trial(s)")
 

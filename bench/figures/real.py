@@ -37,13 +37,11 @@ def measure(h: Harness, p: Params) -> Outcome:
         t = time.monotonic()
         demo = sb.build_demo_selection(h.work / "demo", h.base_image, h.registry)
         build_s = time.monotonic() - t
-        worker = h.docker_worker(p.pull_trials)
+        worker = h.docker_worker(p.pull_trials, pier_bin="pier")
         via: dict[str, Any] = {}
 
         def submit(job: str) -> Submitted:
-            return h.submit(
-                demo, job, n_concurrent=1, pier_bin="pier", agent="oracle", task_id="001", timeout=900
-            )
+            return h.submit(demo, job, n_concurrent=1, agent="oracle", task_id="001", timeout=900)
 
         if p.real_warmup:
             warm = submit("real-warmup")

@@ -65,7 +65,7 @@ def submit(h: Harness, p: Params) -> Outcome:
 
         def submit_args() -> list[str]:
             return ["--path", str(sel), "--n-attempts", str(p.scale_attempts), "--jobs-dir", str(h.jobs_dir),
-                    "--job-name", next(names), "--pier-bin", str(h.fake_pier)]  # fmt: skip
+                    "--job-name", next(names)]  # fmt: skip
 
         runs: dict[str, list[dict[str, Any]]] = {}
 
@@ -94,8 +94,9 @@ def submit(h: Harness, p: Params) -> Outcome:
             sel_many = make_selection(
                 h.work / "sel-scale-tasks", many, agent_image=h.base_image, verifier_image=h.base_image
             )
-            many_args = ["--path", str(sel_many), "--jobs-dir", str(h.jobs_dir), "--job-name", "scale-tasks",
-                         "--pier-bin", str(h.fake_pier)]  # fmt: skip
+            many_args = [
+                "--path", str(sel_many), "--jobs-dir", str(h.jobs_dir), "--job-name", "scale-tasks"
+            ]  # fmt: skip
             measure("submit_tasks_variant", [sciencebench, "submit", *many_args], 2, "celery", h.work)
         if p.stock_submit:  # the dispatch of before this benchmark, same trials, same run
             stock_argv = [sys.executable, "-m", "bench.stock_submit", *submit_args()]

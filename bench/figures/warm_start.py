@@ -29,11 +29,11 @@ def measure(h: Harness, p: Params) -> Outcome:
             h.stop_workers()
             env = h.env(SCIENCEBENCH_STATE_DIR=str(h.pull_state), SCIENCEBENCH_WARM_PIER=flag)
             h.pull_state.mkdir(parents=True, exist_ok=True)
-            worker = h.start_workers(1, 1, env=env)[0]
+            worker = h.start_workers(1, 1, env=env, pier_bin="pier")[0]
             job = f"start-{mode}"
             skip = 1 if p.warm_warmup else 0
             attempts = skip + p.warm_trials
-            run = h.submit(demo, job, n_concurrent=1, n_attempts=attempts, pier_bin="pier", agent="nop",
+            run = h.submit(demo, job, n_concurrent=1, n_attempts=attempts, agent="nop",
                            task_id="001", timeout=1800)  # fmt: skip
             h.stop_workers([worker])
             records = [json.loads(t.read_text()) for t in sorted(h.trials_dir(job).glob("001-*.json"))]
