@@ -34,6 +34,8 @@ class Params:
     scale_tasks_variant: int  # also submit this many tasks x 1 attempt (0: not)
     warm_trials: int  # item 7: measured trials per start mode
     warm_warmup: bool  # item 7: one unmeasured trial first (the zygote imports Pier meanwhile)
+    real_scaling_trials: int  # item 8: real trials per run (demo selection: 2 tasks x trials/2 attempts)
+    real_scaling_repeats: int  # item 8: paired runs (1 container, 2 containers), alternating order
 
 
 FULL = Params(
@@ -54,6 +56,8 @@ FULL = Params(
     scale_tasks_variant=10000,
     warm_trials=6,
     warm_warmup=True,
+    real_scaling_trials=8,
+    real_scaling_repeats=3,
 )
 QUICK = Params(
     quick=True,
@@ -73,4 +77,6 @@ QUICK = Params(
     scale_tasks_variant=0,
     warm_trials=1,
     warm_warmup=False,
+    real_scaling_trials=4,
+    real_scaling_repeats=1,
 )

@@ -247,6 +247,7 @@ ORDER = [
     ("real_trial_ratio", "5. real trial: via worker / direct `pier run`"),
     ("scaling_1_to_2", "6. throughput 2 workers / 1 worker"),
     ("warm_start_harness_ratio", "7. Pier start: harness stage warm (zygote) / cold (exec)"),
+    ("scaling_real_1_to_2", "8. real trials: throughput 2 worker containers / 1"),
 ]
 
 
@@ -264,6 +265,12 @@ def write_doc(results: dict[str, Any], doc: Path = DOC) -> None:
         f"Pier {m.get('pier')}. Run took {results['duration_s']:.0f} s; load average before each "
         "item is in `bench/results.json` (`load_average`). Reproduce: "
         f"`{results['reproduce']}` (see above).",
+    ]
+    for update in results.get("updates", []):
+        names = ", ".join(f"`{name}`" for name in update["figures"])
+        lines += ["", f"Measured again on {update['date']} ({update['duration_s']:.0f} s): {names} "
+                  f"(`{update['reproduce']}`)."]  # fmt: skip
+    lines += [
         "",
         "| figure | value | goal | status |",
         "|---|---|---|---|",

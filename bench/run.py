@@ -32,6 +32,10 @@ Figures (names as in results.json):
 7. warm_start_harness_ratio: the harness stage of trivial real trials (nop,
    one at a time) with Pier forked by the worker's zygote / with Pier exec'd
    (SCIENCEBENCH_WARM_PIER=0).
+8. scaling_real_1_to_2: real oracle trials (the demo selection, enough to
+   keep 4 slots busy) on worker containers deployed from compose/ (2 slots
+   each): makespan with 1 container / with 2, median of alternating paired
+   runs with their spread (needs scripts/cluster-images.sh).
 
 Makespans and walls start when the submit starts (`prepare`, as `sciencebench
 submit` runs it, in this process) and end when the chord's finalizer has
@@ -48,6 +52,7 @@ name the benchmark uses).
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import tempfile
@@ -55,8 +60,9 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from bench.figures import overhead, pulls, real, scale, scaling, schedule, warm_start
+from bench.figures import overhead, pulls, real, scale, scaling, scaling_real, schedule, warm_start
 from bench.harness import BENCH_DIR, REPO, Harness, load_host_env
 from bench.params import FULL, QUICK
 from bench.report import DOC, ItemCrash, Outcome, Report, banner, loadavg, write_doc, write_json
@@ -67,12 +73,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller and shorter; about 2 minutes")
     parser.add_argument(
-        "--only", help="comma-separated items to run (1-7), for development; nothing is written"
+        "--only", help="comma-separated items to run (1-8), for development; nothing is written"
+    )
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="with --only: replace those items' figures in the full run's results (bench/results.json, "
+        "docs/performance.md) and keep the rest",
     )
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args(argv)
     p = QUICK if args.quick else FULL
-    only = {int(x) for x in args.only.split(",")} if args.only else set(range(1, 8))
+    only = {int(x) for x in args.only.split(",")} if args.only else set(range(1, 9))
 
     load_host_env()
     sys.path.insert(0, str(REPO))
@@ -166,6 +178,12 @@ def main(argv: list[str] | None = None) -> int:
             )
         if 7 in only:
             step("warm_start", "", lambda: warm_start.measure(h, p))
+        if 8 in only:
+            step(
+                "scaling_real",
+                f"8. real trials: {p.real_scaling_trials} oracle trials, 1 vs 2 worker containers x 2 slots",
+                lambda: scaling_real.measure(h, p),
+            )
     except Exception:
         crashed = True
         traceback.print_exc()
@@ -187,6 +205,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== errors: {', '.join(report.errors)}", flush=True)
     if crashed_items:
         print(f"== CRASHED items (exit code 1): {', '.join(crashed_items)}", flush=True)
+    if args.only is not None and args.update and not p.quick:
+        results["reproduce"] = f".venv/bin/python -m bench.run --only {args.only} --update"
+        merged = update_results(BENCH_DIR / "results.json", results)
+        write_json(merged, BENCH_DIR / "results.json")
+        write_doc(merged)
+        print(
+            f"== updated {', '.join(sorted(results['figures']))} in bench/results.json and the doc",
+            flush=True,
+        )
     if args.only is None:
         out = BENCH_DIR / ("results-quick.json" if p.quick else "results.json")
         write_json(results, out)
@@ -195,6 +222,22 @@ def main(argv: list[str] | None = None) -> int:
             write_doc(results)
             print(f"== wrote {DOC.relative_to(REPO)}", flush=True)
     return 1 if crashed or crashed_items else 0
+
+
+def update_results(path: Path, partial: dict[str, Any]) -> dict[str, Any]:
+    """The full run's results with `partial`'s items measured again (figures, goals, raw, errors).
+
+    The machine and date of the partial run are kept beside the old ones under `updates`.
+    """
+    merged: dict[str, Any] = json.loads(path.read_text())
+    for key in ("figures", "details", "goals", "raw", "errors", "phase_s", "load_average"):
+        merged.setdefault(key, {}).update(partial.get(key, {}))
+    merged["notes"] = list(dict.fromkeys([*merged.get("notes", []), *partial.get("notes", [])]))
+    merged.setdefault("updates", []).append(
+        {"date": partial["date"], "figures": sorted(partial["figures"]), "duration_s": partial["duration_s"],
+         "reproduce": partial["reproduce"]}
+    )  # fmt: skip
+    return merged
 
 
 if __name__ == "__main__":

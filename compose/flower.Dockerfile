@@ -1,44 +1,41 @@
-# Flower for a sciencebench cluster (built by compose/control-plane.yml).
+# Flower for a sciencebench cluster (built by compose/build.yml, run by
+# compose/control-plane.yml).
 #
-# Build context: the repository root. Installs sciencebench with its
-# `monitor` extra from uv.lock, so Flower speaks the same Celery and kombu
-# versions as the workers and can load `sciencebench.worker.app`.
-#
-#   docker build -f compose/flower.Dockerfile -t sciencebench-flower:local .
+# Like workers/Dockerfile it builds with no network: BASE_IMAGE is the
+# Debian rootfs with python3 >= 3.12 and `inputs` the named build context
+# with the wheelhouse (see that file and docs/deployment.md). It installs
+# sciencebench with its `monitor` extra from uv.lock's pins, so Flower speaks
+# the same Celery and kombu versions as the workers and can load
+# `sciencebench.worker.app`.
 
-ARG PYTHON_IMAGE=python:3.12-slim
-ARG UV_IMAGE=ghcr.io/astral-sh/uv:0.13
+ARG BASE_IMAGE
 
-FROM ${UV_IMAGE} AS uv
-
-FROM ${PYTHON_IMAGE}
-
-COPY --from=uv /uv /usr/local/bin/uv
-
-# The image's own Python 3.12 (uv must never download one); a venv outside
-# the source tree; no uv cache left in the image.
-ENV UV_PYTHON=/usr/local/bin/python3.12 \
-    UV_PYTHON_DOWNLOADS=never \
-    UV_PROJECT_ENVIRONMENT=/opt/sciencebench \
-    UV_COMPILE_BYTECODE=1 \
-    UV_LINK_MODE=copy \
-    UV_NO_CACHE=1
-
+FROM ${BASE_IMAGE} AS build
+COPY --from=inputs wheelhouse/ /wheelhouse/
+RUN python3 -c 'import sys; assert sys.version_info >= (3, 12), "sciencebench needs Python >= 3.12, base has " + sys.version' \
+    && python3 -m venv --without-pip /opt/sciencebench \
+    && set -- /wheelhouse/pip-*.whl \
+    && /opt/sciencebench/bin/python "$1/pip" install --quiet --no-cache-dir \
+       --no-index --find-links /wheelhouse --only-binary :all: --require-hashes \
+       -r /wheelhouse/monitor.txt
 WORKDIR /src
-# Dependencies first: this layer is reused while only sciencebench/ changes.
-COPY pyproject.toml uv.lock README.md ./
-RUN uv sync --frozen --no-install-project --no-editable --extra monitor
+COPY pyproject.toml README.md ./
 COPY sciencebench ./sciencebench
-RUN uv sync --frozen --no-editable --extra monitor
+RUN set -- /wheelhouse/pip-*.whl \
+    && /opt/sciencebench/bin/python "$1/pip" install --quiet --no-cache-dir \
+       --no-index --find-links /wheelhouse --no-deps /src
 
-WORKDIR /
-RUN rm -rf /src \
-    && useradd --system --uid 10001 --home-dir /data --shell /usr/sbin/nologin flower \
-    && mkdir -p /data && chown flower:flower /data
+FROM ${BASE_IMAGE}
+COPY --from=build /opt/sciencebench /opt/sciencebench
+# A system user without a login; Flower's state (when persistent) lives in /data.
+RUN echo 'flower:x:10001:10001:Flower:/data:/usr/sbin/nologin' >>/etc/passwd \
+    && echo 'flower:x:10001:' >>/etc/group \
+    && mkdir -p /data && chown 10001:10001 /data \
+    && /opt/sciencebench/bin/celery --version
 
 ENV PATH=/opt/sciencebench/bin:$PATH \
     PYTHONUNBUFFERED=1
-USER flower
+USER 10001:10001
 WORKDIR /data
 EXPOSE 5555
 CMD ["celery", "--app=sciencebench.worker.app", "flower", "--address=0.0.0.0", "--port=5555"]

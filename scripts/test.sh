@@ -8,11 +8,19 @@ started=$(date +%s)
 scripts/bootstrap.sh                # .venv from uv.lock (Python >= 3.12)
 scripts/host-setup.sh               # redis-server, Docker Engine 28 + compose v2, loopback registry
 scripts/fixture-images.sh           # Debian-built base and proxy images, pushed by digest
+scripts/cluster-images.sh           # worker, Flower, proxy, Redis images built offline (wheelhouse from uv.lock)
+# The cluster tier checks the worker's systemd unit with systemd-analyze (Debian's systemd).
+command -v systemd-analyze >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq --no-install-recommends systemd >/dev/null; }
 # shellcheck disable=SC1091
 source "${SB_STATE:-/var/tmp/sciencebench-host}/env.sh"
 # shellcheck disable=SC1091
 source "${SB_STATE:-/var/tmp/sciencebench-host}/images.env"
+# shellcheck disable=SC1091
+source build/cluster/images.env
 export SB_BASE_IMAGE SB_SQUID_IMAGE LITELLM_LOCAL_MODEL_COST_MAP=True
+export SB_CLUSTER_PYTHON_IMAGE SB_CLUSTER_REDIS_IMAGE SB_CLUSTER_WORKER_IMAGE SB_CLUSTER_FLOWER_IMAGE \
+    SB_CLUSTER_PROXY_IMAGE SB_CLUSTER_BUILD_INPUTS
 
 echo "== lint and types"
 .venv/bin/ruff check .

@@ -10,10 +10,32 @@ detected much sooner through leases (see `coordination.watchdog`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from celery import Celery
+from celery.app.amqp import AMQP
 
 from sciencebench.core.settings import RESULT_EXPIRES_SEC, Settings
+
+
+class ShadowNamedAMQP(AMQP):
+    """Celery's message factory, with task-sent events naming a task by its shadow name.
+
+    Workers report a task by its `shadow` name (`trial <job>/task_002#1`) in
+    task-received and later events, but the task-sent event carries the task
+    name. A message is published before its task-sent event, so a worker may
+    report the task before that event arrives; Flower then merges the older
+    event last and shows `sciencebench.run_trial` again. With the same name
+    in every event, Flower names the task one way whatever the order.
+    """
+
+    def as_task_v2(self, *args: Any, **kwargs: Any) -> Any:
+        """`AMQP.as_task_v2`; the sent event takes the message's shadow name when it has one."""
+        message = super().as_task_v2(*args, **kwargs)
+        shadow = message.headers.get("shadow")
+        if shadow and message.sent_event is not None:
+            message.sent_event["name"] = shadow
+        return message
 
 
 def create_app(settings: Settings | None = None, include: Sequence[str] = ()) -> Celery:
@@ -24,7 +46,7 @@ def create_app(settings: Settings | None = None, include: Sequence[str] = ()) ->
     the environment's are invalid.
     """
     settings = settings or Settings.from_env()
-    app = Celery("sciencebench", include=list(include))
+    app = Celery("sciencebench", include=list(include), amqp=ShadowNamedAMQP)
     transport_options = {"visibility_timeout": settings.visibility_timeout_sec}
     app.conf.update(
         broker_url=settings.broker_url,

@@ -18,7 +18,7 @@ from celery import Celery
 
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.core.models import Redispatch, TrialState
-from sciencebench.core.wire import RUN_TRIAL
+from sciencebench.core.wire import RUN_TRIAL, trial_shadow
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,7 @@ def send_again(app: Celery, coord: Coordinator, payload: Redispatch) -> None:
         chord=cast(Any, payload.chord),
         group_id=payload.group_id,
         group_index=payload.group_index,
+        shadow=trial_shadow(spec.job_name, spec.task_id, spec.attempt),
         argsrepr=repr(spec.label),
         kwargsrepr="{}",
     )

@@ -8,3 +8,16 @@ from __future__ import annotations
 RUN_TRIAL = "sciencebench.run_trial"
 FINALIZE_JOB = "sciencebench.finalize_job"
 PREWARM_IMAGES = "sciencebench.prewarm_images"
+
+
+def trial_shadow(job_name: str, task_id: str, attempt: int) -> str:
+    """What Flower, its search box and worker logs call a trial's task: `trial <job>/task_<id>#<attempt>`.
+
+    Sent as the message's Celery `shadow` name; the task that runs is still `RUN_TRIAL`.
+    """
+    return f"trial {job_name}/task_{task_id}#{attempt}"
+
+
+def finalize_shadow(job_name: str) -> str:
+    """What Flower and worker logs call a job's chord body: `finalize <job>`."""
+    return f"finalize {job_name}"

@@ -10,7 +10,7 @@ from celery.result import AsyncResult
 
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.core.models import JobSpec, TrialSpec, TrialState
-from sciencebench.core.wire import FINALIZE_JOB, RUN_TRIAL
+from sciencebench.core.wire import FINALIZE_JOB, RUN_TRIAL, finalize_shadow, trial_shadow
 
 # Broker operations buffered per Redis round trip while a chord's header is
 # published (each trial is one queue push and, with task events on, one
@@ -19,16 +19,26 @@ PUBLISH_BATCH_OPS = 2000
 
 
 def dispatch(app: Celery, coord: Coordinator, job: JobSpec, trials: list[TrialSpec]) -> AsyncResult[object]:
-    """chord(group(run_trial per trial), finalize_job): longest trials first."""
+    """chord(group(run_trial per trial), finalize_job): longest trials first.
+
+    Each message carries a Celery `shadow` name (`trial <job>/task_<id>#<attempt>`,
+    the body `finalize <job>`), which Flower, its search and worker logs show
+    instead of the task name; its arguments show as the trial's label only.
+    """
     finalize = app.signature(
-        FINALIZE_JOB, args=(str(job.jobs_dir), job.job_name, job.job_key), immutable=True
-    )
+        FINALIZE_JOB, args=(str(job.jobs_dir), job.job_name, job.job_key), immutable=True,
+        options={"shadow": finalize_shadow(job.job_name)},
+    )  # fmt: skip
     header = [
         app.signature(
             RUN_TRIAL,
             args=(trial.model_dump(mode="json"),),
-            # Flower and events show the trial's label, never its arguments.
-            options={"task_id": str(uuid.uuid4()), "argsrepr": repr(trial.label), "kwargsrepr": "{}"},
+            options={
+                "task_id": str(uuid.uuid4()),
+                "shadow": trial_shadow(trial.job_name, trial.task_id, trial.attempt),
+                "argsrepr": repr(trial.label),
+                "kwargsrepr": "{}",
+            },
         )
         for trial in trials
     ]
@@ -55,8 +65,8 @@ def send_chord(app: Celery, header: list[Signature[Any]], body: Signature[Any]) 
     a `GroupResult`), a SUBSCRIBE and an UNSUBSCRIBE round trip each; so the
     returned body result has no `parent` GroupResult. The chord size is
     stored before the first message goes out. Header signatures may carry a
-    `task_id` and message options (`argsrepr`, routing); countdowns, expiry
-    and links are refused.
+    `task_id` and message options (`shadow`, `argsrepr`, routing);
+    countdowns, expiry and links are refused.
     """
     if not header:
         empty: AsyncResult[object] = chord(group([], app=app))(body)  # Celery runs the body at once
@@ -79,10 +89,10 @@ def send_chord(app: Celery, header: list[Signature[Any]], body: Signature[Any]) 
             refused = [key for key in _REFUSED_OPTIONS if options.get(key) is not None]
             if refused:
                 raise ValueError(f"send_chord: header task option(s) {refused} are not supported")
-            shadow = None
+            shadow = options.pop("shadow", None)
             if task_type is not None:
                 options.setdefault("ignore_result", task_type.ignore_result)
-                shadow = cast(Any, task_type).shadow_name(args, kwargs, options)
+                shadow = shadow or cast(Any, task_type).shadow_name(args, kwargs, options)
             task_id = options.pop("task_id", None) or str(uuid.uuid4())
             explicit = {key: options.pop(key, None) for key in _EXPLICIT_OPTIONS}
             options = amqp.router.route(options, name, args, kwargs, cast(Any, task_type))

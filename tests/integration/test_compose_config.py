@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 COMPOSE_DIR = REPO / "compose"
 EXAMPLE_ENV = COMPOSE_DIR / "example.env"
-COMPOSE_FILES = ["control-plane.yml", "worker-host.yml"]
+COMPOSE_FILES = ["build.yml", "control-plane.yml", "worker-host.yml", "worker-joins-control-plane.yml"]
 BUCKETS_FLAG = "--task_runtime_metric_buckets=1,10,60,600,3600,7200,inf"
 _REFERENCE = re.compile(r"\$\{([A-Z][A-Z0-9_]*)")
 _ASSIGNMENT = re.compile(r"^([A-Z][A-Z0-9_]*)=", re.MULTILINE)
@@ -44,6 +44,14 @@ def _compose(file: str, *args: str, env_file: Path = EXAMPLE_ENV) -> subprocess.
     )  # fmt: skip
 
 
+def _compose_many(files: list[str], *args: str) -> subprocess.CompletedProcess[str]:
+    names = [arg for file in files for arg in ("-f", str(COMPOSE_DIR / file))]
+    return subprocess.run(
+        ["docker", "compose", *names, "--env-file", str(EXAMPLE_ENV), *args],
+        cwd=REPO, env=_clean_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
 def _rendered(file: str) -> dict[str, Any]:
     done = _compose(file, "config", "--format", "json")
     assert done.returncode == 0, done.stderr
@@ -61,9 +69,14 @@ def _compose_available() -> None:
     )
 
 
+def _compose_files(file: str) -> list[str]:
+    """An override is only valid on top of the file it overrides."""
+    return ["worker-host.yml", file] if file == "worker-joins-control-plane.yml" else [file]
+
+
 @pytest.mark.parametrize("file", COMPOSE_FILES)
 def test_compose_file_validates_with_example_env(file: str) -> None:
-    done = _compose(file, "config", "-q")
+    done = _compose_many(_compose_files(file), "config", "-q")
     assert done.returncode == 0, done.stderr
     # Compose warns on stderr about unset variables and obsolete keys.
     assert done.stderr.strip() == ""
@@ -85,6 +98,8 @@ def test_example_env_documents_exactly_the_variables_used() -> None:
         ("control-plane.yml", "SCIENCEBENCH_FLOWER_PASSWORD"),
         ("worker-host.yml", "SCIENCEBENCH_BROKER_URL"),
         ("worker-host.yml", "SCIENCEBENCH_JOBS_DIR"),
+        ("build.yml", "SCIENCEBENCH_BASE_IMAGE"),
+        ("build.yml", "SCIENCEBENCH_BUILD_INPUTS"),
     ],
 )
 def test_required_variables_are_enforced(tmp_path: Path, file: str, variable: str) -> None:
@@ -134,7 +149,35 @@ def test_worker_mounts_shared_paths_at_the_same_path() -> None:
     assert worker["init"] is True
     assert worker["platform"] == "linux/amd64"
     assert worker["hostname"] == env["SCIENCEBENCH_HOSTNAME"]
-    assert worker["user"] == "1000:1000" and worker["group_add"] == ["999"]
+    # The entrypoint drops from root to this account (and the socket's group) itself.
+    assert "user" not in worker and "group_add" not in worker
+    assert (env["SCIENCEBENCH_UID"], env["SCIENCEBENCH_GID"]) == ("1000", "1000")
     # An empty SCIENCEBENCH_RESULT_BACKEND falls back to the broker, never to "".
     assert env["SCIENCEBENCH_RESULT_BACKEND"] == env["SCIENCEBENCH_BROKER_URL"]
-    assert worker["build"]["dockerfile"] == "workers/Dockerfile"
+    assert worker["image"] == "sciencebench-worker:local" and "build" not in worker
+    # The roots this worker serves are exactly what it mounts.
+    assert env["SCIENCEBENCH_JOBS_ROOTS"] == env["SCIENCEBENCH_JOBS_DIR"]
+    assert env["SCIENCEBENCH_SELECTION_ROOTS"] == "/shared/sciencebench/selections"
+    assert env["SCIENCEBENCH_ENV_FILE_ROOTS"] == "/shared/sciencebench/profiles"
+
+
+def test_every_image_builds_without_network_from_the_offline_inputs() -> None:
+    services = _rendered("build.yml")["services"]
+    assert sorted(services) == ["flower", "proxy", "worker"]
+    for name, service in services.items():
+        assert service["build"]["network"] == "none", name
+    for name in ("worker", "flower"):
+        build = services[name]["build"]
+        assert build["additional_contexts"] == {"inputs": "/srv/sciencebench/build-inputs"}
+        assert build["args"]["BASE_IMAGE"].startswith("registry.example.internal/sciencebench/python")
+    assert services["worker"]["build"]["dockerfile"] == "workers/Dockerfile"
+    assert services["flower"]["build"]["dockerfile"] == "compose/flower.Dockerfile"
+
+
+def test_the_override_puts_the_worker_on_the_control_plane_network() -> None:
+    done = _compose_many(["worker-host.yml", "worker-joins-control-plane.yml"], "config", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    rendered = json.loads(done.stdout)
+    assert list(rendered["services"]["worker"]["networks"]) == ["control-plane"]
+    network = rendered["networks"]["control-plane"]
+    assert network["external"] is True and network["name"] == "sciencebench-control-plane_default"

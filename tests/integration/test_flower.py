@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,8 @@ CANARY = "sk-flower-canary-3b8e61d2c94f07aa"
 AGENT_ENV_CANARY = "agentenv-flower-canary-5d71a0"
 USER, PASSWORD = "sbadmin", "flower-test-pw-41c9"
 BUCKETS = "1,10,60,600,3600,7200,inf"
-RUN_TRIAL = "sciencebench.run_trial"
+# The Celery shadow name dispatch gives the trial: Flower lists it instead of the task name.
+TRIAL_SHADOW = "trial flower-canary/task_001#1"
 
 
 def _until[T](what: str, probe: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.5) -> T:
@@ -71,7 +73,7 @@ def test_flower_shows_the_job_but_no_secret(cluster: Cluster, flower: Flower, tm
     def trial_succeeded() -> dict[str, Any] | None:
         tasks: dict[str, Any] = flower.get_json("/api/tasks")
         for uuid, task in tasks.items():
-            if task.get("name") == RUN_TRIAL and task.get("state") == "SUCCESS":
+            if task.get("name") == TRIAL_SHADOW and task.get("state") == "SUCCESS":
                 return {"uuid": uuid, **task}
         return None
 
@@ -81,6 +83,9 @@ def test_flower_shows_the_job_but_no_secret(cluster: Cluster, flower: Flower, tm
     assert trial["args"] == repr("task_001 #1")
     assert trial["kwargs"] == "{}"
     assert trial["worker"].startswith("w0@")
+    # Flower's search finds the trial by its name.
+    found = flower.get_json("/api/tasks?search=" + urllib.parse.quote("flower-canary/task_001"))
+    assert [task["name"] for task in found.values()] == [TRIAL_SHADOW]
 
     # Everything else Flower would show about the job, with credentials.
     tasks = flower.get_json("/api/tasks")

@@ -39,8 +39,9 @@ TRIAL_SEC = 2.0
 
 
 def _finalizer_runs(cluster: Cluster, job: str) -> int:
-    """How many times a worker logged the chord body (finalize_job) of `job` as done."""
-    pattern = re.compile(rf"sciencebench\.finalize_job\[[^\]]+\] succeeded .*'job_name': '{re.escape(job)}'")
+    """How many times a worker logged the chord body of `job` (shadow name `finalize <job>`) as done."""
+    name = re.escape(job)
+    pattern = re.compile(rf"Task finalize {name}\[[^\]]+\] succeeded .*'job_name': '{name}'")
     return sum(len(pattern.findall(w.log_path.read_text(errors="replace"))) for w in cluster.workers)
 
 
