@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sciencebench.core.agentimages import AGENT_IMAGE_KEYWORD
 from sciencebench.core.models import JobSpec, TrialSpec
 
 
@@ -43,6 +44,8 @@ def render_argv(job: JobSpec, trial: TrialSpec, scratch_jobs_dir: Path, pier_job
     gateway_urls = [gateway.url for gateway in job.agent.gateways]
     if gateway_urls:
         argv += ["--ek", f"inference_urls={json.dumps(gateway_urls)}"]
+    if baked := job.agent_images.get(trial.task_id):
+        argv += ["--ek", f"{AGENT_IMAGE_KEYWORD}={baked.keyword()}"]
     if job.agent_timeout_multiplier is not None:
         argv += ["--agent-timeout-multiplier", _fmt(job.agent_timeout_multiplier)]
     if job.verifier_timeout_multiplier is not None:

@@ -19,6 +19,7 @@ from sciencebench.core.models import JobSpec, RunOptions, TrialSpec
 from sciencebench.core.paths import JobPaths, write_atomic
 from sciencebench.core.settings import required_visibility_timeout
 from sciencebench.core.taskdir import task_toml_sha256
+from sciencebench.login.agentimages import resolve_agent_images, with_agent_images
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.plan import expand
 from sciencebench.login.profiles import is_sensitive_key, parse_assignments, plan_agent, read_env_file
@@ -73,6 +74,7 @@ def prepare(opts: SubmitOptions, visibility_timeout_sec: int | None = None) -> P
         auto_agent_adapter=opts.auto_agent_adapter,
         dry_run=opts.dry_run,
     )
+    agent_plan, agent_images = resolve_agent_images(selection, agent_plan, dry_run=opts.dry_run)
     jobs_dir = opts.jobs_dir.resolve()
     hashes = {task_id: task_toml_sha256(selection.tasks[task_id].directory) for task_id in selection.task_ids}
     job = JobSpec(
@@ -86,12 +88,13 @@ def prepare(opts: SubmitOptions, visibility_timeout_sec: int | None = None) -> P
         task_hashes=hashes,
         agent=agent_plan,
         env_file=env_file,
+        agent_images=agent_images,
         # The options every trial runs with, as the table defines them.
         **{name: getattr(opts, name) for name in RunOptions.model_fields},
     )
     check_job_name_free(job)
     secrets = [v for k, v in env_values.items() if is_sensitive_key(k)] + list(agent_env.values())
-    trials = expand(selection, job, hashes)
+    trials = with_agent_images(expand(selection, job, hashes), agent_images)
     if visibility_timeout_sec is not None:
         check_visibility_timeout(trials, visibility_timeout_sec)
     return Prepared(
