@@ -33,6 +33,13 @@ from sciencebench.core.images import ImageRef, check_image_ref, image_digest
 PIER_INSTALLED_AGENTS = frozenset(
     {"claude-code", "codex", "cursor-cli", "gemini-cli", "mini-swe-agent", "opencode"}
 )
+# sciencebench's adapters of Pier's installed agents (same names, so the same baked images).
+AGENT_ADAPTERS = frozenset(
+    {
+        "sciencebench.agents.codex:ScienceBenchCodex",
+        "sciencebench.agents.mini_swe_agent:ScienceBenchMiniSweAgent",
+    }
+)
 # The agents `sciencebench images bake` knows how to preinstall from host-fetched artifacts.
 BAKEABLE_AGENTS = ("codex", "claude-code", "mini-swe-agent")
 # The environment keyword (`--ek agent_image=<json>`) naming a trial's baked image.
@@ -75,9 +82,11 @@ class AgentImages(BaseModel):
         return [image for image in self.images if image.matches(base_image, agent, version)]
 
     def replace(self, baked: BakedImage) -> AgentImages:
-        """A copy in which `baked` is the one entry for its (base image, agent, version)."""
-        kept = [i for i in self.images if not i.matches(baked.base_image, baked.agent, baked.version)]
-        return AgentImages(images=[*kept, baked])
+        """A copy in which `baked` is the one entry for its (base image, agent, version), in place."""
+        images = [
+            baked if i.matches(baked.base_image, baked.agent, baked.version) else i for i in self.images
+        ]
+        return AgentImages(images=images if baked in images else [*images, baked])
 
 
 def agent_images_path(selection: Path) -> Path:

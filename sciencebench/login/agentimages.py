@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 
 from sciencebench.core.agentimages import (
+    AGENT_ADAPTERS,
     AGENT_INSTALL_ENV,
     PIER_INSTALLED_AGENTS,
     BakedImage,
@@ -25,7 +26,6 @@ from sciencebench.core.agentimages import (
     load_agent_images,
 )
 from sciencebench.core.errors import ProfileError
-from sciencebench.core.harness import CODEX_ADAPTER
 from sciencebench.core.models import AgentPlan, TrialSpec
 from sciencebench.login.selection import Selection
 
@@ -41,7 +41,9 @@ def _required(plan: AgentPlan, dry_run: bool) -> bool:
     """Whether Pier's own installer would run for this plan (and may not)."""
     if dry_run or os.environ.get(AGENT_INSTALL_ENV, "baked") == "pier":
         return False
-    return plan.harness in PIER_INSTALLED_AGENTS and plan.agent_import_path in (None, CODEX_ADAPTER)
+    return plan.harness in PIER_INSTALLED_AGENTS and (
+        plan.agent_import_path is None or plan.agent_import_path in AGENT_ADAPTERS
+    )
 
 
 def _bake_hint(selection: Selection, plan: AgentPlan, version: str | None) -> str:
