@@ -8,6 +8,7 @@ started=$(date +%s)
 scripts/bootstrap.sh                # .venv from uv.lock (Python >= 3.12)
 scripts/host-setup.sh               # redis-server, Docker Engine 28 + compose v2, loopback registry
 scripts/fixture-images.sh           # Debian-built base and proxy images, pushed by digest
+scripts/agent-artifacts.sh          # pinned Codex, Claude Code, mini-swe-agent artifacts (npm, PyPI)
 # shellcheck disable=SC1091
 source "${SB_STATE:-/var/tmp/sciencebench-host}/env.sh"
 # shellcheck disable=SC1091
