@@ -186,6 +186,23 @@ def write_json(results: dict[str, Any], out: Path) -> None:
     out.write_text(json.dumps(results, indent=2, default=str) + "\n")
 
 
+def merge_json(results: dict[str, Any], out: Path, items: list[int]) -> None:
+    """Merge a partial run (`--only ... --merge`) into `out`: its figures replace theirs, the rest stays.
+
+    A note records which items were measured when, so the file never claims
+    one run measured everything.
+    """
+    merged: dict[str, Any] = json.loads(out.read_text()) if out.exists() else dict(results)
+    for key in ("figures", "details", "goals", "raw", "errors", "phase_s", "load_average"):
+        merged.setdefault(key, {}).update(results.get(key) or {})
+    listed = ",".join(map(str, items))
+    merged.setdefault("notes", []).append(
+        f"items {listed} measured on {results['date']} (`python -m bench.run --only {listed} --merge`), "
+        f"the others on {merged.get('date')}"
+    )
+    write_json(merged, out)
+
+
 def machine() -> dict[str, Any]:
     """The machine and the versions that shape the figures."""
     info: dict[str, Any] = {

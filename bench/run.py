@@ -32,6 +32,10 @@ Figures (names as in results.json):
 7. warm_start_harness_ratio: the harness stage of trivial real trials (nop,
    one at a time) with Pier forked by the worker's zygote / with Pier exec'd
    (SCIENCEBENCH_WARM_PIER=0).
+8. bake_s, rebake_s, agent_setup_baked_s: Codex baked into the demo's agent
+   image (`sciencebench images bake`), the same bake again (a no-op), and
+   Pier's agent-setup stage of a real Codex trial on the baked image against
+   the scripted gateway (needs scripts/agent-artifacts.sh).
 
 Makespans and walls start when the submit starts (`prepare`, as `sciencebench
 submit` runs it, in this process) and end when the chord's finalizer has
@@ -56,10 +60,10 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.figures import overhead, pulls, real, scale, scaling, schedule, warm_start
+from bench.figures import agents, overhead, pulls, real, scale, scaling, schedule, warm_start
 from bench.harness import BENCH_DIR, REPO, Harness, load_host_env
 from bench.params import FULL, QUICK
-from bench.report import DOC, ItemCrash, Outcome, Report, banner, loadavg, write_doc, write_json
+from bench.report import DOC, ItemCrash, Outcome, Report, banner, loadavg, merge_json, write_doc, write_json
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,12 +71,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller and shorter; about 2 minutes")
     parser.add_argument(
-        "--only", help="comma-separated items to run (1-7), for development; nothing is written"
+        "--only", help="comma-separated items to run (1-8), for development; nothing is written"
+    )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="with --only: merge those items' figures into bench/results.json (the others are kept)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args(argv)
     p = QUICK if args.quick else FULL
-    only = {int(x) for x in args.only.split(",")} if args.only else set(range(1, 8))
+    only = {int(x) for x in args.only.split(",")} if args.only else set(range(1, 9))
 
     load_host_env()
     sys.path.insert(0, str(REPO))
@@ -166,6 +175,12 @@ def main(argv: list[str] | None = None) -> int:
             )
         if 7 in only:
             step("warm_start", "", lambda: warm_start.measure(h, p))
+        if 8 in only:
+            step(
+                "agents",
+                "8. agent-ready images: bake Codex, bake it again, agent setup of a real trial on it",
+                lambda: agents.measure(h, p),
+            )
     except Exception:
         crashed = True
         traceback.print_exc()
@@ -187,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== errors: {', '.join(report.errors)}", flush=True)
     if crashed_items:
         print(f"== CRASHED items (exit code 1): {', '.join(crashed_items)}", flush=True)
+    if args.only is not None and args.merge:
+        out = BENCH_DIR / ("results-quick.json" if p.quick else "results.json")
+        merge_json(results, out, sorted(only))
+        print(f"== merged items {args.only} into {out.relative_to(REPO)}", flush=True)
     if args.only is None:
         out = BENCH_DIR / ("results-quick.json" if p.quick else "results.json")
         write_json(results, out)

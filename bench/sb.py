@@ -15,6 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from sciencebench.bake import bake_selection, default_artifacts
     from sciencebench.cli import _persist
     from sciencebench.coordination.celery_app import create_app
     from sciencebench.coordination.redis import RedisCoordinator
@@ -39,6 +40,8 @@ _WHERE: dict[str, str] = {
     "Settings": "sciencebench.core.settings",
     "RedisCoordinator": "sciencebench.coordination.redis",
     "build_demo_selection": "sciencebench.demo",
+    "bake_selection": "sciencebench.bake",
+    "default_artifacts": "sciencebench.bake",
     "dispatch": "sciencebench.login.dispatch",
     "pull_counts": "sciencebench.worker.docker.images",
     "pull_log_path": "sciencebench.worker.docker.images",
@@ -64,9 +67,11 @@ __all__ = [
     "SubmitOptions",
     "TrialRecord",
     "_persist",
+    "bake_selection",
     "build_demo_selection",
     "build_run_record",
     "create_app",
+    "default_artifacts",
     "dispatch",
     "import_path",
     "load_job",
