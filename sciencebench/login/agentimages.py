@@ -26,7 +26,7 @@ from sciencebench.core.agentimages import (
     load_agent_images,
 )
 from sciencebench.core.errors import ProfileError
-from sciencebench.core.models import AgentPlan, TrialSpec
+from sciencebench.core.models import AgentPlan
 from sciencebench.login.selection import Selection
 
 _LISTED = 3  # task ids named in an error line before "..."
@@ -124,20 +124,15 @@ def _check_wire_api(plan: AgentPlan, version: str, images: list[BakedImage]) -> 
             )
 
 
-def with_agent_images(trials: list[TrialSpec], images: dict[str, BakedImage]) -> list[TrialSpec]:
-    """Trials whose image list names the baked image in place of their task's agent image.
+def trial_image_refs(refs: list[str], baked: BakedImage | None) -> list[str]:
+    """A trial's images: the baked image in place of its task's agent image.
 
     The worker's pull stage then pulls (or, with --skip-pull, checks) the
-    image the trial really runs.
+    image the trial really runs; a verifier image stays.
     """
-    result = []
-    for trial in trials:
-        baked = images.get(trial.task_id)
-        if baked is None:
-            result.append(trial)
-            continue
-        refs = [baked.image if ref == baked.base_image else ref for ref in trial.image_refs]
-        if baked.image not in refs:
-            refs.insert(0, baked.image)
-        result.append(trial.model_copy(update={"image_refs": list(dict.fromkeys(refs))}))
-    return result
+    if baked is None:
+        return list(refs)
+    swapped = [baked.image if ref == baked.base_image else ref for ref in refs]
+    if baked.image not in swapped:
+        swapped.insert(0, baked.image)
+    return list(dict.fromkeys(swapped))

@@ -19,7 +19,7 @@ from sciencebench.core.models import JobSpec, RunOptions, TrialSpec
 from sciencebench.core.paths import JobPaths, write_atomic
 from sciencebench.core.settings import required_visibility_timeout
 from sciencebench.core.taskdir import task_toml_sha256
-from sciencebench.login.agentimages import resolve_agent_images, with_agent_images
+from sciencebench.login.agentimages import resolve_agent_images
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.plan import expand
 from sciencebench.login.profiles import is_sensitive_key, parse_assignments, plan_agent, read_env_file
@@ -94,7 +94,7 @@ def prepare(opts: SubmitOptions, visibility_timeout_sec: int | None = None) -> P
     )
     check_job_name_free(job)
     secrets = [v for k, v in env_values.items() if is_sensitive_key(k)] + list(agent_env.values())
-    trials = with_agent_images(expand(selection, job, hashes), agent_images)
+    trials = expand(selection, job, hashes)
     if visibility_timeout_sec is not None:
         check_visibility_timeout(trials, visibility_timeout_sec)
     return Prepared(
