@@ -248,6 +248,9 @@ ORDER = [
     ("scaling_1_to_2", "6. throughput 2 workers / 1 worker"),
     ("warm_start_harness_ratio", "7. Pier start: harness stage warm (zygote) / cold (exec)"),
     ("scaling_real_1_to_2", "8. real trials: throughput 2 worker containers / 1"),
+    ("bake_s", "9. bake Codex into the demo's agent image (s)"),
+    ("rebake_s", "9. the same bake again, a no-op (s)"),
+    ("agent_setup_baked_s", "9. agent setup of a real Codex trial on the baked image (s)"),
 ]
 
 

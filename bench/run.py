@@ -36,6 +36,10 @@ Figures (names as in results.json):
    keep 4 slots busy) on worker containers deployed from compose/ (2 slots
    each): makespan with 1 container / with 2, median of alternating paired
    runs with their spread (needs scripts/cluster-images.sh).
+9. bake_s, rebake_s, agent_setup_baked_s: Codex baked into the demo's agent
+   image (`sciencebench images bake`), the same bake again (a no-op), and
+   Pier's agent-setup stage of a real Codex trial on the baked image against
+   the scripted gateway (needs scripts/agent-artifacts.sh).
 
 Makespans and walls start when the submit starts (`prepare`, as `sciencebench
 submit` runs it, in this process) and end when the chord's finalizer has
@@ -62,7 +66,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.figures import overhead, pulls, real, scale, scaling, scaling_real, schedule, warm_start
+from bench.figures import agents, overhead, pulls, real, scale, scaling, scaling_real, schedule, warm_start
 from bench.harness import BENCH_DIR, REPO, Harness, load_host_env
 from bench.params import FULL, QUICK
 from bench.report import DOC, ItemCrash, Outcome, Report, banner, loadavg, write_doc, write_json
@@ -73,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller and shorter; about 2 minutes")
     parser.add_argument(
-        "--only", help="comma-separated items to run (1-8), for development; nothing is written"
+        "--only", help="comma-separated items to run (1-9), for development; nothing is written"
     )
     parser.add_argument(
         "--update",
@@ -84,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args(argv)
     p = QUICK if args.quick else FULL
-    only = {int(x) for x in args.only.split(",")} if args.only else set(range(1, 9))
+    only = {int(x) for x in args.only.split(",")} if args.only else set(range(1, 10))
 
     load_host_env()
     sys.path.insert(0, str(REPO))
@@ -183,6 +187,12 @@ def main(argv: list[str] | None = None) -> int:
                 "scaling_real",
                 f"8. real trials: {p.real_scaling_trials} oracle trials, 1 vs 2 worker containers x 2 slots",
                 lambda: scaling_real.measure(h, p),
+            )
+        if 9 in only:
+            step(
+                "agents",
+                "9. agent-ready images: bake Codex, bake it again, agent setup of a real trial on it",
+                lambda: agents.measure(h, p),
             )
     except Exception:
         crashed = True

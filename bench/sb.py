@@ -15,6 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from sciencebench.bake import bake_selection, default_artifacts
     from sciencebench.coordination.celery_app import create_app
     from sciencebench.coordination.redis import RedisCoordinator
     from sciencebench.core.models import TrialRecord
@@ -38,6 +39,8 @@ _WHERE: dict[str, str] = {
     "Settings": "sciencebench.core.settings",
     "RedisCoordinator": "sciencebench.coordination.redis",
     "build_demo_selection": "sciencebench.demo",
+    "bake_selection": "sciencebench.bake",
+    "default_artifacts": "sciencebench.bake",
     "dispatch": "sciencebench.login.dispatch",
     "pull_counts": "sciencebench.worker.docker.images",
     "pull_log_path": "sciencebench.worker.docker.images",
@@ -62,9 +65,11 @@ __all__ = [
     "Settings",
     "SubmitOptions",
     "TrialRecord",
+    "bake_selection",
     "build_demo_selection",
     "build_run_record",
     "create_app",
+    "default_artifacts",
     "dispatch",
     "import_path",
     "load_job",

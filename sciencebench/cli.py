@@ -413,3 +413,53 @@ def preflight(platform: str, jobs_dir: Path | None, pier_bin: str | None, broker
     pier = pier_bin or Settings.from_env().pier_bin
     for line in host_preflight(platform=platform, jobs_dir=jobs_dir, pier_bin=pier, broker=broker):
         out.print(line, markup=False)
+
+
+@main.group()
+def images() -> None:
+    """Agent-ready images: task images with a harness preinstalled, for offline workers.
+
+    Pier installs codex, claude-code and mini-swe-agent by downloading them
+    inside an image build, which offline workers cannot do. `bake` builds the
+    selection's task images with the agent preinstalled from artifacts fetched
+    on this host (scripts/agent-artifacts.sh), pushes them by digest and
+    records them in <selection>/.sciencebench/agent-images.json, which
+    `submit` checks and workers run.
+    """
+
+
+@images.command()
+@click.option("--path", required=True, type=click.Path(path_type=Path), help="Materialized task selection.")
+@click.option("--agent", required=True, type=click.Choice(["codex", "claude-code", "mini-swe-agent"]),
+              help="Harness to preinstall.")  # fmt: skip
+@click.option("--agent-version", help="Version to bake (default: the pinned one).")
+@click.option("--registry", help="Registry host[:port] to push to (default: each task image's registry).")
+@click.option("--artifacts", type=click.Path(path_type=Path), envvar="SCIENCEBENCH_AGENT_ARTIFACTS",
+              help="Directory of fetched artifacts [env: SCIENCEBENCH_AGENT_ARTIFACTS; "
+                   "default /var/tmp/sciencebench-agents].")  # fmt: skip
+@click.option("--extra-ca", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              help="PEM CA certificate the agent must trust (a gateway with a private CA).")  # fmt: skip
+@_handle_errors
+def bake(
+    path: Path, agent: str, agent_version: str | None, registry: str | None,
+    artifacts: Path | None, extra_ca: Path | None,
+) -> None:  # fmt: skip
+    """Bake --agent into every agent image of the selection; a no-op for what is already baked.
+
+    Exits 0 when every image is baked and recorded, 1 when the engine or the
+    registry fails, 2 on bad input (selection, agent, missing artifacts).
+    """
+    from sciencebench.bake import bake_selection
+    from sciencebench.core.agentimages import agent_images_path
+
+    results = bake_selection(
+        path, agent, agent_version, registry=registry, artifacts=artifacts, extra_ca=extra_ca,
+        log=lambda line: err.print(line, markup=False, soft_wrap=True),
+    )  # fmt: skip
+    table = Table(title=f"{agent}: {len(results)} image(s)")
+    for column in ("task image", "baked image", "action", "seconds"):
+        table.add_column(column)
+    for result in results:
+        table.add_row(result.image.base_image, result.image.image, result.action, f"{result.seconds:.1f}")
+    out.print(table)
+    out.print(f"recorded in {agent_images_path(path.resolve())}", soft_wrap=True)

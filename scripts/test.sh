@@ -8,6 +8,7 @@ started=$(date +%s)
 scripts/bootstrap.sh                # .venv from uv.lock (Python >= 3.12)
 scripts/host-setup.sh               # redis-server, Docker Engine 28 + compose v2, loopback registry
 scripts/fixture-images.sh           # Debian-built base and proxy images, pushed by digest
+scripts/agent-artifacts.sh          # pinned Codex, Claude Code, mini-swe-agent artifacts (npm, PyPI)
 scripts/cluster-images.sh           # worker, Flower, proxy, Redis images built offline (wheelhouse from uv.lock)
 # The cluster tier checks the worker's systemd unit with systemd-analyze (Debian's systemd).
 command -v systemd-analyze >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \

@@ -10,6 +10,13 @@ import pytest
 
 from tests.fixtures.services import RedisServer
 
+# Submits of codex, claude-code or mini-swe-agent need baked agent images
+# (sciencebench.login.agentimages). Most tests exercise provider translation,
+# argv and records with no baked image, so they let Pier install, as a worker
+# with internet would; tests/unit/test_agent_images.py and
+# tests/docker/test_real_agents.py set the default ("baked") back.
+os.environ.setdefault("SCIENCEBENCH_AGENT_INSTALL", "pier")
+
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:

@@ -23,6 +23,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from sciencebench.core.agentimages import BakedImage
 from sciencebench.core.envfile import EnvFile
 from sciencebench.core.gateways import Gateway
 from sciencebench.core.harness import POLICY_ENVIRONMENT, POLICY_NAME
@@ -113,6 +114,8 @@ class JobSpec(RunOptions):
     agent: AgentPlan
     env_file: EnvFile | None = None
     agent_env_file: EnvFile | None = None
+    # task id -> the task image with the agent preinstalled (`sciencebench images bake`)
+    agent_images: dict[str, BakedImage] = Field(default_factory=dict)
     environment_import_path: str = POLICY_ENVIRONMENT
     network_policy: str = POLICY_NAME
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sciencebench.core.agentimages import AGENT_IMAGE_KEYWORD
 from sciencebench.core.harness import POLICY_ENVIRONMENT
 from sciencebench.core.models import JobSpec, TrialSpec
 
@@ -57,6 +58,8 @@ def render_argv(
         argv += ["--ek", f"inference_urls={json.dumps(gateway_urls)}"]
     for key, value in (environment_kwargs or {}).items():
         argv += ["--ek", f"{key}={value}"]
+    if baked := job.agent_images.get(trial.task_id):
+        argv += ["--ek", f"{AGENT_IMAGE_KEYWORD}={baked.keyword()}"]
     if job.agent_timeout_multiplier is not None:
         argv += ["--agent-timeout-multiplier", _fmt(job.agent_timeout_multiplier)]
     if job.verifier_timeout_multiplier is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sciencebench.core.models import JobSpec, TrialSpec
+from sciencebench.login.agentimages import trial_image_refs
 from sciencebench.login.selection import Selection
 
 
@@ -47,7 +48,7 @@ def expand(selection: Selection, job: JobSpec, toml_hashes: dict[str, str]) -> l
                     attempt=attempt,
                     task_dir=task.directory,
                     task_toml_sha256=toml_hashes[task_id],
-                    image_refs=task.image_refs,
+                    image_refs=trial_image_refs(task.image_refs, job.agent_images.get(task_id)),
                     expected_sec=expected,
                 )
             )

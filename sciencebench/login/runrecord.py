@@ -45,6 +45,10 @@ def build_run_record(
         "network_policy": job.network_policy,
         "environment_import_path": job.environment_import_path,
         "gateway_authorities": [gateway.authority for gateway in job.agent.gateways],
+        "agent_images": {
+            task_id: baked.model_dump(mode="json", include={"agent", "version", "base_image", "image"})
+            for task_id, baked in job.agent_images.items()
+        },
         "job_name": job.job_name,
         "jobs_dir": str(job.jobs_dir),
         "sciencebench_version": __version__,

@@ -24,6 +24,7 @@ from sciencebench.core.images import parse_platform
 from sciencebench.core.models import JobSpec, RunOptions, TrialSpec, check_job_name
 from sciencebench.core.paths import JobPaths, write_atomic
 from sciencebench.core.settings import required_visibility_timeout
+from sciencebench.login.agentimages import resolve_agent_images
 from sciencebench.login.options import SubmitOptions, describe
 from sciencebench.login.plan import expand
 from sciencebench.login.profiles import is_sensitive_key, parse_assignments, plan_agent, read_env_file
@@ -122,6 +123,7 @@ def prepare(
         auto_agent_adapter=opts.auto_agent_adapter,
         dry_run=opts.dry_run,
     )
+    agent_plan, agent_images = resolve_agent_images(selection, agent_plan, dry_run=opts.dry_run)
     jobs_dir = opts.jobs_dir.resolve()
     hashes = {task_id: selection.tasks[task_id].task_hash for task_id in selection.task_ids}
     try:
@@ -136,6 +138,7 @@ def prepare(
             task_hashes=hashes,
             agent=agent_plan,
             env_file=env_file,
+            agent_images=agent_images,
             # The options every trial runs with, as the table defines them.
             **{name: getattr(opts, name) for name in RunOptions.model_fields},
         )

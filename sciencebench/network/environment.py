@@ -33,17 +33,16 @@ import requests
 import yaml
 from docker.errors import DockerException
 from pier.environments.agent_setup import new_proxy_token, proxy_environment
-from pier.environments.docker.docker import (
-    DockerEnvironment,
-    _sanitize_docker_compose_project_name,
-)
+from pier.environments.docker.docker import _sanitize_docker_compose_project_name
 
+from sciencebench.core.agentimages import parse_agent_image_keyword
 from sciencebench.core.compose_policy import compose_hazards
 from sciencebench.core.errors import ProfileError
 from sciencebench.core.gateways import Gateway, parse_gateway
 from sciencebench.core.images import check_image_ref
 from sciencebench.network.compose import PROXY_SERVICE, Mode, ProxyFiles, policy_compose
 from sciencebench.network.errors import PolicyRefused, PolicyViolation
+from sciencebench.network.execenv import SecretSafeExecEnvironment
 from sciencebench.network.inspection import (
     INSPECT_TIMEOUT_SEC,
     collect_snapshot,
@@ -59,6 +58,10 @@ from sciencebench.network.squid import (
 from sciencebench.worker.docker.hostlocks import owner_id
 
 PROXY_IMAGE_ENV = "SCIENCEBENCH_PROXY_IMAGE"
+
+
+class AgentImageMismatch(RuntimeError):
+    """The `agent_image` keyword names an image baked for another agent or version."""
 
 
 @dataclass(frozen=True)
@@ -148,16 +151,20 @@ def plan_egress(
     )
 
 
-class IsolatedDockerEnvironment(DockerEnvironment):
+class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
     """Pier's DockerEnvironment with the offline network policy enforced and verified.
 
     Extra keywords (from `--ek`): `inference_urls`, the gateway base URLs
     whose `host:port` the proxy allows; `proxy_image`, the proxy image ref
     (default: the `SCIENCEBENCH_PROXY_IMAGE` environment variable, for a
     direct `pier run`); `owner`, the worker host state's id that labels every
-    container (default: computed from this host's state dir). A worker passes
-    both, so Pier's process environment holds none of its settings.
-    `start` raises PolicyRefused or PolicyViolation (both PolicyError).
+    container (default: computed from this host's state dir); `agent_image`,
+    `{agent, version, image}` of the task image with the agent preinstalled
+    (`sciencebench images bake`), run instead of Pier's per-trial install
+    build. A worker passes `proxy_image` and `owner`, so Pier's process
+    environment holds none of its settings. `start` raises PolicyRefused or
+    PolicyViolation (both PolicyError), and AgentImageMismatch for an image
+    baked for another agent or version.
     """
 
     def __init__(
@@ -166,10 +173,12 @@ class IsolatedDockerEnvironment(DockerEnvironment):
         inference_urls: object = None,
         proxy_image: str | None = None,
         owner: str | None = None,
+        agent_image: object = None,
         **kwargs: Any,
     ) -> None:
         # Decisions that can fail wait for start(): an exception raised here
         # would abort Pier's whole job instead of being recorded on the trial.
+        self._agent_image = agent_image
         self._inference_urls = inference_urls
         self._proxy_image = proxy_image or os.environ.get(PROXY_IMAGE_ENV) or None
         self._owner = str(owner) if owner else None
@@ -277,8 +286,39 @@ class IsolatedDockerEnvironment(DockerEnvironment):
         """
         self._plan = self._make_plan()
         self._check_task_compose()
-        await super().start(force_build=force_build)
+        baked = self._baked_image()
+        if baked is None:
+            await super().start(force_build=force_build)
+        else:
+            # Pier builds a derived image whenever the environment has an install
+            # spec; the baked image is that build, done once. The spec is back
+            # before the agent's setup, which sees its own name and skips the install.
+            install = self.agent_install_spec
+            self.task_env_config = self.task_env_config.model_copy(update={"docker_image": baked})
+            self._env_vars.prebuilt_image_name = baked
+            self.agent_install_spec = None
+            try:
+                await super().start(force_build=force_build)
+            finally:
+                self.agent_install_spec = install
         await self._enforce(self._plan)
+
+    def _baked_image(self) -> str | None:
+        """The baked image to run for this environment's agent, None to run Pier's way."""
+        try:
+            parsed = parse_agent_image_keyword(self._agent_image)
+        except ValueError as exc:
+            raise AgentImageMismatch(str(exc)) from None
+        install = self.agent_install_spec
+        if parsed is None or install is None:  # no baked image, or the verifier's environment
+            return None
+        agent, version, image = parsed
+        if install.agent_name != agent or install.version not in (None, version):
+            raise AgentImageMismatch(
+                f"agent_image was baked for {agent} {version}; this trial's agent is "
+                f"{install.agent_name} {install.version or '(any version)'}"
+            )
+        return image
 
     async def _enforce(self, plan: EgressPlan) -> None:
         try:

@@ -1,0 +1,235 @@
+"""How each harness is preinstalled into a task image from host-fetched artifacts (pure).
+
+Pinned releases, fetched on the build host by `scripts/agent-artifacts.sh`
+into an artifact directory (default `/var/tmp/sciencebench-agents`):
+
+    codex/<version>/{codex, rg, MANIFEST}              npm @openai/codex@<version>-linux-x64
+    claude-code/<version>/{claude, MANIFEST}           npm @anthropic-ai/claude-code-linux-x64@<version>
+    mini-swe-agent/<version>/py3.11/{*.whl, MANIFEST}  PyPI mini-swe-agent==<version> and its wheels
+
+`MANIFEST` is `sha256sum` output over the files beside it (plus the package
+spec): it identifies the artifacts without hashing hundreds of megabytes on
+every bake. A recipe is a shell script that runs as root in a network-less
+container of the task image with the artifacts mounted read-only, and is
+then committed: nothing is downloaded, and the artifacts themselves never
+become a layer (only what the install leaves behind does).
+
+The recipe leaves the image as Pier's preinstalled-agent path expects it:
+`codex`, `claude` and `mini-swe-agent` on the default PATH (/usr/local/bin),
+and `$HOME/.local/bin/env` for root (Pier's mini-swe-agent command sources it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from sciencebench.core.agentimages import BAKEABLE_AGENTS
+
+
+@dataclass(frozen=True)
+class AgentPin:
+    """A pinned harness release and where its artifacts come from."""
+
+    agent: str
+    version: str
+    source: str  # the registry package the artifacts are fetched from
+
+
+PINS: dict[str, AgentPin] = {
+    "codex": AgentPin("codex", "0.169.0", "npm:@openai/codex@0.169.0-linux-x64"),
+    "claude-code": AgentPin("claude-code", "2.1.332", "npm:@anthropic-ai/claude-code-linux-x64@2.1.332"),
+    "mini-swe-agent": AgentPin("mini-swe-agent", "2.4.6", "pypi:mini-swe-agent==2.4.6"),
+}
+
+MSWEA_PREFIX = PurePosixPath("/opt/sciencebench/mini-swe-agent")
+EXTRA_CA_PATH = PurePosixPath("/usr/local/share/ca-certificates/sciencebench-extra-ca.crt")
+SYSTEM_CA_BUNDLE = PurePosixPath("/etc/ssl/certs/ca-certificates.crt")
+LABEL_PREFIX = "dev.sciencebench.agent-image"
+MOUNT_DIR = PurePosixPath("/mnt/sciencebench-artifacts")  # read-only, during the install only
+# Bumped whenever the rendered recipe changes meaning: it is part of every image's key.
+RECIPE_VERSION = "5"
+
+_VERSION = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}$")
+
+
+class RecipeError(ValueError):
+    """An agent cannot be baked: unknown agent, version without artifacts, unsuitable image."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How to bake one image: a root shell script run with no network, then a commit.
+
+    `mounts` are host files or directories, mounted read-only under
+    `MOUNT_DIR/<name>` for the script; `env` and `labels` are added to the
+    committed image's configuration (everything else of the base image's
+    configuration is kept).
+    """
+
+    agent: str
+    version: str
+    script: str
+    mounts: dict[str, Path]
+    env: dict[str, str]
+    labels: dict[str, str]
+    inputs_sha256: str
+    python: str | None = None  # mini-swe-agent: the Python version its wheels are for
+
+
+def artifact_dir(artifacts: Path, agent: str, version: str) -> Path:
+    """The directory holding `agent` `version`'s artifacts."""
+    return artifacts / agent / version
+
+
+def _manifest(directory: Path, fetch_hint: str) -> str:
+    manifest = directory / "MANIFEST"
+    try:
+        return manifest.read_text(encoding="utf-8")
+    except OSError:
+        raise RecipeError(f"no artifacts in {directory}; fetch them with {fetch_hint}") from None
+
+
+def _check(agent: str, version: str) -> None:
+    if agent not in BAKEABLE_AGENTS:
+        raise RecipeError(f"--agent {agent}: only {', '.join(BAKEABLE_AGENTS)} can be baked")
+    if not _VERSION.fullmatch(version):
+        raise RecipeError(f"--agent-version {version!r}: not a version")
+
+
+def _fetch_hint(agent: str, version: str) -> str:
+    return f"scripts/agent-artifacts.sh --agent {agent} --version {version}"
+
+
+def labels(agent: str, version: str, base_image: str, inputs: str) -> dict[str, str]:
+    """The labels a baked image carries: what it is and what it was made from."""
+    return {
+        f"{LABEL_PREFIX}.agent": agent,
+        f"{LABEL_PREFIX}.version": version,
+        f"{LABEL_PREFIX}.base": base_image,
+        f"{LABEL_PREFIX}.inputs": inputs,
+    }
+
+
+def _ca_script() -> str:
+    """Trust an extra CA (a private gateway's) system-wide; Node/Bun and Python get ENV below."""
+    source = MOUNT_DIR / "extra-ca.crt"
+    return (
+        f"mkdir -p {EXTRA_CA_PATH.parent} && cp {source} {EXTRA_CA_PATH} && chmod 644 {EXTRA_CA_PATH} && "
+        "if command -v update-ca-certificates >/dev/null 2>&1; then update-ca-certificates >/dev/null; "
+        f"else mkdir -p {SYSTEM_CA_BUNDLE.parent} && cat {EXTRA_CA_PATH} >> {SYSTEM_CA_BUNDLE}; fi"
+    )
+
+
+def render(
+    agent: str,
+    version: str,
+    base_image: str,
+    artifacts: Path,
+    *,
+    python: str | None = None,
+    extra_ca: Path | None = None,
+) -> Recipe:
+    """How to preinstall `agent` `version` into `base_image`.
+
+    `python` (`3.11`) is the base image's Python, needed for mini-swe-agent's
+    wheels. Raises RecipeError for an agent that cannot be baked, missing
+    artifacts, a base image without a suitable Python, or a bad CA file.
+    """
+    _check(agent, version)
+    directory = artifact_dir(artifacts, agent, version)
+    agent_dir = MOUNT_DIR / "agent"
+    env: dict[str, str] = {}
+    if agent == "mini-swe-agent":
+        if python is None:
+            raise RecipeError("mini-swe-agent needs python3 (3.10 or newer) in the task image")
+        directory = directory / f"py{python}"
+        manifest = _manifest(directory, f"{_fetch_hint(agent, version)} --python {python}")
+        venv = MSWEA_PREFIX
+        # pip runs from its own wheel: the image needs no pip, and nothing is downloaded.
+        steps = [
+            f"python3 -m venv --without-pip {venv}",
+            f'{venv}/bin/python "$(ls {agent_dir}/pip-*.whl | head -n 1)"/pip install --quiet --no-index '
+            f"--no-compile --no-cache-dir --disable-pip-version-check --find-links {agent_dir} "
+            + shlex.quote(f"mini-swe-agent=={version}"),
+            # Byte-compiled once here, on every core, rather than at import in every trial.
+            f"{venv}/bin/python -m compileall -q -j 0 {venv}/lib >/dev/null",
+            f"ln -sf {venv}/bin/mini-swe-agent /usr/local/bin/mini-swe-agent",
+            # Pier's mini-swe-agent command sources uv's env script first.
+            "mkdir -p /root/.local/bin",
+            "printf '%s\\n' 'export PATH=\"$HOME/.local/bin:$PATH\"' > /root/.local/bin/env",
+            f"LITELLM_LOCAL_MODEL_COST_MAP=True {venv}/bin/python -c 'import minisweagent, litellm'",
+        ]
+        # LiteLLM would otherwise try to download its price table at every start.
+        env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+    else:
+        manifest = _manifest(directory, _fetch_hint(agent, version))
+        names = ["codex", "rg"] if agent == "codex" else ["claude"]
+        sources = " ".join(str(agent_dir / name) for name in names)
+        targets = " ".join(f"/usr/local/bin/{name}" for name in names)
+        check = "codex --version" if agent == "codex" else "claude --version"
+        steps = [f"cp {sources} /usr/local/bin/", f"chmod 755 {targets}", check]
+    mounts = {"agent": directory}
+    ca_bytes = b""
+    if extra_ca is not None:
+        try:
+            ca_bytes = extra_ca.read_bytes()
+        except OSError as exc:
+            raise RecipeError(f"--extra-ca {extra_ca}: unreadable ({exc.strerror})") from None
+        if b"BEGIN CERTIFICATE" not in ca_bytes:
+            raise RecipeError(f"--extra-ca {extra_ca}: not a PEM certificate")
+        mounts["extra-ca.crt"] = extra_ca
+        steps.append(_ca_script())
+        env |= {"SSL_CERT_FILE": str(SYSTEM_CA_BUNDLE), "NODE_EXTRA_CA_CERTS": str(EXTRA_CA_PATH)}
+    script = "set -eu\n" + "\n".join(steps) + "\n"
+    key = hashlib.sha256()
+    for part in (
+        RECIPE_VERSION,
+        agent,
+        version,
+        base_image,
+        script,
+        json.dumps(env, sort_keys=True),
+        manifest,
+    ):
+        key.update(part.encode() + b"\0")
+    key.update(ca_bytes)
+    inputs = key.hexdigest()
+    return Recipe(
+        agent=agent,
+        version=version,
+        script=script,
+        mounts=mounts,
+        env=env,
+        labels=labels(agent, version, base_image, inputs),
+        inputs_sha256=inputs,
+        python=python if agent == "mini-swe-agent" else None,
+    )
+
+
+def image_tag(agent: str, version: str, base_image: str, inputs_sha256: str) -> str:
+    """The baked image's tag: version, base digest and inputs, so one tag names one build."""
+    base_digest = base_image.rsplit("@sha256:", 1)[-1]
+    return f"{version}-{base_digest[:12]}-{inputs_sha256[:12]}"
+
+
+def main(argv: list[str]) -> int:
+    """`python -m sciencebench.agents.recipes pin AGENT`: print the pinned version (for scripts)."""
+    if len(argv) == 2 and argv[0] == "pin" and argv[1] in PINS:
+        print(PINS[argv[1]].version)
+        return 0
+    if argv == ["pins"]:
+        for pin in PINS.values():
+            print(pin.agent, pin.version, pin.source)
+        return 0
+    print("usage: python -m sciencebench.agents.recipes (pins | pin AGENT)", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,125 @@
+"""`sciencebench images bake`: agent-ready images for a selection, built once and recorded.
+
+For each distinct agent image of the selection's tasks (once per task image
+digest, agent and version): render the recipe from the host-fetched
+artifacts (`sciencebench.agents.recipes`), look the resulting tag up in the
+registry, build and push it only when the registry lacks it, and record the
+digest-pinned result in `<selection>/.sciencebench/agent-images.json`
+(`sciencebench.core.agentimages`). The login node checks that record at
+submit; workers run the recorded digests.
+
+Runs on a build host: Docker, the registry and the artifact directory
+(`scripts/agent-artifacts.sh`) must be there. No network is used inside any
+build or container.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sciencebench.agents.recipes import PINS, RecipeError
+from sciencebench.core.agentimages import (
+    AgentImages,
+    BakedImage,
+    agent_images_path,
+    load_agent_images,
+)
+from sciencebench.core.errors import InputError, SciencebenchError
+from sciencebench.core.images import image_repository
+from sciencebench.core.paths import write_atomic
+from sciencebench.login.selection import load_selection
+from sciencebench.worker.docker import bake as docker_bake
+from sciencebench.worker.docker.bake import Action
+
+DEFAULT_ARTIFACTS = Path("/var/tmp/sciencebench-agents")  # noqa: S108 (a host cache, like the state dir)
+ARTIFACTS_ENV = "SCIENCEBENCH_AGENT_ARTIFACTS"
+REPOSITORY = "sciencebench-agents"
+
+
+class BakeFailed(SciencebenchError):
+    """Building, pushing or probing a baked image failed (exit 1)."""
+
+
+@dataclass(frozen=True)
+class Baked:
+    """What one bake did for one task image."""
+
+    image: BakedImage
+    action: Action
+    seconds: float
+
+
+def default_artifacts() -> Path:
+    """The artifact directory: SCIENCEBENCH_AGENT_ARTIFACTS, else /var/tmp/sciencebench-agents."""
+    return Path(os.environ.get(ARTIFACTS_ENV) or DEFAULT_ARTIFACTS)
+
+
+def registry_of(ref: str) -> str | None:
+    """The registry host of an image reference, None for Docker Hub short names."""
+    first, _, rest = image_repository(ref).partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return None
+
+
+def _write(path: Path, images: AgentImages) -> None:
+    write_atomic(path, images.model_dump_json(indent=2) + "\n")
+
+
+def bake_selection(
+    path: Path,
+    agent: str,
+    version: str | None = None,
+    *,
+    registry: str | None = None,
+    artifacts: Path | None = None,
+    extra_ca: Path | None = None,
+    log: Callable[[str], None] = lambda _: None,
+) -> list[Baked]:
+    """Bake `agent` (`version`, default its pin) into every agent image of the selection at `path`.
+
+    Raises InputError (exit 2) for a bad selection, agent, version, missing
+    artifacts or an unusable record; BakeFailed (exit 1) when the engine or
+    the registry fails.
+    """
+    selection = load_selection(path, None)
+    if agent not in PINS:
+        raise InputError(f"--agent {agent}: only {', '.join(PINS)} can be baked")
+    version = version or PINS[agent].version
+    artifacts = artifacts or default_artifacts()
+    record_path = agent_images_path(selection.path)
+    bases = list(dict.fromkeys(selection.tasks[task_id].agent_image for task_id in selection.task_ids))
+    for base in bases:
+        if not (registry or registry_of(base)):
+            raise InputError(f"{base}: no registry in the reference; pass --registry HOST[:PORT]")
+    results: list[Baked] = []
+    record_path.parent.mkdir(parents=True, exist_ok=True)
+    # One bake of a selection at a time: the record is read, extended and replaced.
+    with open(record_path.with_name(".agent-images.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            images = load_agent_images(record_path)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        try:
+            with docker_bake.Baker(artifacts=artifacts, extra_ca=extra_ca, log=log) as baker:
+                for base in bases:
+                    started = time.monotonic()
+                    repository = f"{registry or registry_of(base)}/{REPOSITORY}/{agent}"
+                    baked, action = baker.bake(
+                        base, agent, version, repository, images.find(base, agent, version)
+                    )
+                    images = images.replace(baked)
+                    _write(record_path, images)
+                    results.append(Baked(baked, action, time.monotonic() - started))
+                    log(f"{agent} {version} on {base}: {action} -> {baked.image}")
+        except RecipeError as exc:
+            raise InputError(str(exc)) from None
+        except docker_bake.BakeError as exc:
+            raise BakeFailed(str(exc)) from None
+    return results
