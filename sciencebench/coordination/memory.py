@@ -137,14 +137,27 @@ class MemoryCoordinator(Coordinator):
                 self._expiry.pop(name, None)
 
     @override
+    def is_leased(self, job: str, key: str) -> bool:
+        with self._lock:
+            return self._get(job_key(job, "lease", key)) is not None
+
+    @override
     def set_running(self, job: str, key: str, payload: Redispatch) -> None:
         with self._lock:
             self._values.setdefault(job_key(job, "running"), {})[key] = payload
 
     @override
-    def clear_running(self, job: str, key: str) -> None:
+    def finish(self, job: str, key: str, owner: str) -> bool:
         with self._lock:
+            if not self._rightful(job, key, owner):
+                return False
+            self._values.get(job_key(job, "slots"), {}).pop(key, None)
             self._values.get(job_key(job, "running"), {}).pop(key, None)
+            lease = job_key(job, "lease", key)
+            if self._get(lease) == owner:
+                self._values.pop(lease, None)
+                self._expiry.pop(lease, None)
+            return True
 
     @override
     def acquire_slot(self, job: str, key: str, cap: int, ttl_sec: float) -> bool:
@@ -157,11 +170,6 @@ class MemoryCoordinator(Coordinator):
                 slots[key] = now + ttl_sec
                 return True
             return False
-
-    @override
-    def release_slot(self, job: str, key: str) -> None:
-        with self._lock:
-            self._values.get(job_key(job, "slots"), {}).pop(key, None)
 
     @override
     def set_state(self, job: str, key: str, state: TrialState, host: str) -> None:
@@ -182,13 +190,31 @@ class MemoryCoordinator(Coordinator):
     @override
     def wait_for_slot(self, job: str, payload: Redispatch) -> None:
         with self._lock:
-            self._values.setdefault(job_key(job, "waiting"), []).append(payload)
+            waiting: dict[str, Redispatch] = self._values.setdefault(job_key(job, "waiting"), {})
+            waiting[payload.trial.key] = payload  # a dict keeps the first place of a key
 
     @override
     def next_waiting(self, job: str) -> Redispatch | None:
         with self._lock:
-            waiting = self._get(job_key(job, "waiting")) or []
-            return waiting.pop(0) if waiting else None
+            waiting: dict[str, Redispatch] = self._get(job_key(job, "waiting")) or {}
+            if not waiting:
+                return None
+            return waiting.pop(next(iter(waiting)))
+
+    @override
+    def open_dispatch(self, job: str, dispatch_id: str) -> None:
+        with self._lock:
+            self._values.setdefault(job_key(job, "dispatches"), set()).add(dispatch_id)
+
+    @override
+    def close_dispatch(self, job: str, dispatch_id: str) -> None:
+        with self._lock:
+            self._values.get(job_key(job, "dispatches"), set()).discard(dispatch_id)
+
+    @override
+    def open_dispatches(self, job: str) -> set[str]:
+        with self._lock:
+            return set(self._get(job_key(job, "dispatches")) or set())
 
     @override
     def cancel(self, job: str) -> None:

@@ -142,12 +142,21 @@ class Leases(Protocol):
         """Give the lease up if `owner` still holds it."""
         ...
 
+    def is_leased(self, job: str, key: str) -> bool:
+        """Whether a live process (or a parked message) holds the trial's lease now."""
+        ...
+
     def set_running(self, job: str, key: str, payload: Redispatch) -> None:
         """Record how to re-send a trial that is running now."""
         ...
 
-    def clear_running(self, job: str, key: str) -> None:
-        """The trial is no longer running here."""
+    def finish(self, job: str, key: str, owner: str) -> bool:
+        """The trial ends in `owner`'s process: give back its slot, running entry and lease.
+
+        Only while `owner` is the rightful holder (one atomic step): a copy that
+        lost the trial must not free what the copy that replaced it holds.
+        False when it was not.
+        """
         ...
 
     def orphaned(self) -> list[tuple[str, str, Redispatch]]:
@@ -175,12 +184,12 @@ class Slots(Protocol):
         """Take (or refresh) a slot for `ttl_sec` if fewer than `cap` are held; False otherwise."""
         ...
 
-    def release_slot(self, job: str, key: str) -> None:
-        """Give the trial's slot back."""
-        ...
-
     def wait_for_slot(self, job: str, payload: Redispatch) -> None:
-        """Queue a parked trial to be sent again when a slot of its job frees."""
+        """Queue a parked trial to be sent again when a slot of its job frees.
+
+        A trial is queued once: waiting again keeps its place and takes the
+        newer payload (a trial parked for a slot again and again never grows the queue).
+        """
         ...
 
     def next_waiting(self, job: str) -> Redispatch | None:
@@ -213,6 +222,18 @@ class JobControl(Protocol):
         A host marks itself each time; a mark that is no longer renewed (the
         host was fixed, or left) ages: callers weigh it by `at`.
         """
+        ...
+
+    def open_dispatch(self, job: str, dispatch_id: str) -> None:
+        """A chord of the job's trials was sent (submit, retry): open until its finalizer runs."""
+        ...
+
+    def close_dispatch(self, job: str, dispatch_id: str) -> None:
+        """The chord's finalizer ran."""
+        ...
+
+    def open_dispatches(self, job: str) -> set[str]:
+        """Chords of the job still waiting for trials to answer."""
         ...
 
     def retire(self, job: str, ttl_sec: int) -> None:

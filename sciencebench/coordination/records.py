@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 from sciencebench.coordination.protocol import Coordinator
-from sciencebench.core.models import JobSpec, TrialRecord
+from sciencebench.core.models import JobSpec, TrialRecord, agent_env_file_name
 from sciencebench.core.paths import JobPaths, write_atomic
 from sciencebench.core.summary import write_summary
 
@@ -56,7 +56,7 @@ def forget_agent_env(job: JobSpec) -> None:
         return
     path = job.agent_env_file.path
     secrets_dir = job.selection_path / ".sciencebench" / "secrets"
-    if path.parent != secrets_dir or path.name != f"{job.job_name}.agent-env.json":
+    if path.parent != secrets_dir or path.name != agent_env_file_name(job):
         log.warning("job %s: not deleting %s (not where submit writes secrets)", job.job_name, path)
         return
     try:

@@ -95,6 +95,43 @@ redis.call('set', KEYS[3], ARGV[2])
 return 1
 """
 )
+# The trial ends in its rightful holder's process: drop its slot (KEYS[3]),
+# running entry and lease. Nothing for a copy that lost the trial.
+_FINISH = (
+    _RIGHTFUL
+    + """
+if not rightful(KEYS[1], KEYS[2], ARGV[2], ARGV[1]) then
+  return 0
+end
+redis.call('zrem', KEYS[3], ARGV[2])
+redis.call('hdel', KEYS[2], ARGV[2])
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  redis.call('del', KEYS[1])
+end
+return 1
+"""
+)
+# Queue a trial for a slot once (KEYS[1] list of keys, KEYS[2] hash key ->
+# payload); waiting again refreshes the payload and keeps the place.
+_WAIT = """
+if redis.call('hset', KEYS[2], ARGV[1], ARGV[2]) == 1 then
+  redis.call('rpush', KEYS[1], ARGV[1])
+end
+return 1
+"""
+_NEXT_WAITING = """
+while true do
+  local key = redis.call('lpop', KEYS[1])
+  if not key then
+    return false
+  end
+  local payload = redis.call('hget', KEYS[2], key)
+  if payload then
+    redis.call('hdel', KEYS[2], key)
+    return payload
+  end
+end
+"""
 # Take an orphan: clear the running entry (KEYS[2], field ARGV[1]) only while
 # the lease (KEYS[1]) is still absent, so a late renewal and a re-send never
 # both win: after this the old holder is no longer rightful.
@@ -136,6 +173,9 @@ class RedisCoordinator(Coordinator):
         self._commit_script = self._redis.register_script(_COMMIT)
         self._slot_script = self._redis.register_script(_SLOT)
         self._take_orphan_script = self._redis.register_script(_TAKE_ORPHAN)
+        self._finish_script = self._redis.register_script(_FINISH)
+        self._wait_script = self._redis.register_script(_WAIT)
+        self._next_waiting_script = self._redis.register_script(_NEXT_WAITING)
 
     @property
     @override
@@ -245,9 +285,15 @@ class RedisCoordinator(Coordinator):
         self.patiently(lambda: self._redis.hset(job_key(job, "running"), key, payload.model_dump_json()))
 
     @override
-    def clear_running(self, job: str, key: str) -> None:
-        """The trial is no longer running here."""
-        self.patiently(lambda: self._redis.hdel(job_key(job, "running"), key))
+    def is_leased(self, job: str, key: str) -> bool:
+        """Whether anyone holds the trial's lease now (`EXISTS`)."""
+        return bool(self.patiently(lambda: self._redis.exists(job_key(job, "lease", key))))
+
+    @override
+    def finish(self, job: str, key: str, owner: str) -> bool:
+        """Give back slot, running entry and lease while `owner` is rightful (one script)."""
+        keys = [job_key(job, "lease", key), job_key(job, "running"), job_key(job, "slots")]
+        return bool(self.patiently(lambda: self._finish_script(keys=keys, args=[owner, key])))
 
     @override
     def take_orphan(self, job: str, key: str) -> bool:
@@ -292,23 +338,36 @@ class RedisCoordinator(Coordinator):
         args: list[int | str] = [key, cap, int(ttl_sec * 1000)]
         return bool(self.patiently(lambda: self._slot_script(keys=[job_key(job, "slots")], args=args)))
 
-    @override
-    def release_slot(self, job: str, key: str) -> None:
-        """Give the trial's slot back."""
-        self.patiently(lambda: self._redis.zrem(job_key(job, "slots"), key))
-
     # --- job control
 
     @override
     def wait_for_slot(self, job: str, payload: Redispatch) -> None:
-        """Queue a parked trial to be sent again when a slot frees (`RPUSH`)."""
-        self.patiently(lambda: self._redis.rpush(job_key(job, "waiting"), payload.model_dump_json()))
+        """Queue a parked trial once to be sent again when a slot frees (one script)."""
+        keys = [job_key(job, "waiting"), job_key(job, "waiting", "payloads")]
+        args = [payload.trial.key, payload.model_dump_json()]
+        self.patiently(lambda: self._wait_script(keys=keys, args=args))
 
     @override
     def next_waiting(self, job: str) -> Redispatch | None:
-        """The longest-waiting parked trial (`LPOP`), or None."""
-        value = self.patiently(lambda: self._redis.lpop(job_key(job, "waiting")))
+        """The longest-waiting parked trial, or None (one script)."""
+        keys = [job_key(job, "waiting"), job_key(job, "waiting", "payloads")]
+        value = self.patiently(lambda: self._next_waiting_script(keys=keys))
         return Redispatch.model_validate_json(str(value)) if value is not None else None
+
+    @override
+    def open_dispatch(self, job: str, dispatch_id: str) -> None:
+        """Add the chord to the job's open ones (`SADD`)."""
+        self.patiently(lambda: self._redis.sadd(job_key(job, "dispatches"), dispatch_id))
+
+    @override
+    def close_dispatch(self, job: str, dispatch_id: str) -> None:
+        """Remove the chord from the job's open ones (`SREM`)."""
+        self.patiently(lambda: self._redis.srem(job_key(job, "dispatches"), dispatch_id))
+
+    @override
+    def open_dispatches(self, job: str) -> set[str]:
+        """The job's open chords (`SMEMBERS`)."""
+        return {str(d) for d in self.patiently(lambda: self._redis.smembers(job_key(job, "dispatches")))}
 
     @override
     def cancel(self, job: str) -> None:

@@ -39,16 +39,25 @@ def redispatch_orphans(app: Celery, coord: Coordinator, lease_seconds: float) ->
             continue
         if not coord.take_orphan(job, key):  # its host renewed in time after all
             continue
-        send_again(app, coord, payload)
+        try:
+            send_again(app, coord, payload)
+        except Exception:
+            coord.set_running(job, key, payload)  # not sent: the next scan tries again
+            raise
         log.warning("trial %s of job %s lost its host (%s); dispatched again", key, job, payload.host)
         sent += 1
     return sent
 
 
 def send_again(app: Celery, coord: Coordinator, payload: Redispatch) -> None:
-    """Queue a trial again as the same chord member (same task id, chord, group)."""
+    """Queue a trial again as the same chord member (same task id, chord, group).
+
+    A trial that has its record already keeps its state: the copy only
+    answers the chord if nobody did.
+    """
     spec = payload.trial
-    coord.set_state(spec.job_key, spec.key, TrialState.QUEUED, "")
+    if coord.get_result(spec.job_key, spec.key) is None:
+        coord.set_state(spec.job_key, spec.key, TrialState.QUEUED, "")
     app.send_task(
         RUN_TRIAL,
         args=[spec.model_dump(mode="json")],

@@ -113,6 +113,12 @@ class HarnessError(TrialError):
     retryable = True
 
 
+class HarnessTimeoutError(HarnessError):
+    """Pier outran the trial's whole budget; another try would too (as Pier's own timeouts)."""
+
+    retryable = False
+
+
 class CollectError(TrialError):
     """Pier left no usable trial directory."""
 

@@ -21,12 +21,16 @@ PUBLISH_BATCH_OPS = 2000
 def dispatch(app: Celery, coord: Coordinator, job: JobSpec, trials: list[TrialSpec]) -> AsyncResult[object]:
     """chord(group(run_trial per trial), finalize_job): longest trials first.
 
+    The chord is open (`JobControl.open_dispatch`) until its finalizer runs,
+    so `retry --failed` knows whether the job's trials are still on their way.
+
     Each message carries a Celery `shadow` name (`trial <job>/task_<id>#<attempt>`,
     the body `finalize <job>`), which Flower, its search and worker logs show
     instead of the task name; its arguments show as the trial's label only.
     """
+    dispatch_id = uuid.uuid4().hex
     finalize = app.signature(
-        FINALIZE_JOB, args=(str(job.jobs_dir), job.job_name, job.job_key), immutable=True,
+        FINALIZE_JOB, args=(str(job.jobs_dir), job.job_name, job.job_key, dispatch_id), immutable=True,
         options={"shadow": finalize_shadow(job.job_name)},
     )  # fmt: skip
     header = [
@@ -43,6 +47,8 @@ def dispatch(app: Celery, coord: Coordinator, job: JobSpec, trials: list[TrialSp
         for trial in trials
     ]
     coord.set_states(job.job_key, [trial.key for trial in trials], TrialState.QUEUED)
+    if trials:
+        coord.open_dispatch(job.job_key, dispatch_id)  # closed by its finalizer
     return send_chord(app, header, finalize)
 
 

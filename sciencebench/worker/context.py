@@ -27,8 +27,11 @@ from sciencebench.core.settings import Settings
 class HostRuntime(Protocol):
     """What a trial needs from its host's container engine."""
 
-    def check_host(self) -> object:
-        """Raise PreflightError when this host cannot run any trial now (the host's fault)."""
+    def check_host(self, fresh: bool = False) -> object:
+        """Raise PreflightError when this host cannot run any trial now (the host's fault).
+
+        A recent passed check may be reused unless `fresh`.
+        """
         ...
 
     def preflight(self, job: JobSpec) -> None:
@@ -73,17 +76,17 @@ def use_settings(settings: Settings) -> None:
     _settings = settings
 
 
-def worker_context(hostname: str | None = None) -> WorkerContext:
+def worker_context() -> WorkerContext:
     """The process's WorkerContext, built on first use (after a prefork fork).
 
-    Records name the Celery worker (`w1@host`) when it is known.
+    Its `settings.hostname` is the Celery node name (`w1@host`) that
+    `worker.main` set before forking: every pause, unfit mark and record of
+    this worker says that one name.
     """
     global _context
     with _context_lock:
         if _context is None:
             settings = _settings or Settings.from_env()
-            if hostname:
-                settings = settings.model_copy(update={"hostname": hostname})
             coord = RedisCoordinator(settings.broker_url)
             _context = WorkerContext(coord=coord, runtime=docker_runtime(settings), settings=settings)
         return _context

@@ -16,6 +16,7 @@ from typing import Any
 
 from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
+from celery.utils.nodenames import default_nodename, host_format
 
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.coordination.redis import RedisCoordinator
@@ -51,6 +52,10 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     coord = RedisCoordinator(settings.broker_url)
     coord.ping()
     prepare_host(platform, settings)
+    # One name for this worker everywhere: Celery's node name (`w1@host`) is
+    # what heartbeats, pauses, unfit marks and records say.
+    nodename = host_format(default_nodename(hostname or ""))
+    settings = settings.model_copy(update={"hostname": nodename})
     # Forked pool processes build their context from these, not from the environment alone.
     use_settings(settings)
     pier_bin = settings.pier_bin
@@ -73,41 +78,51 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
         else:
             log.info("Pier starts cold (its zygote did not start; see the warning above)")
         start_watchdog(app, coord, settings.lease_seconds)
-        name = getattr(sender, "hostname", None) or settings.hostname
         threading.Thread(
-            target=keep_host, args=(app, coord, settings, name, stop), name="sciencebench-host", daemon=True
+            target=keep_host, args=(app, coord, settings, stop), name="sciencebench-host", daemon=True
         ).start()
 
     @worker_shutdown.connect(weak=False)
     def _on_shutdown(sender: Any = None, **_: Any) -> None:
         stop.set()
         try:
-            coord.forget_host(getattr(sender, "hostname", None) or settings.hostname)
+            coord.forget_host(settings.hostname)
         except Exception:  # the broker may be gone already
             log.warning("could not remove this host from the cluster's list", exc_info=True)
 
-    argv = ["worker", f"--concurrency={concurrency}", f"--loglevel={loglevel}", "-E", "-O", "fair"]
-    if hostname:
-        argv.append(f"--hostname={hostname}")
+    argv = ["worker", f"--concurrency={concurrency}", f"--loglevel={loglevel}", "-E", "-O", "fair",
+            f"--hostname={nodename}"]  # fmt: skip
     if queues:
         argv.append(f"--queues={queues}")
     app.worker_main(argv)
 
 
-def keep_host(
-    app: Celery, coord: Coordinator, settings: Settings, hostname: str, stop: threading.Event
-) -> None:
-    """Beat every quarter lease; while paused, check health with backoff and resume when fit."""
+def keep_host(app: Celery, coord: Coordinator, settings: Settings, stop: threading.Event) -> None:
+    """Beat every quarter lease and own this host's consumer of the trial queue.
+
+    A trial that finds the host unhealthy only marks it paused (in the
+    store); this thread alone stops and resumes consuming, so a pause and a
+    resume never race. While paused it checks health with backoff and resumes
+    by itself once the host is fit. Consumer changes are broadcasts that may
+    be lost while the broker reconnects, so the wanted state is sent again
+    every lease period (Celery ignores a repeat).
+    """
+    hostname, queue = settings.hostname, app.conf.task_default_queue
     interval = max(settings.lease_seconds / 4, 0.5)
-    backoff = interval
-    next_check = 0.0
+    reaffirm_every = max(int(settings.lease_seconds / interval), 1)
+    backoff, next_check, ticks = interval, 0.0, 0
     while not stop.wait(interval):
+        ticks += 1
         try:
             coord.beat(hostname)
             status = coord.hosts().get(hostname)
             if status is None or not status.paused:
-                backoff = interval
+                backoff, next_check = interval, 0.0
+                if ticks % reaffirm_every == 0:
+                    app.control.add_consumer(queue, destination=[hostname])
                 continue
+            if next_check <= 0 or ticks % reaffirm_every == 0:
+                app.control.cancel_consumer(queue, destination=[hostname])
             next_check -= interval
             if next_check > 0:
                 continue
@@ -119,9 +134,9 @@ def keep_host(
                 coord.pause_host(hostname, str(exc))
                 log.warning("host still unhealthy (next check in %.0fs): %s", backoff, exc)
                 continue
-            app.control.add_consumer(app.conf.task_default_queue, destination=[hostname])
+            app.control.add_consumer(queue, destination=[hostname])
             coord.resume_host(hostname)
-            backoff = interval
+            backoff, next_check = interval, 0.0
             log.warning("host healthy again: taking trials")
         except Exception:  # the broker may be restarting; try again later
             log.warning("host keeper: broker call failed", exc_info=True)

@@ -42,15 +42,17 @@ class DockerRuntime:
         self._client = ClientPerProcess()
         self._lock = threading.Lock()
 
-    def check_host(self) -> preflight.HostReport:
-        """Raise PreflightError when this host cannot run trials now (checked at most once a minute).
+    def check_host(self, fresh: bool = False) -> preflight.HostReport:
+        """Raise PreflightError when this host cannot run trials now.
 
         The engine answers and is >= 28, compose v2 is there, the worker's own
         Pier is 0.3.0, the host state dir is writable. A failure is the host's,
-        not any job's.
+        not any job's. A passed check is trusted for a minute unless `fresh`
+        (after a failed try: was it the host?); Pier's version stays cached.
         """
         with self._lock:
-            if self._report is None or time.monotonic() - self._checked_at >= PREFLIGHT_TTL_SEC:
+            stale = time.monotonic() - self._checked_at >= PREFLIGHT_TTL_SEC
+            if self._report is None or stale or fresh:
                 self._report = None
                 self._report = preflight.check_host(
                     platform=None, pier_bin=self.settings.pier_bin, state_dir=self.settings.state_dir

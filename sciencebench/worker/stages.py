@@ -29,7 +29,13 @@ from typing import Any
 
 from sciencebench.coordination.heartbeat import Heartbeat
 from sciencebench.core.compose_policy import task_variables
-from sciencebench.core.errors import CollectError, HarnessError, RefusedError, WorkspaceError
+from sciencebench.core.errors import (
+    CollectError,
+    HarnessError,
+    HarnessTimeoutError,
+    RefusedError,
+    WorkspaceError,
+)
 from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec
 from sciencebench.core.paths import JobPaths
 from sciencebench.core.pier_argv import render_argv
@@ -148,7 +154,7 @@ def run_try(
                               stage="harness", timings_sec=timings)  # fmt: skip
         return Try(record=record, pier_dir=trial_dirs[-1] if trial_dirs else None, retryable=False)
     if run.timed_out:
-        raise HarnessError(f"Pier exceeded {timeout_sec:.0f}s and was stopped")
+        raise HarnessTimeoutError(f"Pier exceeded {timeout_sec:.0f}s and was stopped")
     if not trial_dirs:
         tail = run.log_tail.strip().splitlines()[-1:] or ["no output"]
         raise HarnessError(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from celery import Task, shared_task
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Reject
 from celery.signals import task_success
 from pydantic import ValidationError
 
@@ -50,7 +50,7 @@ def run_trial(self: Task[Any, Any], trial: dict[str, Any]) -> dict[str, Any]:
         task_id=request.id, trial=spec, chord=request.chord,
         group_id=request.group, group_index=request.group_index,
     )  # fmt: skip
-    ctx = worker_context(request.hostname)
+    ctx = worker_context()
     outcome = handle(spec, ctx, redispatch)
     if isinstance(outcome, HandBack):
         _hand_back(self, ctx, redispatch, outcome)
@@ -69,27 +69,37 @@ def _hand_back(task: Task[Any, Any], ctx: WorkerContext, redispatch: Redispatch,
     lapses; a trial waiting for a slot is also queued to be woken when one frees.
     """
     spec, coord = redispatch.trial, ctx.coord
-    if not coord.park(spec.job_key, spec.key, parking_token(redispatch.task_id), outcome.park_sec):
-        return  # a live copy holds the trial: nothing to hand back
-    coord.set_running(spec.job_key, spec.key, redispatch)
-    if outcome.for_slot:
-        coord.wait_for_slot(spec.job_key, redispatch)
-    log.warning("%s: handed back (%s)", spec.label, outcome.reason)
-    hostname = task.request.hostname
-    if outcome.host_fault and hostname:
-        # This host stops taking trials; worker.main resumes it once its health check passes.
-        coord.pause_host(ctx.settings.hostname, outcome.reason)
-        task.app.control.cancel_consumer(task.app.conf.task_default_queue, destination=[hostname])
+    try:
+        if not coord.park(spec.job_key, spec.key, parking_token(redispatch.task_id), outcome.park_sec):
+            return  # a live copy holds the trial: nothing to hand back
+        coord.set_running(spec.job_key, spec.key, redispatch)
+        if outcome.for_slot:
+            coord.wait_for_slot(spec.job_key, redispatch)
+        log.warning("%s: handed back (%s)", spec.label, outcome.reason)
+        if outcome.host_fault:
+            # The host keeper (worker.main) stops taking trials and resumes once the host is healthy.
+            coord.pause_host(ctx.settings.hostname, outcome.reason)
+    except Exception:
+        # Not parked: the message goes back to the broker instead of being dropped.
+        log.exception("%s: could not hand the trial back; the broker gets its message again", spec.label)
+        raise Reject(requeue=True) from None
 
 
 def _wake_one_waiting(task: Task[Any, Any], ctx: WorkerContext, spec: TrialSpec) -> None:
-    """Send again the job's longest-waiting trial that waits for a slot, if any."""
+    """Send again the job's longest-waiting trial that still waits for a slot, if any.
+
+    Never raises: the trial's own answer must reach the chord. A trial that
+    is lost here is still parked; the watchdog sends it when the park lapses.
+    """
+    coord, job = ctx.coord, spec.job_key
     try:
-        waiting = ctx.coord.next_waiting(spec.job_key)
-        if waiting is not None:
-            send_again(task.app, ctx.coord, waiting)
-    except SciencebenchError:
-        log.warning("%s: could not wake a trial waiting for a slot; the watchdog will", spec.label)
+        while (waiting := coord.next_waiting(job)) is not None:
+            if coord.get_result(job, waiting.trial.key) is None:  # not answered meanwhile
+                send_again(task.app, coord, waiting)
+                return
+    except Exception:
+        log.warning("%s: could not wake a trial waiting for a slot; the watchdog will", spec.label,
+                    exc_info=True)  # fmt: skip
 
 
 @task_success.connect
@@ -102,7 +112,7 @@ def _mark_counted(sender: Any = None, result: Any = None, **_: Any) -> None:
 
 
 @shared_task(name=FINALIZE_JOB)
-def finalize_job(jobs_dir: str, job_name: str, job_id: str) -> dict[str, Any]:
+def finalize_job(jobs_dir: str, job_name: str, job_id: str, dispatch_id: str = "") -> dict[str, Any]:
     """Chord body (immutable): write result.json, summary.json, summary.csv; never raises.
 
     It reads the trial records from disk (records only the store holds are
@@ -126,6 +136,8 @@ def finalize_job(jobs_dir: str, job_name: str, job_id: str) -> dict[str, Any]:
         answer = {"job_name": job_name, "job_id": job_id, "problem": f"{type(exc).__name__}: {exc}",
                   "summary_written": False}  # fmt: skip
     try:
+        if dispatch_id:
+            ctx.coord.close_dispatch(job_id, dispatch_id)
         ctx.coord.retire(job_id, RESULT_EXPIRES_SEC)
     except SciencebenchError:
         log.warning("job %s: its coordination state could not be retired", job_name)

@@ -108,8 +108,9 @@ def _handle(spec: TrialSpec, ctx: WorkerContext, redispatch: Redispatch | None, 
     claim = coord.claim(job, key, ctx.owner, ctx.settings.lease_seconds, parked=parked)
     if claim is Claim.ANSWERED:
         # Redelivered after completion: answer once for the chord, then ignore.
+        # While its holder still holds the lease, that holder answers.
         recorded = coord.get_result(job, key)
-        if recorded is None or coord.is_counted(job, key):
+        if recorded is None or coord.is_counted(job, key) or coord.is_leased(job, key):
             return Duplicate()
         return Answer(TrialRecord.model_validate_json(recorded))
     if claim is Claim.HELD:
@@ -145,23 +146,41 @@ def _run_claimed(
     heartbeat = Heartbeat(coord, job, key, ctx.owner, ctx.settings.lease_seconds)
     heartbeat.holds_slot = True
     heartbeat.start()
-    if redispatch is not None:
-        coord.set_running(
-            job, key, redispatch.model_copy(update={"owner": ctx.owner, "host": ctx.settings.hostname})
-        )
-    coord.set_state(job, key, TrialState.RUNNING, ctx.settings.hostname)
     try:
+        if redispatch is not None:
+            coord.set_running(
+                job, key, redispatch.model_copy(update={"owner": ctx.owner, "host": ctx.settings.hostname})
+            )
+        coord.set_state(job, key, TrialState.RUNNING, ctx.settings.hostname)
         tries = _run_tries(spec, ctx, admitted, heartbeat, started)
         if heartbeat.lost.is_set():
             log.warning("%s: lease lost while it ran; its result is discarded", spec.label)
             return Duplicate()
         return _commit(spec, ctx, admitted, tries[-1].record, tries)
+    except _HostFault as fault:
+        if redispatch is not None:
+            return HandBack(f"host unfit after a failed try: {fault}", park_sec=backoff(ctx), host_fault=True)
+        record = trial_record(spec, ctx, started, exception_type=PreflightError.__name__,
+                              exception_message=str(fault), stage="preflight")  # fmt: skip
+        return _commit(spec, ctx, admitted, record, tries=[])
+    except Exception as exc:  # e.g. the store gone for good: a record, committed only if still ours
+        log.exception("%s: unexpected failure", spec.label)
+        record = trial_record(
+            spec, ctx, started, exception_type=type(exc).__name__, exception_message=str(exc)[:2000],
+            exception_traceback=traceback.format_exc()[-8000:], stage="worker",
+        )  # fmt: skip
+        try:
+            return _commit(spec, ctx, admitted, record, tries=[])
+        except Exception:
+            log.exception("%s: cannot store the record; the chord gets it", spec.label)
+            return Answer(record)
     finally:
         heartbeat.stop()
         shutil.rmtree(scratch_root(admitted.paths, spec, ctx.owner), ignore_errors=True)
-        coord.release_slot(job, key)
-        coord.clear_running(job, key)
-        coord.release(job, key, ctx.owner)
+        try:
+            coord.finish(job, key, ctx.owner)
+        except Exception:  # its lease lapses by itself; the watchdog finds nothing to re-send
+            log.warning("%s: could not give back its lease and slot", spec.label, exc_info=True)
 
 
 def _run_tries(
@@ -189,7 +208,11 @@ def _run_tries(
             )  # fmt: skip
             attempt = Try(record=record, pier_dir=None, retryable=False)
         tries.append(attempt)
-        if not attempt.retryable or number > job.max_retries or heartbeat.should_stop:
+        if heartbeat.should_stop:
+            break
+        if attempt.record.errored:
+            _raise_if_host_unfit(ctx)
+        if not attempt.retryable or number > job.max_retries:
             break
         delay = min(2.0**number, 60.0)
         log.warning("%s: try %d failed (%s); try %d of %d in %.0fs", spec.label, number,
@@ -204,6 +227,17 @@ def _run_tries(
     )
     tries[-1] = Try(record=final, pier_dir=tries[-1].pier_dir, retryable=False)
     return tries
+
+
+class _HostFault(Exception):
+    """A try failed and this host is unhealthy now: the failure is the host's, not the job's."""
+
+
+def _raise_if_host_unfit(ctx: WorkerContext) -> None:
+    try:
+        ctx.runtime.check_host(fresh=True)
+    except PreflightError as exc:
+        raise _HostFault(str(exc)) from None
 
 
 def _summary_of(record: TrialRecord) -> TryRecord:
@@ -269,8 +303,11 @@ def _publish_unleased(spec: TrialSpec, ctx: WorkerContext, record: TrialRecord) 
         if not coord.store_result(job, key, record.model_dump_json()):
             return Duplicate()
         coord.set_state(job, key, TrialState.FAILED, ctx.settings.hostname)
-    except Exception:  # the store is gone too: the chord still gets the record
+    except Exception:
+        # The store is gone too: the chord still gets the record, but the job
+        # directory does not (another copy may have written the real one).
         log.exception("%s: cannot store the record", spec.label)
+        return Answer(record)
     paths = verified_paths(spec, ctx.settings)
     if paths is not None:  # only into the job directory the submit made, if this host serves it
         try:

@@ -101,7 +101,7 @@ def test_a_lapsed_lease_is_lost_once_the_trial_was_sent_elsewhere(coord: Coordin
     assert coord.claim("j", "001#1", "a", TTL) is Claim.CLAIMED
     coord.set_running("j", "001#1", _payload("001").model_copy(update={"owner": "a"}))
     time.sleep(TTL * 1.5)
-    coord.clear_running("j", "001#1")  # what the watchdog does before sending it again
+    assert coord.take_orphan("j", "001#1")  # what the watchdog does before sending it again
     assert not coord.renew("j", "001#1", "a", 30)
     assert not coord.commit_result("j", "001#1", "a", '{"by": "a"}')
     assert coord.claim("j", "001#1", "b", 30) is Claim.CLAIMED
@@ -159,7 +159,7 @@ def test_running_trials_without_a_lease_are_orphans(coord: Coordinator) -> None:
     orphans = coord.orphaned()
     assert [(job, key) for job, key, _ in orphans] == [("j", "001#1")]
     assert orphans[0][2] == _payload("001")
-    coord.clear_running("j", "001#1")
+    assert coord.take_orphan("j", "001#1")
     assert coord.orphaned() == []
 
 
@@ -225,8 +225,37 @@ def test_slots_cap_the_job_and_free_up(coord: Coordinator) -> None:
     assert not coord.acquire_slot("j", "003#1", 2, 30)
     assert coord.acquire_slot("j", "001#1", 2, 30)  # a holder refreshes its own slot
     assert coord.acquire_slot("other", "003#1", 2, 30)  # caps are per job
-    coord.release_slot("j", "002#1")
+    assert coord.claim("j", "002#1", "b", 30) is Claim.CLAIMED
+    assert coord.finish("j", "002#1", "b")  # the trial ends: its slot frees
     assert coord.acquire_slot("j", "003#1", 2, 30)
+
+
+def test_finishing_gives_back_slot_running_entry_and_lease(coord: Coordinator) -> None:
+    assert coord.claim("j", "001#1", "a", 30) is Claim.CLAIMED
+    coord.set_running("j", "001#1", _payload().model_copy(update={"owner": "a"}))
+    assert coord.acquire_slot("j", "001#1", 1, 30)
+    assert coord.is_leased("j", "001#1")
+    assert coord.finish("j", "001#1", "a")
+    assert not coord.is_leased("j", "001#1")
+    assert coord.acquire_slot("j", "002#1", 1, 30)
+    assert coord.claim("j", "001#1", "b", TTL) is Claim.CLAIMED
+    time.sleep(TTL * 1.5)
+    assert coord.orphaned() == []  # no running entry left behind
+
+
+def test_a_copy_that_lost_the_trial_frees_nothing_of_its_successor(coord: Coordinator) -> None:
+    assert coord.claim("j", "001#1", "a", TTL) is Claim.CLAIMED
+    coord.set_running("j", "001#1", _payload().model_copy(update={"owner": "a"}))
+    time.sleep(TTL * 1.5)
+    assert coord.take_orphan("j", "001#1")  # sent again; c runs it now
+    assert coord.claim("j", "001#1", "c", TTL) is Claim.CLAIMED
+    coord.set_running("j", "001#1", _payload().model_copy(update={"owner": "c"}))
+    assert coord.acquire_slot("j", "001#1", 1, 30)
+    assert not coord.finish("j", "001#1", "a")  # a comes back late
+    assert coord.is_leased("j", "001#1")
+    assert not coord.acquire_slot("j", "002#1", 1, 30)  # c keeps its slot
+    time.sleep(TTL * 1.5)  # c's host dies too: its trial is still an orphan
+    assert [key for _, key, _ in coord.orphaned()] == ["001#1"]
 
 
 def test_an_unrefreshed_slot_expires(coord: Coordinator) -> None:
@@ -244,6 +273,28 @@ def test_trials_waiting_for_a_slot_are_woken_in_order(coord: Coordinator) -> Non
     assert coord.next_waiting("j") == _payload("001")
     assert coord.next_waiting("j") == _payload("002")
     assert coord.next_waiting("j") is None
+
+
+def test_a_trial_waits_for_a_slot_once(coord: Coordinator) -> None:
+    for _ in range(10):  # parked for a slot again and again
+        coord.wait_for_slot("j", _payload("001"))
+    coord.wait_for_slot("j", _payload("002"))
+    newer = _payload("001").model_copy(update={"host": "h2"})
+    coord.wait_for_slot("j", newer)
+    assert coord.next_waiting("j") == newer  # its first place, its latest payload
+    assert coord.next_waiting("j") == _payload("002")
+    assert coord.next_waiting("j") is None
+    coord.wait_for_slot("j", _payload("001"))  # it may wait again after being woken
+    assert coord.next_waiting("j") == _payload("001")
+
+
+def test_a_dispatch_is_open_until_its_finalizer_closes_it(coord: Coordinator) -> None:
+    assert coord.open_dispatches("j") == set()
+    coord.open_dispatch("j", "d1")
+    coord.open_dispatch("j", "d2")
+    coord.close_dispatch("j", "d1")
+    assert coord.open_dispatches("j") == {"d2"}
+    assert coord.open_dispatches("other") == set()
 
 
 # --- job control -----------------------------------------------------------------

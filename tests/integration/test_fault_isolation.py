@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from sciencebench.coordination.redis import RedisCoordinator
 from sciencebench.core.models import JobSpec
@@ -162,6 +163,41 @@ def test_an_engine_outage_pauses_the_host_which_resumes_by_itself(
     assert len(cluster.pier_runs()) == 1
 
 
+def test_an_engine_outage_after_a_passed_check_pauses_the_host_not_the_job(
+    cluster: Cluster, relay: SocketRelay
+) -> None:
+    env = dict(cluster.env, DOCKER_HOST=f"unix://{relay.path}")
+    worker = Worker("flaky", env, cluster.root, concurrency=2, extra=FAKE_WORKER).start()
+    cluster.workers.append(worker)
+    worker.wait_ready()
+    # One trial and the finalizer: both pool processes have a passed (cached) host check now.
+    before = cluster.submit(cluster.selection({"001": {"reward": 1.0, "needs_engine": True}}), "before")
+    assert before.returncode == 0, before.stderr
+    relay.stop()  # the engine goes away within the check's minute: the trial's run finds out
+    behaviour = {"reward": 1.0, "needs_engine": True}
+    path = cluster.selection({"002": behaviour, "003": behaviour}, root=cluster.root / "during")
+    submit = subprocess.Popen(
+        cluster.submit_argv(path, "during"), env=cluster.env, cwd=cluster.root,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    coord = RedisCoordinator(cluster.redis.url)
+
+    def paused() -> bool:
+        host = next((h for h in coord.hosts() if h.startswith("flaky@")), None)
+        return host is not None and coord.hosts()[host].paused
+
+    _wait_for(paused, 60, "the host to pause")
+    assert list(coord.hosts()) == [next(h for h in coord.hosts() if h.startswith("flaky@"))]
+    time.sleep(2)
+    relay.start()
+    _out, err = submit.communicate(timeout=180)
+    assert submit.returncode == 0, err  # no trial of the job failed for the host's fault
+    records = _records(cluster, "during")
+    assert [r["exception_type"] for r in records.values()] == [None, None]
+    log = worker.log_path.read_text()
+    assert "host unfit after a failed try" in log and "host healthy again" in log
+
+
 # --- a host that cannot see the job does not swallow its trials ---------------------------------
 
 
@@ -248,6 +284,12 @@ def test_a_capped_job_does_not_hold_workers(cluster: Cluster) -> None:
         slow.wait(timeout=120)
     runs = [r for r in cluster.pier_runs() if r["task"] in {f"task_{i:03d}" for i in range(1, 5)}]
     assert max_overlap(runs) == 1
+    # Parked again and again for its slot, each trial waited once; every trial shows done.
+    job = _job(cluster, "capped")
+    client = redis.Redis.from_url(cluster.redis.url)
+    assert client.llen(f"sciencebench:{job.job_key}:waiting") == 0
+    states = RedisCoordinator(cluster.redis.url).states(job.job_key)
+    assert {str(status.state) for status in states.values()} == {"done"}
 
 
 def max_overlap(runs: list[dict[str, Any]]) -> int:
@@ -358,3 +400,35 @@ def test_a_jobs_dir_that_fills_up_ends_in_records_and_one_line(cluster: Cluster,
     messages = [json.loads(text)["exception_message"] or "" for text in stored if text]
     assert any("No space left on device" in message for message in messages), messages
     assert FAKE_PIER.exists()
+
+
+# --- missing is not success; retry waits for the job and sends what is missing ----------------------------
+
+
+def test_missing_records_fail_summarize_and_retry_sends_only_them(cluster: Cluster) -> None:
+    cluster.start_workers(1)
+    path = cluster.selection({"001": {"sleep_sec": 3.0, "reward": 1.0}, "002": {"reward": 1.0}})
+    submit = subprocess.Popen(cluster.submit_argv(path, "gaps"), env=cluster.env, cwd=cluster.root,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    _wait_for(lambda: bool(cluster.pier_runs_started()), 30, "a trial to start")
+    early = cluster.cli("retry", "gaps", "--failed", "--jobs-dir", str(cluster.jobs_dir))
+    assert early.returncode == 2 and "still running" in early.stderr, early.stderr
+    _out, err = submit.communicate(timeout=120)
+    assert submit.returncode == 0, err
+    job = _job(cluster, "gaps")
+    trials = cluster.jobs_dir / "gaps" / ".sciencebench" / "trials"
+
+    (trials / "002-1.json").unlink()  # the store still has it: not missing for retry
+    kept = cluster.cli("retry", "gaps", "--failed", "--jobs-dir", str(cluster.jobs_dir))
+    assert kept.returncode == 0 and "no errored or missing trials" in kept.stdout, kept.stdout + kept.stderr
+    assert (trials / "002-1.json").is_file()
+
+    (trials / "002-1.json").unlink()  # gone from disk and store: missing
+    redis.Redis.from_url(cluster.redis.url).delete(f"sciencebench:{job.job_key}:result:002#1")
+    summary = cluster.cli("summarize", "--job-name", "gaps", "--jobs-dir", str(cluster.jobs_dir))
+    assert summary.returncode == 1 and "002" in summary.stderr, summary.stderr
+    runs_before = len(cluster.pier_runs())
+    again = cluster.cli("retry", "gaps", "--failed", "--wait", "--jobs-dir", str(cluster.jobs_dir))
+    assert again.returncode == 0, again.stderr
+    assert [r["task"] for r in cluster.pier_runs()[runs_before:]] == ["task_002"]
+    assert cluster.cli("summarize", "--job-name", "gaps", "--jobs-dir", str(cluster.jobs_dir)).returncode == 0
