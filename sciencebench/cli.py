@@ -20,7 +20,7 @@ from rich.table import Table
 
 from sciencebench import __version__
 from sciencebench.coordination.protocol import Coordinator
-from sciencebench.core.errors import InputError, SciencebenchError
+from sciencebench.core.errors import InputError, JobConflictError, SciencebenchError
 from sciencebench.core.images import DEFAULT_PLATFORM
 from sciencebench.core.models import JobSpec, trial_label
 from sciencebench.core.paths import DEFAULT_JOBS_DIR, JobPaths
@@ -30,6 +30,8 @@ from sciencebench.login.options import SubmitOptions
 
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
+# `status` lists a host that stopped beating without a goodbye for this long.
+GONE_HOST_SHOWN_SEC = 3600.0
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -129,9 +131,9 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
 
     coord = RedisCoordinator(settings.broker_url)
     coord.ping()
-    prepared = submitting.persist(prepared, record)
     app = create_app(settings)
-    final = dispatch(app, coord, prepared.job, prepared.trials)
+    with submitting.persisted(prepared, record) as prepared:  # undone if sending fails
+        final = dispatch(app, coord, prepared.job, prepared.trials)
     job = prepared.job
     out.print(f"submitted job [bold]{job.job_name}[/]: {len(prepared.trials)} trial(s) -> {job.job_dir}")
     out.print(f"follow it:  sciencebench status {job.job_name} --jobs-dir {job.jobs_dir}")
@@ -240,9 +242,16 @@ def status(job_name: str, jobs_dir: Path) -> None:
         out.print(
             f"unfit host {host}: {mark.reason} ({now - mark.at:.0f}s ago)", markup=False, soft_wrap=True
         )
+    lease = Settings.from_env().lease_seconds
     for host, health in sorted(coord.hosts().items()):
-        if health.paused:
-            out.print(f"paused host {host}: {health.reason}", markup=False, soft_wrap=True)
+        silent = now - health.seen_at
+        if silent > GONE_HOST_SHOWN_SEC:
+            continue
+        if silent > 2 * lease:  # killed without a goodbye: its heartbeat stopped
+            out.print(f"gone host {host}: no heartbeat for {silent:.0f}s", markup=False, soft_wrap=True)
+        elif health.paused:
+            out.print(f"paused host {host}: {health.reason} (seen {silent:.0f}s ago)", markup=False,
+                      soft_wrap=True)  # fmt: skip
 
 
 @main.command()
@@ -266,10 +275,17 @@ def cancel(job_name: str, jobs_dir: Path) -> None:
 @click.option("--failed", is_flag=True, required=True,
               help="Re-run the errored trials and those with no record.")  # fmt: skip
 @click.option("--wait", is_flag=True, help="Follow the retry until it ends.")
+@click.option("--force", is_flag=True,
+              help="Send them even though the job's trials have not all answered yet (a trial's message "
+              "was lost for good); the earlier --wait may then never return.")  # fmt: skip
 @_handle_errors
-def retry(job_name: str, jobs_dir: Path, failed: bool, wait: bool) -> None:
-    """Re-run a job's errored trials, and those with no record, into the same job directory."""
+def retry(job_name: str, jobs_dir: Path, failed: bool, wait: bool, force: bool) -> None:
+    """Re-run a job's errored trials, and those with no record, into the same job directory.
+
+    Refused (exit 2) while the job is still running: its trials would run twice.
+    """
     from sciencebench.coordination.celery_app import create_app
+    from sciencebench.coordination.records import store_records_to_disk
     from sciencebench.coordination.redis import RedisCoordinator
     from sciencebench.login.dispatch import dispatch
     from sciencebench.login.follow import follow
@@ -279,6 +295,13 @@ def retry(job_name: str, jobs_dir: Path, failed: bool, wait: bool) -> None:
     settings = Settings.from_env()
     coord = RedisCoordinator(settings.broker_url)
     coord.ping()
+    if coord.open_dispatches(job.job_key) and not force:
+        raise JobConflictError(
+            f"job {job.job_name} is still running (see `sciencebench status {job.job_name}`): wait for it "
+            "or cancel it first; --force sends its errored and missing trials again anyway"
+        )
+    # Records only the store holds (the job directory was full) are not missing.
+    store_records_to_disk(coord, job, JobPaths(job.jobs_dir, job.job_name))
     trials = failed_trials(job)
     if not trials:
         out.print(f"job {job.job_name}: no errored or missing trials")

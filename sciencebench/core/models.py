@@ -83,6 +83,11 @@ class RunOptions(BaseModel):
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
+def agent_env_file_name(job: JobSpec) -> str:
+    """Where submit keeps a job's --agent-env values, in `<selection>/.sciencebench/secrets/`."""
+    return f"{job.job_id}.agent-env.json"
+
+
 def check_job_name(name: str) -> str:
     """Return `name` when it is a valid job name (the whole of it); ValueError otherwise."""
     if not JOB_NAME.fullmatch(name):
@@ -159,7 +164,7 @@ class TrialSpec(BaseModel):
     task_dir: Path
     task_toml_sha256: str
     image_refs: list[str]
-    expected_sec: float
+    expected_sec: float = Field(ge=0, allow_inf_nan=False)
 
     @property
     def key(self) -> str:

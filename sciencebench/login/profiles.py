@@ -11,6 +11,7 @@ import hashlib
 import tomllib
 from pathlib import Path
 
+from sciencebench.core.agent_kwargs import agent_kwarg_problem
 from sciencebench.core.envfile import VARIABLE_NAME, EnvFile, parse_env_text
 from sciencebench.core.errors import ProfileError
 from sciencebench.core.gateways import (
@@ -118,12 +119,9 @@ def plan_agent(
             f"--agent-kwarg {sensitive[0]}: looks like a credential; put it in --env-file "
             "(kwargs travel on Pier's command line)"
         )
-    on_worker_files = sorted(key for key in agent_kwargs if key.endswith(("_file", "_path", "_dir")))
-    if on_worker_files:
-        raise ProfileError(
-            f"--agent-kwarg {on_worker_files[0]}: names a file on the worker hosts, which a job may not "
-            "read; pass the content itself (e.g. config_toml)"
-        )
+    problems = [problem for key in sorted(agent_kwargs) if (problem := agent_kwarg_problem(key))]
+    if problems:
+        raise ProfileError(problems[0])
     adapter = agent == "codex" and agent_import_path is None and auto_agent_adapter
     if "config_toml" in agent_kwargs and adapter:
         raise ProfileError(

@@ -11,6 +11,8 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,7 +23,7 @@ from pydantic import ValidationError
 from sciencebench.core.envfile import EnvFile, harness_key_problem
 from sciencebench.core.errors import InputError, JobConflictError, ProfileError, TaskSpecError
 from sciencebench.core.images import parse_platform
-from sciencebench.core.models import JobSpec, RunOptions, TrialSpec, check_job_name
+from sciencebench.core.models import JobSpec, RunOptions, TrialSpec, agent_env_file_name, check_job_name
 from sciencebench.core.paths import JobPaths, write_atomic
 from sciencebench.core.settings import required_visibility_timeout
 from sciencebench.login.agentimages import resolve_agent_images
@@ -206,11 +208,33 @@ def persist(prepared: Prepared, record: dict[str, Any]) -> Prepared:
     once, exactly one gets it and the other exits 2. On any failure what was
     written is removed again (exit 2 writes nothing, secrets included).
     """
+    with persisted(prepared, record) as done:
+        return done
+
+
+@contextmanager
+def persisted(prepared: Prepared, record: dict[str, Any]) -> Iterator[Prepared]:
+    """`persist`, undone again if the block raises (e.g. the broker fails while trials are sent).
+
+    Undoing removes the job directory, the --agent-env file and every
+    directory created for them, and puts the previous run record back: the
+    selection is as it was.
+    """
+    undo: list[Callable[[], None]] = []
+    try:
+        yield _write_job(prepared, record, undo)
+    except BaseException:
+        for step in reversed(undo):
+            with suppress(OSError):
+                step()
+        raise
+
+
+def _write_job(prepared: Prepared, record: dict[str, Any], undo: list[Callable[[], None]]) -> Prepared:
     job = prepared.job
     paths = JobPaths(job.jobs_dir, job.job_name)
-    created_jobs_dir = not job.jobs_dir.exists()
     try:
-        job.jobs_dir.mkdir(parents=True, exist_ok=True)
+        _make_dirs(job.jobs_dir, undo)
     except OSError as exc:
         raise InputError(f"--jobs-dir {job.jobs_dir}: cannot be created ({exc.strerror})") from None
     try:
@@ -221,47 +245,64 @@ def persist(prepared: Prepared, record: dict[str, Any]) -> Prepared:
             "choose another name"
         ) from None
     except OSError as exc:
-        if created_jobs_dir:
-            _remove_quietly(job.jobs_dir)
         raise InputError(f"--jobs-dir {job.jobs_dir}: not writable ({exc.strerror})") from None
+    undo.append(lambda: shutil.rmtree(paths.job_dir))
+    run_record = prepared.selection.path / "batch-run.json"
+    step = "the --agent-env file"
     try:
-        prepared = write_agent_env_file(prepared)
-        write_job_spec(prepared.job)
+        prepared = _write_agent_env_file(prepared, undo)
+        step = str(paths.job_spec)
+        write_atomic(paths.job_spec, prepared.job.model_dump_json(indent=2))
+        step = str(run_record)
+        undo.append(_restorer(run_record))
         write_run_record(prepared.selection.path, record, prepared.secret_values)
-    except BaseException as exc:
-        if prepared.job.agent_env_file is not None:
-            prepared.job.agent_env_file.path.unlink(missing_ok=True)
-        _remove_quietly(paths.job_dir)
-        if created_jobs_dir:
-            _remove_quietly(job.jobs_dir)
-        if isinstance(exc, OSError):
-            raise InputError(f"cannot record the job ({exc.strerror}: {exc.filename})") from None
-        raise
+    except OSError as exc:
+        raise InputError(f"cannot write {step} ({exc.strerror})") from None
     return prepared
 
 
-def _remove_quietly(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
+def _make_dirs(path: Path, undo: list[Callable[[], None]]) -> None:
+    """`mkdir -p path`, the topmost directory it created removed on undo."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    if missing:
+        top = missing[-1]
+        undo.append(lambda: shutil.rmtree(top))
 
 
-def write_agent_env_file(prepared: Prepared) -> Prepared:
+def _restorer(path: Path) -> Callable[[], None]:
+    """Undo for overwriting `path`: its old bytes back, or no file if it had none."""
+    old = path.read_bytes() if path.is_file() else None
+    if old is None:
+        return lambda: path.unlink(missing_ok=True)
+    return lambda: write_atomic(path, old)
+
+
+def _write_agent_env_file(prepared: Prepared, undo: list[Callable[[], None]]) -> Prepared:
     """Store --agent-env values for workers in a private file beside the selection.
 
     Values never ride in broker messages: the message names this file and its
-    hash, as it does for --env-file. The file is readable by its owner only.
+    hash, as it does for --env-file. The file is named after the job's id,
+    created exclusively and readable by its owner only.
     """
     if not prepared.agent_env_values:
         return prepared
     secrets_dir = prepared.selection.path / ".sciencebench" / "secrets"
-    secrets_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _make_dirs(secrets_dir, undo)
     os.chmod(secrets_dir, 0o700)
-    path = secrets_dir / f"{prepared.job.job_name}.agent-env.json"
+    path = secrets_dir / agent_env_file_name(prepared.job)
     text = json.dumps(prepared.agent_env_values, sort_keys=True)
-    write_atomic(path, text, mode=0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    undo.append(lambda: path.unlink(missing_ok=True))
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
     identity = EnvFile(path=path, sha256=hashlib.sha256(text.encode()).hexdigest())
     job = prepared.job.model_copy(update={"agent_env_file": identity})
-    trials = prepared.trials
-    return Prepared(prepared.selection, job, trials, prepared.secret_values, prepared.agent_env_values)
+    return Prepared(
+        prepared.selection, job, prepared.trials, prepared.secret_values, prepared.agent_env_values
+    )
 
 
 def write_job_spec(job: JobSpec) -> None:

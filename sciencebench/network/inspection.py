@@ -8,6 +8,7 @@ is what the trial directory keeps as `network-policy-<session>.json`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -128,8 +129,18 @@ def _container_checks(container: Json, mount_roots: Sequence[str] | None) -> lis
 
 
 def _within(source: str, roots: Sequence[str]) -> bool:
+    """Whether a bind source lies under a root, as written and with symlinks followed on this host.
+
+    The Engine runs on this host, so a symlink it would follow here (one
+    swapped in after the task was checked) is followed here too.
+    """
     path = PurePosixPath(source)
-    return ".." not in path.parts and any(path.is_relative_to(PurePosixPath(root)) for root in roots)
+    if ".." in path.parts:
+        return False
+    real = PurePosixPath(os.path.realpath(source))
+    return any(path.is_relative_to(PurePosixPath(root)) for root in roots) and any(
+        real.is_relative_to(PurePosixPath(os.path.realpath(root))) for root in roots
+    )
 
 
 def _endpoints(container: Json) -> dict[str, Json]:

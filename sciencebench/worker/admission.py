@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from importlib.machinery import PathFinder
 from pathlib import Path
 
+from sciencebench.core.agent_kwargs import agent_kwarg_problem
 from sciencebench.core.errors import RefusedError, UnfitError, WorkspaceError
-from sciencebench.core.models import JobSpec, TrialSpec, check_job_name
+from sciencebench.core.models import JobSpec, TrialSpec, agent_env_file_name, check_job_name
 from sciencebench.core.paths import JobPaths
 from sciencebench.core.settings import Settings
 from sciencebench.worker.context import load_job
@@ -62,6 +63,7 @@ def admit(spec: TrialSpec, settings: Settings) -> Admitted:
     paths = JobPaths(jobs_dir, spec.job_name)
     if not under(paths.job_dir, settings.jobs_roots):
         raise RefusedError(f"job dir {paths.job_dir} resolves outside the jobs roots")
+    _confined_layout(paths)
     try:
         job = load_job(paths)
     except WorkspaceError as exc:
@@ -72,6 +74,12 @@ def admit(spec: TrialSpec, settings: Settings) -> Admitted:
         raise UnfitError(f"{paths.job_spec} on this host belongs to another submit than the trial's")
     _admit_selection(spec, job, settings)
     _admit_secrets(job, settings)
+    allowed = {*job.image_refs, *(baked.image for baked in job.agent_images.values())}
+    if strays := sorted(set(spec.image_refs) - allowed):
+        raise RefusedError(f"image {strays[0]} is not one of the job's images")
+    for key in sorted(job.agent.agent_kwargs):
+        if problem := agent_kwarg_problem(key):
+            raise RefusedError(problem)
     if job.agent.agent_import_path:
         _admit_agent(job.agent.agent_import_path)
     return Admitted(job=job, paths=paths)
@@ -90,9 +98,18 @@ def verified_paths_of(
         paths = JobPaths(jobs_dir, check_job_name(job_name))
         if not jobs_dir.is_absolute() or not under(paths.job_dir, settings.jobs_roots):
             return None
+        _confined_layout(paths)
         return paths if load_job(paths).job_id == job_id else None
-    except (WorkspaceError, ValueError, OSError):
+    except (WorkspaceError, RefusedError, ValueError, OSError):
         return None
+
+
+def _confined_layout(paths: JobPaths) -> None:
+    """What the worker reads and writes inside the job directory stays there (no symlinks out)."""
+    job_dir = paths.job_dir.resolve()
+    for part in (paths.meta_dir, paths.job_spec, paths.trials_dir, paths.scratch_dir):
+        if part.is_symlink() or (os.path.lexists(part) and not part.resolve().is_relative_to(job_dir)):
+            raise RefusedError(f"{part} is a symbolic link; the job directory's layout is sciencebench's")
 
 
 def _admit_selection(spec: TrialSpec, job: JobSpec, settings: Settings) -> None:
@@ -127,7 +144,12 @@ def _admit_secrets(job: JobSpec, settings: Settings) -> None:
             )
     if job.agent_env_file is not None:
         secrets_dir = job.selection_path / ".sciencebench" / "secrets"
-        if job.agent_env_file.path.parent != secrets_dir or not under(job.agent_env_file.path, [secrets_dir]):
+        path = job.agent_env_file.path
+        if (
+            path.parent != secrets_dir
+            or path.name != agent_env_file_name(job)
+            or not under(path, [secrets_dir])
+        ):
             raise RefusedError(f"--agent-env file {job.agent_env_file.path} is not in {secrets_dir}")
 
 

@@ -106,6 +106,34 @@ def test_a_forged_job_spec_cannot_choose_pier_environment_or_agent(
     assert len(cluster.pier_runs()) == 2  # the submit's trial and the forged spec's first one
 
 
+def test_a_forged_job_spec_reads_no_worker_file_and_pulls_no_other_image(
+    cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    cluster.start_workers(1)
+    job = _submitted(cluster, "forged")
+    meta = cluster.jobs_dir / "forged" / ".sciencebench"
+    kwargs = {**job.agent.agent_kwargs, "config_toml_file": "/etc/shadow"}
+    (meta / "job.json").write_text(
+        job.model_copy(
+            update={"agent": job.agent.model_copy(update={"agent_kwargs": kwargs})}
+        ).model_dump_json()
+    )
+    reads = _send(cluster, _trial(job))
+    assert reads["exception_type"] == "RefusedError" and "config_toml_file" in reads["exception_message"]
+    (meta / "job.json").write_text(job.model_dump_json())
+    stray = "127.0.0.1:1/elsewhere@sha256:" + "0" * 64
+    pulls = _send(cluster, _trial(job, attempt=3, image_refs=[stray]))
+    assert pulls["exception_type"] == "RefusedError", pulls
+    assert "is not one of the job's images" in pulls["exception_message"]
+    outside = tmp_path_factory.mktemp("outside")
+    shutil.rmtree(meta / "scratch", ignore_errors=True)
+    (meta / "scratch").symlink_to(outside)  # the worker would write Pier's output there
+    escapes = _send(cluster, _trial(job, attempt=4))
+    assert escapes["exception_type"] == "RefusedError" and "symbolic link" in escapes["exception_message"]
+    assert list(outside.iterdir()) == []
+    assert len(cluster.pier_runs()) == 1  # the submit's own trial only
+
+
 def test_a_message_naming_a_task_outside_its_selection_is_refused(cluster: Cluster) -> None:
     cluster.start_workers(1)
     job = _submitted(cluster, "escape")
@@ -180,6 +208,11 @@ def test_the_agent_env_file_is_deleted_when_the_job_ends(cluster: Cluster) -> No
     path = cluster.selection({"001": {"reward": 1.0}})
     done = cluster.submit(path, "secret", "--agent-env", "EXTRA_TOKEN=sk-canary-del-0042")
     assert done.returncode == 0, done.stderr
-    assert not (path / ".sciencebench" / "secrets" / "secret.agent-env.json").exists()
+    job = JobSpec.model_validate_json(
+        (cluster.jobs_dir / "secret" / ".sciencebench" / "job.json").read_bytes()
+    )
+    assert job.agent_env_file is not None and job.agent_env_file.path.name == f"{job.job_id}.agent-env.json"
+    assert not job.agent_env_file.path.exists()
+    assert list((path / ".sciencebench" / "secrets").iterdir()) == []
     again = cluster.cli("retry", "secret", "--failed", "--jobs-dir", str(cluster.jobs_dir))
     assert again.returncode == 0  # nothing errored: nothing to resend
