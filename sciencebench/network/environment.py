@@ -12,7 +12,8 @@ allowlist: an allowlist (codex, claude-code, ...) gives `isolated-allowlist`
 (agent on an internal isolated bridge, a pinned squid proxy as the only way
 out); no allowlist (nop, oracle, verifiers) gives `network_mode: none`.
 
-Lifecycle (`start`): plan (refuse what the policy cannot run) -> Pier's own
+Lifecycle (`start`): plan (refuse what the policy cannot run) -> check the
+task's files as written (`core.compose_policy.review_task_dir`) -> Pier's own
 start with the policy compose override -> inspect the real containers and
 networks within 15 s -> stop and raise on any deviation, otherwise write
 `network-policy-<session>.json` into the trial directory. The agent is set up
@@ -30,13 +31,12 @@ from pathlib import Path
 from typing import Any
 
 import requests
-import yaml
 from docker.errors import DockerException
 from pier.environments.agent_setup import new_proxy_token, proxy_environment
 from pier.environments.docker.docker import _sanitize_docker_compose_project_name
 
 from sciencebench.core.agentimages import parse_agent_image_keyword
-from sciencebench.core.compose_policy import compose_hazards
+from sciencebench.core.compose_policy import review_task, review_task_dir
 from sciencebench.core.errors import ProfileError
 from sciencebench.core.gateways import Gateway, parse_gateway
 from sciencebench.core.images import check_image_ref
@@ -252,40 +252,47 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
 
     @property
     def _task_dir(self) -> Path:
-        """The task directory this environment's files come from (the one holding task.toml)."""
-        start = Path(self.environment_dir).resolve()
-        return next((d for d in (start, *start.parents) if (d / "task.toml").is_file()), start.parent)
+        """The task directory this environment's files come from (the nearest one holding task.toml).
+
+        Found lexically from the directory Pier names (`<task>/environment`,
+        `<task>/tests`, `<task>/steps/<name>/tests`), never through a symlink's
+        target: `_check_task_files` refuses a symlink on the way.
+        """
+        start = Path(os.path.normpath(Path(self.environment_dir).absolute()))
+        return next((d for d in start.parents if (d / "task.toml").is_file()), start.parent)
 
     @property
     def _mount_roots(self) -> list[Path]:
         """Where bind mounts may come from: the trial directory (Pier's logs) and the task directory."""
-        return [Path(self.trial_paths.trial_dir).resolve(), self._task_dir]
+        return [Path(self.trial_paths.trial_dir).resolve(), self._task_dir.resolve()]
 
-    def _check_task_compose(self) -> None:
-        """Refuse a task compose file that asks for host namespaces, devices or host paths."""
-        if not self._uses_compose:
-            return
-        path = Path(self.environment_dir) / "docker-compose.yaml"
+    def _check_task_files(self) -> None:
+        """Refuse a task whose files the policy refuses (`review_task_dir`), before anything starts."""
+        task_dir = self._task_dir
+        here = Path(os.path.normpath(Path(self.environment_dir).absolute()))
+        while here != task_dir and task_dir in here.parents:
+            if here.is_symlink():
+                raise PolicyRefused(f"{here.name} is a symlink; a task's files must be inside it")
+            here = here.parent
         try:
-            compose = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise PolicyRefused(f"{path.name}: unreadable ({exc.__class__.__name__})") from None
-        problems = compose_hazards(compose, path.parent, [self._task_dir])
-        if problems:
-            raise PolicyRefused(
-                f"the task's {path.name} asks for what the policy refuses: {'; '.join(problems)}"
-            )
+            # Pier needs a task.toml; without one (the class used directly) there are no env tables.
+            has_toml = os.path.lexists(task_dir / "task.toml")
+            review = review_task_dir(task_dir) if has_toml else review_task(task_dir, {})
+        except (OSError, ValueError) as exc:
+            raise PolicyRefused(f"the task's files are unreadable ({exc.__class__.__name__})") from None
+        if review.problems:
+            raise PolicyRefused(f"the task asks for what the policy refuses: {'; '.join(review.problems)}")
 
     async def start(self, force_build: bool) -> None:
         """Start under the policy, then verify it before Pier sets up the agent.
 
         Raises PolicyRefused before anything is started (including a task
-        compose file asking for host namespaces or paths), and PolicyViolation
+        whose files the policy refuses), and PolicyViolation
         (after stopping the environment) when inspection fails or cannot
         finish within 15 s.
         """
         self._plan = self._make_plan()
-        self._check_task_compose()
+        self._check_task_files()
         baked = self._baked_image()
         if baked is None:
             await super().start(force_build=force_build)

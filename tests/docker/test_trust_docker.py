@@ -48,7 +48,8 @@ def test_a_task_compose_file_asking_for_the_host_is_refused_before_start(
     result = pier_run(Task(host_hungry, task.verifier_image), tmp_path / "jobs", "hungry", "--agent", "nop")
     info = result["exception_info"]
     assert info is not None and info["exception_type"] == "PolicyRefused", info
-    assert "pid: host" in info["exception_message"] and "bind mount of '/'" in info["exception_message"]
+    message = info["exception_message"]
+    assert "pid: 'host' (only private namespaces)" in message and "bind mount of '/'" in message
     trial = Path(result["_trial_dir"]).name
     leftovers = docker_client.containers.list(all=True, filters={"label": f"{COMPOSE_PROJECT_LABEL}={trial}"})
     assert leftovers == []  # nothing was started
