@@ -1,164 +1,507 @@
-"""What a task's own compose file may ask for (pure): no host namespaces, no host paths.
+"""What a task may ask of Docker through its compose files and env tables (pure): an allowlist.
 
-A task directory may hold `environment/docker-compose.yaml` (extra services
-or overrides of the agent environment) and `tests/docker-compose.yaml` (the
-separate verifier's). Docker runs them with the worker host's privileges, so
-each is checked twice: statically at submit (exit 2) and by the network policy
-environment before anything starts.
+A task directory may hold compose files (`core.taskdir.COMPOSE_FILES`: the
+agent environment's, the separate verifier's, a step's) that Pier merges
+into the trial's `docker compose` project, and env tables whose keys reach
+the environment of Pier's `docker compose`. Docker runs them with the worker
+host's privileges, so everything is checked against an allowlist:
 
-Refused in any service: `privileged`, host `pid`/`ipc`/`uts`/`userns`/
-`cgroup` namespaces, `network_mode` other than none, devices, added
-capabilities, unconfined seccomp or AppArmor, SELinux labels off, and bind
-mounts whose source is not inside the task directory; top-level volumes that
-bind a host device or path. Compose variables (`$VAR`, `${VAR}`) and the
-`${VAR}` templates of a task.toml's env tables may name only what Pier
-provides, the task's own environment keys and what the submit declared (env
-file, `--agent-env`): they are resolved from Pier's process environment.
+- statically at submit (`review_task`, exit 2) and again on the worker
+  before Pier starts (`review_task_dir`), on the YAML as written;
+- by the network policy environment, on the model `docker compose config`
+  renders from Pier's exact file list and environment, before the first
+  command that builds or starts anything (`compose_problems(rendered=True)`).
+
+What passes: one service, `main` (the inspection after start accepts no
+other container), with the keys below; top-level `services`, `volumes`
+(plain named volumes) and `x-*` extensions. Everything else is refused:
+`extends`, `include`, `env_file`, `volumes_from`, `secrets`, `configs`,
+networks, devices, capabilities, namespaces other than `private`,
+`cgroup_parent`, `gpus`, build secrets/ssh/network or a context outside the
+compose file's directory, bind mounts outside the task (and, rendered, the
+trial) directory, unpinned images. Compose interpolation (`$VAR`, `${VAR}`,
+`${VAR:-default}`, `${VAR:?error}`) may appear only in `command`,
+`entrypoint`, `environment`, `working_dir` and `healthcheck`; nested
+defaults and the alternative-value forms (`${VAR:+x}`, `${VAR+x}`) are
+refused everywhere. A compose project directory may not hold a `.env` file
+(compose would read it for interpolation), and nothing in a task may be a
+symlink or a special file.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import stat
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-# The variables Pier sets for compose (its DockerEnvironmentEnvVars, upper-cased).
-PIER_COMPOSE_VARIABLES = frozenset({
-    "MAIN_IMAGE_NAME", "CONTEXT_DIR", "HOST_VERIFIER_LOGS_PATH", "HOST_AGENT_LOGS_PATH",
-    "HOST_ARTIFACTS_PATH", "ENV_VERIFIER_LOGS_PATH", "ENV_AGENT_LOGS_PATH", "ENV_ARTIFACTS_PATH",
-    "PREBUILT_IMAGE_NAME",
-})  # fmt: skip
-# Relative paths of the compose files Pier reads from a task directory.
-COMPOSE_FILES = ("environment/docker-compose.yaml", "tests/docker-compose.yaml")
+import yaml
 
-_VARIABLE = re.compile(r"\$(?:\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)[^}]*\}|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))")
-_HOST_NAMESPACES = ("pid", "ipc", "uts", "userns_mode", "cgroup", "cgroupns_mode")
+from sciencebench.core.envfile import PIER_COMPOSE_VARIABLES, harness_key_problem
+from sciencebench.core.images import check_image_ref
+from sciencebench.core.taskdir import compose_paths, read_regular
 
+AGENT_SERVICE = "main"
+# Bounds on what a compose file may make the checker walk (YAML aliases can multiply it).
+_MAX_NODES = 50_000
+_MAX_DEPTH = 64
 
-def compose_variables(text: str) -> set[str]:
-    """Names of the variables compose would substitute in `text` (`$$` is a literal `$`)."""
-    return {
-        match.group("braced") or match.group("bare") for match in _VARIABLE.finditer(text.replace("$$", ""))
-    }
+# --- interpolation ---------------------------------------------------------------------
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_BRACED_OPERATORS = (":-", "-", ":?", "?")
 
 
-def _bind_source(volume: Any) -> str | None:
-    """The host path a service volume binds, or None for a named volume, tmpfs or anything else."""
-    if isinstance(volume, str):
-        source, sep, _ = volume.partition(":")
-        if not sep:
-            return None  # an anonymous volume
-        return source if source.startswith(("/", ".", "~", "$")) or "/" in source else None
-    if isinstance(volume, Mapping) and volume.get("type", "volume") == "bind":
-        return str(volume.get("source", ""))
-    return None
+def interpolation(text: str) -> tuple[set[str], list[str]]:
+    """The variables compose would substitute in `text`, and what about it is refused.
 
-
-# Bind sources may start with these: Pier points them into the trial or the task directory.
-_PIER_PATH_VARIABLES = (
-    "HOST_VERIFIER_LOGS_PATH",
-    "HOST_AGENT_LOGS_PATH",
-    "HOST_ARTIFACTS_PATH",
-    "CONTEXT_DIR",
-)
-_PIER_PATH = re.compile(r"^\$\{?(" + "|".join(_PIER_PATH_VARIABLES) + r")\}?(?:/|$)")
-
-
-def _inside(source: str, base_dir: Path, roots: Iterable[Path]) -> bool:
-    if _PIER_PATH.match(source) and ".." not in PurePosixPath(source).parts:
-        return True
-    if "$" in source or source.startswith("~"):
-        return False  # resolved from an environment only the host knows
-    path = PurePosixPath(source)
-    candidate = Path(path if path.is_absolute() else base_dir / path).resolve()
-    return any(candidate.is_relative_to(root.resolve()) for root in roots)
-
-
-def _service_hazards(name: str, service: Mapping[str, Any], base_dir: Path, roots: list[Path]) -> list[str]:
+    `$$` is a literal `$`. Accepted forms: `$VAR`, `${VAR}`, `${VAR:-default}`,
+    `${VAR-default}`, `${VAR:?error}`, `${VAR?error}`, with no `$` or `{` in
+    the default or error text. Refused: nested expressions (`${A:-${B}}`),
+    the alternative-value forms (`${A:+x}`, `${A+x}`), anything malformed.
+    """
+    names: set[str] = set()
     problems: list[str] = []
-    if service.get("privileged"):
-        problems.append(f"service {name}: privileged")
-    for key in _HOST_NAMESPACES:
-        if str(service.get(key, "")).lower() == "host":
-            problems.append(f"service {name}: {key}: host")
-    network_mode = service.get("network_mode")
-    if network_mode is not None and str(network_mode) != "none":
-        problems.append(f"service {name}: network_mode {network_mode!r} (the network policy decides)")
-    if service.get("devices") or service.get("device_cgroup_rules"):
-        problems.append(f"service {name}: host devices")
-    if service.get("cap_add"):
-        problems.append(f"service {name}: cap_add {list(service['cap_add'])}")
-    for option in service.get("security_opt") or []:
-        text = str(option).lower().replace("=", ":")
-        if "unconfined" in text or text.startswith("label:disable"):
-            problems.append(f"service {name}: security_opt {option!r}")
-    for volume in service.get("volumes") or []:
-        source = _bind_source(volume)
-        if source is not None and not _inside(source, base_dir, roots):
-            problems.append(f"service {name}: bind mount of {source!r} outside the task directory")
+    i = text.find("$")
+    while i != -1:
+        after = text[i + 1 : i + 2]
+        if after == "$":
+            i = text.find("$", i + 2)
+            continue
+        if after == "{":
+            end = text.find("}", i + 2)
+            if end == -1:
+                problems.append("an unterminated '${'")
+                break
+            body = text[i + 2 : end]
+            match = _NAME.match(body)
+            rest = body[match.end() :] if match else body
+            if match is None:
+                problems.append(f"'${{{body[:40]}}}' does not name a variable")
+            elif "$" in rest or "{" in rest:
+                problems.append(f"a nested expression in '${{{match.group()}...}}'")
+            elif rest.startswith((":+", "+")):
+                form = ":+" if rest.startswith(":+") else "+"
+                problems.append(f"the alternative-value form '${{{match.group()}{form}...}}'")
+            elif rest and not rest.startswith(_BRACED_OPERATORS):
+                problems.append(f"'${{{body[:40]}}}' is not a compose expression")
+            else:
+                names.add(match.group())
+            i = text.find("$", end + 1)
+            continue
+        match = _NAME.match(text, i + 1)
+        if match is None:
+            problems.append("a lone '$' (write '$$' for a literal dollar sign)")
+            i = text.find("$", i + 1)
+        else:
+            names.add(match.group())
+            i = text.find("$", match.end())
+    return names, problems
+
+
+def _strings(node: Any) -> Iterator[str]:
+    """Every string value under `node` (mapping keys are not interpolated), within the bounds."""
+    stack: list[tuple[Any, int]] = [(node, 0)]
+    seen = 0
+    while stack:
+        value, depth = stack.pop()
+        seen += 1
+        if seen > _MAX_NODES or depth > _MAX_DEPTH:
+            raise ValueError("the compose file is too large or nested too deeply")
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, Mapping):
+            stack.extend((item, depth + 1) for item in value.values())
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value)
+
+
+# --- the allowlist ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Context:
+    """Where a compose model comes from, and what its paths may point at."""
+
+    project_dir: Path  # the compose file's directory (Pier's --project-directory)
+    roots: tuple[Path, ...]  # where bind mount sources may lie
+    rendered: bool  # the output of `docker compose config`, not a file as written
+    project: str | None  # the compose project name (rendered only)
+
+
+# Keys whose values may interpolate variables; everything else must be literal.
+_MAY_INTERPOLATE = frozenset({"command", "entrypoint", "environment", "working_dir", "healthcheck"})
+# Keys whose value is not checked beyond interpolation: they shape the container's own process.
+_FREE_KEYS = frozenset({
+    "command", "entrypoint", "environment", "working_dir", "healthcheck", "user", "hostname",
+    "stop_signal", "stop_grace_period", "init", "tty", "stdin_open", "read_only", "shm_size",
+    "mem_limit", "mem_reservation", "memswap_limit", "cpus", "cpu_shares", "pids_limit", "platform",
+    "expose", "restart", "tmpfs", "cap_drop",
+})  # fmt: skip
+_NAMESPACE_KEYS = frozenset({"pid", "ipc", "uts", "userns_mode", "cgroup"})
+_PULL_POLICIES = frozenset({"build", "missing", "never", "if_not_present"})
+_BUILD_KEYS = frozenset({"context", "dockerfile", "args", "target", "labels"})
+_VOLUME_KEYS = frozenset({"type", "source", "target", "read_only", "bind", "volume", "tmpfs", "consistency"})
+_VOLUME_OPTIONS = {"bind": frozenset({"create_host_path"}), "volume": frozenset({"nocopy", "subpath"}),
+                   "tmpfs": frozenset({"size", "mode"})}  # fmt: skip
+_RESOURCE_KEYS = frozenset({"cpus", "memory", "pids"})
+_RESERVED_LABELS = ("com.docker.", "org.sciencebench.")
+_NO_NEW_PRIVILEGES = frozenset({"no-new-privileges", "no-new-privileges:true", "no-new-privileges=true"})
+
+
+def _inside(source: str, ctx: _Context) -> bool:
+    """Whether a bind source lies under one of the roots (symlinks resolved as they are now)."""
+    if source.startswith("~") or ".." in PurePosixPath(source).parts:
+        return False
+    path = PurePosixPath(source)
+    candidate = Path(path if path.is_absolute() else ctx.project_dir / path).resolve()
+    return any(candidate.is_relative_to(root.resolve()) for root in ctx.roots)
+
+
+def _volume_problems(where: str, volume: Any, ctx: _Context) -> list[str]:
+    if isinstance(volume, str):
+        source, sep, rest = volume.partition(":")
+        if not sep:
+            return []  # an anonymous volume at a container path
+        _, _, mode = rest.partition(":")
+        if mode and mode not in ("ro", "rw"):
+            return [f"{where}: volume mode {mode!r} (only ro or rw)"]
+        is_bind = source.startswith(("/", ".", "~")) or "/" in source
+        volume = {"type": "bind" if is_bind else "volume", "source": source}
+    if not isinstance(volume, Mapping):
+        return [f"{where}: a volume must be a string or a mapping"]
+    problems = [f"{where}: volume key {key!r}" for key in volume if key not in _VOLUME_KEYS]
+    kind = volume.get("type", "volume")
+    if kind not in _VOLUME_OPTIONS:
+        return [*problems, f"{where}: volume type {kind!r} (only bind, volume, tmpfs)"]
+    for option_key, allowed in _VOLUME_OPTIONS.items():
+        options = volume.get(option_key) or {}
+        if not isinstance(options, Mapping) or (option_key != kind and options):
+            problems.append(f"{where}: volume {option_key} options")
+        elif unknown := sorted(set(options) - allowed):
+            problems.append(f"{where}: volume {option_key} option {unknown[0]!r}")
+    source = str(volume.get("source") or "")
+    if kind == "bind" and not _inside(source, ctx):
+        problems.append(f"{where}: bind mount of {source!r} outside the task directory")
     return problems
 
 
-def compose_hazards(compose: Any, base_dir: Path, allowed_roots: Iterable[Path]) -> list[str]:
-    """Every refused request of one parsed compose file; empty when it may run.
+def _build_problems(where: str, build: Any, ctx: _Context) -> list[str]:
+    if isinstance(build, str):
+        build = {"context": build}
+    if not isinstance(build, Mapping):
+        return [f"{where}: build must be a path or a mapping"]
+    problems = [f"{where}: build key {key!r}" for key in build if key not in _BUILD_KEYS]
+    context = PurePosixPath(str(build.get("context", ".")))
+    resolved = Path(context if context.is_absolute() else ctx.project_dir / context).resolve()
+    # Rendered, Pier's own agent build context lives in the trial directory.
+    allowed = (ctx.project_dir, *ctx.roots) if ctx.rendered else (ctx.project_dir,)
+    if ".." in context.parts or not any(resolved.is_relative_to(a.resolve()) for a in allowed):
+        problems.append(f"{where}: build context {str(context)!r} outside the compose file's directory")
+    dockerfile = PurePosixPath(str(build.get("dockerfile", "Dockerfile")))
+    if dockerfile.is_absolute() or ".." in dockerfile.parts:
+        problems.append(f"{where}: dockerfile {str(dockerfile)!r} outside the build context")
+    return problems
 
-    `base_dir` is the directory relative bind sources are resolved against
-    (the compose file's own); a bind source must lie under `allowed_roots`.
+
+def _deploy_problems(where: str, deploy: Any, ctx: _Context) -> list[str]:
+    if not isinstance(deploy, Mapping):
+        return [f"{where}: deploy must be a mapping"]
+    # Rendered, compose adds an empty placement.
+    empty_placement = ctx.rendered and not deploy.get("placement")
+    extra = [k for k in deploy if k != "resources" and not (k == "placement" and empty_placement)]
+    problems = [f"{where}: deploy key {key!r} (only resources)" for key in extra]
+    resources = deploy.get("resources") or {}
+    if not isinstance(resources, Mapping):
+        return [*problems, f"{where}: deploy.resources must be a mapping"]
+    for kind, values in resources.items():
+        if kind not in ("limits", "reservations") or not isinstance(values, Mapping):
+            problems.append(f"{where}: deploy.resources.{kind}")
+            continue
+        problems += [f"{where}: deploy.resources.{kind}.{key}" for key in values if key not in _RESOURCE_KEYS]
+    return problems
+
+
+def _labels_problems(where: str, labels: Any, ctx: _Context) -> list[str]:
+    if ctx.rendered:
+        return []  # the policy's own labels are in the rendered model
+    keys = list(labels) if isinstance(labels, Mapping) else [str(item).split("=", 1)[0] for item in labels]
+    return [f"{where}: label {key!r} is reserved" for key in keys if str(key).startswith(_RESERVED_LABELS)]
+
+
+def _image_problems(where: str, image: Any, service: Mapping[str, Any], ctx: _Context) -> list[str]:
+    if not ctx.rendered and "build" in service:
+        return [f"{where}: image and build together (the image would be rebuilt under another's name)"]
+    try:
+        check_image_ref(str(image))
+    except ValueError as exc:
+        return [f"{where}: {exc}"]
+    return []
+
+
+def _service_problems(name: str, service: Any, ctx: _Context) -> list[str]:
+    where = f"service {name}"
+    if name != AGENT_SERVICE:
+        return [f"{where}: only {AGENT_SERVICE!r} may be configured (the policy runs one container)"]
+    if service is None:
+        return []
+    if not isinstance(service, Mapping):
+        return [f"{where}: expected a mapping"]
+    problems: list[str] = []
+    for key, value in service.items():
+        key = str(key)
+        if key.startswith("x-") or key in _FREE_KEYS:
+            continue
+        if ctx.rendered and value is None:
+            continue  # compose writes `command: null`, `networks: null`, ...
+        if key == "image":
+            problems += _image_problems(where, value, service, ctx)
+        elif key == "build":
+            problems += _build_problems(where, value, ctx)
+        elif key == "volumes":
+            if not isinstance(value, list):
+                problems.append(f"{where}: volumes must be a list")
+            else:
+                problems += [p for v in value for p in _volume_problems(where, v, ctx)]
+        elif key == "deploy":
+            problems += _deploy_problems(where, value, ctx)
+        elif key == "labels":
+            problems += _labels_problems(where, value, ctx)
+        elif key in _NAMESPACE_KEYS:
+            if str(value) != "private":
+                problems.append(f"{where}: {key}: {value!r} (only private namespaces)")
+        elif key == "network_mode":
+            if value != "none":
+                problems.append(f"{where}: network_mode {value!r} (the network policy decides)")
+        elif key == "networks" and ctx.rendered:
+            if value:  # with network_mode none compose still lists the default network
+                problems += [f"{where}: network {n!r}" for n in value if n != "default"]
+        elif key == "privileged":
+            if value is not False:
+                problems.append(f"{where}: privileged")
+        elif key == "pull_policy":
+            if value not in _PULL_POLICIES:
+                problems.append(f"{where}: pull_policy {value!r}")
+        elif key == "security_opt":
+            options = value if isinstance(value, list) else [value]
+            problems += [f"{where}: security_opt {o!r}" for o in options if str(o) not in _NO_NEW_PRIVILEGES]
+        else:
+            problems.append(f"{where}: {key!r} is not allowed")
+    return problems
+
+
+def _top_level_problems(compose: Mapping[str, Any], ctx: _Context) -> list[str]:
+    problems: list[str] = []
+    for key, value in compose.items():
+        key = str(key)
+        if key in ("services", "version") or key.startswith("x-"):
+            continue
+        if key == "name" and ctx.rendered and value == ctx.project:
+            continue
+        if key == "volumes" and isinstance(value, Mapping):
+            for name, volume in value.items():
+                expected = {"name": f"{ctx.project}_{name}"} if ctx.rendered else {}
+                if not isinstance(volume, Mapping | None):
+                    problems.append(f"volume {name!r}: expected a mapping")
+                    continue
+                options = (volume or {}).items()
+                extra = sorted(str(k) for k, v in options if k != "labels" and expected.get(k) != v)
+                if extra:
+                    problems.append(f"volume {name!r}: {extra[0]!r} is not allowed (plain volumes only)")
+            continue
+        if key == "networks" and ctx.rendered and isinstance(value, Mapping):
+            expected_default = {"name": f"{ctx.project}_default", "ipam": {}}
+            if all(n == "default" and (v or {}) == expected_default for n, v in value.items()):
+                continue
+        problems.append(f"top-level {key!r} is not allowed")
+    return problems
+
+
+def compose_problems(
+    compose: Any,
+    project_dir: Path,
+    roots: Iterable[Path],
+    *,
+    rendered: bool = False,
+    project: str | None = None,
+) -> list[str]:
+    """Every refused request of one compose model; empty when it may run.
+
+    `project_dir` is the directory relative paths resolve against (the
+    compose file's own, Pier's project directory); bind sources must lie
+    under `roots`. `rendered`: `compose` is what `docker compose config
+    --format json` printed for project `project` (paths absolute, variables
+    substituted), not a file as written. Never raises on malformed input.
     """
     if not isinstance(compose, Mapping):
         return ["not a compose file (expected a mapping)"]
-    roots = list(allowed_roots)
+    ctx = _Context(project_dir.resolve(), tuple(roots), rendered, project)
     problems: list[str] = []
+    if not rendered:
+        problems += _interpolation_problems(compose)
+    problems += _top_level_problems(compose, ctx)
     services = compose.get("services") or {}
     if not isinstance(services, Mapping):
-        return ["services: expected a mapping"]
+        return [*problems, "services: expected a mapping"]
     for name, service in services.items():
-        if isinstance(service, Mapping):
-            problems += _service_hazards(str(name), service, base_dir, roots)
-    for name, volume in (compose.get("volumes") or {}).items():
-        options = (volume or {}).get("driver_opts") if isinstance(volume, Mapping) else None
-        if isinstance(options, Mapping) and ("device" in options or "o" in options):
-            problems.append(f"volume {name}: driver_opts bind a host path or device")
-    return problems
+        problems += _service_problems(str(name), service, ctx)
+    return [_one_line(problem) for problem in problems]
 
 
-def compose_needs(text: str, own_env: Iterable[str]) -> set[str]:
-    """The variables a task compose file takes from the worker beyond Pier's and the task's own env."""
-    return compose_variables(text) - PIER_COMPOSE_VARIABLES - set(own_env)
+def _one_line(text: str) -> str:
+    """`text` with control characters escaped: a problem is printed as one line."""
+    return _CONTROL.sub(lambda match: repr(match.group())[1:-1], text)
+
+
+def _literal_only(key: Any) -> bool:
+    """Whether the value of `key` must be literal (`x-*` extensions are never used as they are)."""
+    return key not in _MAY_INTERPOLATE and not str(key).startswith("x-")
+
+
+def _interpolation_problems(compose: Mapping[str, Any]) -> list[str]:
+    """Malformed or refused expressions anywhere; any expression outside `_MAY_INTERPOLATE`."""
+    problems: list[str] = []
+    try:
+        for text in _strings(compose):
+            problems += interpolation(text)[1]
+        services = compose.get("services")
+        for name, service in services.items() if isinstance(services, Mapping) else ():
+            for key, value in service.items() if isinstance(service, Mapping) else ():
+                if _literal_only(key) and any(interpolation(t)[0] for t in _strings(value)):
+                    problems.append(f"service {name}: {key} may not use compose variables")
+        for key, value in compose.items():
+            if key != "services" and _literal_only(key) and any(interpolation(t)[0] for t in _strings(value)):
+                problems.append(f"top-level {key} may not use compose variables")
+    except ValueError as exc:
+        return [str(exc)]
+    return list(dict.fromkeys(problems))
+
+
+# --- a whole task ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskReview:
+    """What checking a task's files found: refusals (first one first) and the variables it needs.
+
+    `template_variables`: `${VAR}` templates of its env tables; `compose_variables`:
+    variables its compose files take beyond Pier's and the task's own env. Both
+    must come from the job's env file or `--agent-env`.
+    """
+
+    problems: tuple[str, ...]
+    template_variables: frozenset[str] = frozenset()
+    compose_variables: frozenset[str] = frozenset()
 
 
 # Pier's env templates: the whole value is `${VAR}` or `${VAR:-default}`.
 _TEMPLATE = re.compile(r"\$\{([^}:]+)(?::-(.*))?\}")
 
 
-def template_variables(raw: Any) -> set[str]:
-    """`VAR` of every `${VAR}` / `${VAR:-default}` value of an `env` table anywhere in a task.toml."""
-    found: set[str] = set()
+def _env_tables(raw: Any, where: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Every `env` table of a task.toml (`[environment].env`, `[verifier].env`, steps, ...)."""
     if isinstance(raw, Mapping):
         for key, value in raw.items():
+            here = f"{where}.{key}" if where else str(key)
             if key == "env" and isinstance(value, Mapping):
-                values = [v for v in value.values() if isinstance(v, str)]
-                found |= {m.group(1) for v in values if (m := _TEMPLATE.fullmatch(v))}
+                yield here, value
             else:
-                found |= template_variables(value)
+                yield from _env_tables(value, here)
     elif isinstance(raw, list):
-        for item in raw:
-            found |= template_variables(item)
-    return found
+        for position, item in enumerate(raw):
+            yield from _env_tables(item, f"{where}[{position}]")
 
 
-def task_variables(task_dir: Path) -> set[str]:
-    """Every variable a task's files take from the worker's environment (templates, compose).
+def template_variables(raw: Any) -> set[str]:
+    """`VAR` of every `${VAR}` / `${VAR:-default}` value of an `env` table anywhere in a task.toml."""
+    return {
+        match.group(1)
+        for _, table in _env_tables(raw)
+        for value in table.values()
+        if isinstance(value, str) and (match := _TEMPLATE.fullmatch(value))
+    }
 
-    Raises OSError or ValueError when a file cannot be read or parsed.
+
+def _env_key_problems(raw: Any) -> list[str]:
+    """Env table keys that would steer the harness (their values are never named)."""
+    return [
+        f"task.toml {where}: refused: {problem}"
+        for where, table in _env_tables(raw)
+        for key in table
+        if (problem := harness_key_problem(str(key)))
+    ]
+
+
+def _entry_problems(task_dir: Path) -> list[str]:
+    """Symlinks and special files among a task's entries, and `.env` files compose would read."""
+    problems: list[str] = []
+    for entry in sorted(task_dir.iterdir()):
+        mode = entry.lstat().st_mode
+        if stat.S_ISLNK(mode):
+            problems.append(f"{entry.name} is a symlink; a task's files must be inside it")
+        elif not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            problems.append(f"{entry.name} is not a regular file or directory")
+    # The compose project directories Pier uses (a step's tests directory is one too).
+    project_dirs = [task_dir / "environment", task_dir / "tests", *sorted(task_dir.glob("steps/*/tests"))]
+    for directory in project_dirs:
+        relative = directory.relative_to(task_dir)
+        if directory.is_symlink() or directory.parent.is_symlink():
+            problems.append(f"{relative} is (inside) a symlink; a task's files must be inside it")
+        elif os.path.lexists(directory / ".env"):
+            problems.append(f"{relative / '.env'}: compose would read it for interpolation; refused")
+    return [_one_line(problem) for problem in problems]
+
+
+def review_task(task_dir: Path, raw: Mapping[str, Any]) -> TaskReview:
+    """Check a task directory and its parsed task.toml `raw` against the policy (module docstring).
+
+    The task directory is the one given (never derived from a symlink's
+    target); bind mounts may come only from inside it. Raises OSError when
+    a file cannot be read.
     """
-    raw = tomllib.loads((task_dir / "task.toml").read_text(encoding="utf-8"))
-    own_env = (raw.get("environment") or {}).get("env") or {}
-    needed = template_variables(raw)
-    for relative in COMPOSE_FILES:
-        path = task_dir / relative
-        if path.is_file():
-            needed |= compose_needs(path.read_text(encoding="utf-8"), own_env)
-    return needed
+    problems = _entry_problems(task_dir) + _env_key_problems(raw)
+    own_env = set(((raw.get("environment") or {}).get("env") or {}) if isinstance(raw, Mapping) else ())
+    needed: set[str] = set()
+    for path in compose_paths(task_dir):
+        relative = path.relative_to(task_dir)
+        try:
+            text = read_regular(path).decode("utf-8")
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.EINVAL):
+                raise
+            problems.append(f"{relative}: {exc.strerror}")
+            continue
+        except UnicodeDecodeError:
+            problems.append(f"{relative}: not UTF-8 text")
+            continue
+        try:
+            compose = yaml.safe_load(text) or {}
+        except (yaml.YAMLError, RecursionError):
+            problems.append(f"{relative}: not valid YAML")
+            continue
+        found = compose_problems(compose, path.parent, [task_dir])
+        problems += [f"{relative}: refused by the network policy: {problem}" for problem in found]
+        if not found:
+            names = set().union(*(interpolation(text)[0] for text in _strings(compose)))
+            needed |= names - PIER_COMPOSE_VARIABLES - own_env
+    return TaskReview(
+        problems=tuple(problems),
+        template_variables=frozenset(template_variables(raw)),
+        compose_variables=frozenset(needed),
+    )
+
+
+def review_task_dir(task_dir: Path) -> TaskReview:
+    """`review_task` of a task directory, reading its task.toml.
+
+    Raises OSError when a file cannot be read (a symlinked or special
+    task.toml included), ValueError when task.toml is not TOML.
+    """
+    raw = tomllib.loads(read_regular(task_dir / "task.toml").decode("utf-8"))
+    return review_task(task_dir, raw)

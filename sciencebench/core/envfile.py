@@ -3,18 +3,21 @@
 An env file holds credentials. Messages and job specs carry only its
 identity (`EnvFile`: path and SHA-256); each side parses the file itself.
 
-Its values, and `--agent-env` values, become part of Pier's process
-environment on a worker host, which holds the Docker socket. So a key that
-would change the harness rather than inform the agent (the dynamic loader,
-the interpreter, the Docker and compose clients, proxies, sciencebench's
-own settings, files to upload) is refused: at submit and again on the worker
-(`harness_key_problem`).
+Its values, `--agent-env` values and the env tables of a task.toml become
+part of the environment of Pier or of its `docker compose` on a worker host,
+which holds the Docker socket. So a key that would change the harness rather
+than inform the agent (the loader and C library, OpenSSL, interpreters and
+shells, the Docker and compose clients, Pier's compose variables, proxies,
+sciencebench's and LiteLLM's settings, files Pier or LiteLLM would read) is
+refused by one function, `harness_key_problem`: at submit and again on the
+worker.
 """
 
 from __future__ import annotations
 
 import io
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from dotenv.parser import parse_stream
@@ -36,27 +39,102 @@ class EnvFile(BaseModel):
     sha256: str
 
 
-# Keys that steer the harness itself (exact names, prefixes, suffixes; case-insensitive).
-_HARNESS_KEYS = frozenset({"PATH", "HOME", "SHELL", "ENV", "BASH_ENV", "IFS", "TMPDIR", "CDPATH"})
-_HARNESS_PREFIXES = ("LD_", "PYTHON", "DOCKER_", "COMPOSE_", "BUILDKIT_", "SCIENCEBENCH_", "LITELLM_", "SSL_")
-_HARNESS_SUFFIXES = ("_AUTH_JSON_PATH", "_PROXY", "_CA_BUNDLE")
+@dataclass(frozen=True)
+class _KeyRule:
+    """Names a job may not set, and why (one rationale per group)."""
+
+    reason: str
+    names: frozenset[str] = frozenset()
+    prefixes: tuple[str, ...] = ()
+    suffixes: tuple[str, ...] = ()
+    exempt_prefixes: tuple[str, ...] = ()
+
+    def matches(self, upper: str) -> bool:
+        """Whether the upper-cased name `upper` is one of this group's."""
+        if self.exempt_prefixes and upper.startswith(self.exempt_prefixes):
+            return False
+        return upper in self.names or upper.startswith(self.prefixes) or upper.endswith(self.suffixes)
+
+
+# The variables Pier sets for `docker compose` (its DockerEnvironmentEnvVars upper-cased, and the
+# Windows container name): they place Pier's bind mounts, build context and images.
+PIER_COMPOSE_VARIABLES = frozenset({
+    "MAIN_IMAGE_NAME", "CONTEXT_DIR", "HOST_VERIFIER_LOGS_PATH", "HOST_AGENT_LOGS_PATH",
+    "HOST_ARTIFACTS_PATH", "ENV_VERIFIER_LOGS_PATH", "ENV_AGENT_LOGS_PATH", "ENV_ARTIFACTS_PATH",
+    "PREBUILT_IMAGE_NAME", "PIER_CONTAINER_NAME",
+})  # fmt: skip
+
+# Every value a job sets (env file, --agent-env, a task.toml env table) lands in the environment
+# of Pier or of its `docker compose` on a worker host, which holds the Docker socket (root). A
+# name that makes one of those processes load code, read or upload a file, trust a certificate
+# or talk to another endpoint would hand the job the host; provider credentials, base URLs and
+# the names agents document (OPENAI_*, ANTHROPIC_*, CODEX_BASE_URL, ...) stay allowed.
+# fmt: off
+_KEY_RULES = (
+    _KeyRule(
+        "the dynamic loader and the C library load code and files named here",
+        names=frozenset({"GCONV_PATH", "GLIBC_TUNABLES", "HOSTALIASES", "RES_OPTIONS", "LOCALDOMAIN",
+                         "LOCPATH", "NLSPATH", "TZDIR"}),
+        prefixes=("LD_", "MALLOC_"),
+    ),
+    _KeyRule(
+        "OpenSSL and TLS clients load engines, providers, key logs and trust from these",
+        prefixes=("OPENSSL_", "SSL"),
+        suffixes=("_CA_BUNDLE",),
+    ),
+    _KeyRule(
+        "an interpreter, shell or tool runs startup code or plugins named here",
+        names=frozenset({"BASH_ENV", "ENV", "IFS", "PS4", "SHELLOPTS", "BASHOPTS", "PROMPT_COMMAND",
+                         "CDPATH", "GLOBIGNORE", "SHELL", "VIRTUAL_ENV", "GEM_HOME", "GEM_PATH"}),
+        prefixes=("PYTHON", "PERL", "RUBY", "NODE_", "NPM_", "GIT_", "BASH_FUNC_", "PIP_", "UV_", "GO"),
+        # Google's provider credentials are not Go runtime settings (GODEBUG, GOFLAGS, GOROOT, ...).
+        exempt_prefixes=("GOOGLE_",),
+    ),
+    _KeyRule(
+        "the harness finds its programs, home and scratch files here",
+        names=frozenset({"PATH", "HOME", "TMPDIR", "TMP", "TEMP"}),
+        prefixes=("XDG_",),
+    ),
+    _KeyRule(
+        "the Docker, compose and BuildKit clients take their daemon, plugins and files from these",
+        prefixes=("DOCKER_", "COMPOSE_", "BUILDKIT_", "BUILDX_"),
+    ),
+    _KeyRule(
+        "Pier's compose variables place its bind mounts, build context and images",
+        names=PIER_COMPOSE_VARIABLES,
+        prefixes=("PIER_",),
+    ),
+    _KeyRule("sciencebench's and LiteLLM's own settings", prefixes=("SCIENCEBENCH_", "LITELLM_")),
+    _KeyRule(
+        "Pier or LiteLLM would read (or upload into the container) a file of the worker named here",
+        names=frozenset({
+            "CODEX_FORCE_AUTH_JSON", "GOOGLE_APPLICATION_CREDENTIALS", "AWS_SHARED_CREDENTIALS_FILE",
+            "AWS_CONFIG_FILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AZURE_FEDERATED_TOKEN_FILE",
+            "AZURE_CERTIFICATE_PATH", "GCS_PATH_SERVICE_ACCOUNT", "CHATGPT_AUTH_FILE", "CHATGPT_TOKEN_DIR",
+            "XAI_OAUTH_AUTH_FILE", "XAI_OAUTH_TOKEN_DIR", "GITHUB_COPILOT_ACCESS_TOKEN_FILE",
+            "GITHUB_COPILOT_TOKEN_DIR", "TIKTOKEN_CACHE_DIR", "CUSTOM_TIKTOKEN_CACHE_DIR", "HF_HOME",
+            "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "CONFIG_FILE_PATH", "WORKER_CONFIG",
+            "PROMETHEUS_MULTIPROC_DIR",
+        }),
+        suffixes=("_AUTH_JSON_PATH",),
+    ),
+    _KeyRule("proxies would route the harness's own traffic", suffixes=("_PROXY",)),
+)
+# fmt: on
 
 
 def harness_key_problem(key: str) -> str | None:
-    """Why `key` may not come from an env file or `--agent-env`, or None when it may.
+    """Why `key` may not come from a job (env file, `--agent-env`, task.toml env), or None when it may.
 
-    The answer names the key's kind, never a value.
+    The answer starts with the key and names its group's reason, never a
+    value. Matching is case-insensitive; a name that is not a shell
+    variable name (possible as a task.toml key) is refused too.
     """
+    if not VARIABLE_NAME.fullmatch(key):
+        return f"{key!r} is not a variable name"
     upper = key.upper()
-    if upper in _HARNESS_KEYS:
-        return f"{key} would change the harness's own environment"
-    prefix = next((p for p in _HARNESS_PREFIXES if upper.startswith(p)), None)
-    if prefix is not None:
-        return f"{key}: {prefix}* variables steer the harness (loader, interpreter, Docker, settings)"
-    suffix = next((s for s in _HARNESS_SUFFIXES if upper.endswith(s)), None)
-    if suffix is not None:
-        return f"{key}: *{suffix} variables steer the harness (uploaded files, proxies, TLS trust)"
-    return None
+    rule = next((rule for rule in _KEY_RULES if rule.matches(upper)), None)
+    return f"{key}: {rule.reason}" if rule is not None else None
 
 
 def parse_env_text(text: str, source: str) -> dict[str, str]:

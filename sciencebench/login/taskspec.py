@@ -3,7 +3,10 @@
 Only what sciencebench needs is modelled; unknown keys are ignored, as Pier
 0.3.0 ignores them (real tasks carry `network_mode`, `os`, ...). The agent and
 verifier images must be pinned by digest so every worker host runs the same
-bytes.
+bytes. The task's files, env tables and compose files must also pass the
+policy of `core.compose_policy.review_task` (no symlinks, no env key that
+steers the harness, compose files within the allowlist); the worker checks
+the same again before Pier starts.
 """
 
 from __future__ import annotations
@@ -13,10 +16,9 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sciencebench.core.compose_policy import COMPOSE_FILES, compose_hazards, compose_needs, template_variables
+from sciencebench.core.compose_policy import review_task
 from sciencebench.core.errors import TaskSpecError
 from sciencebench.core.images import ImageRef
 from sciencebench.core.taskdir import DEFINING_FILES, task_toml_sha256
@@ -123,25 +125,6 @@ def _first_error(exc: ValidationError) -> str:
     return f"{where}: {message}" if where else message
 
 
-def _compose_checks(task_dir: Path, own_env: set[str]) -> set[str]:
-    """The compose variables the task's compose files need from the submit; TaskSpecError on a hazard."""
-    needed: set[str] = set()
-    for relative in COMPOSE_FILES:
-        path = task_dir / relative
-        if not path.exists() and not path.is_symlink():
-            continue
-        text = _read_regular(path)
-        try:
-            compose = yaml.safe_load(text) or {}
-        except yaml.YAMLError:
-            raise TaskSpecError(f"{path}: not valid YAML") from None
-        problems = compose_hazards(compose, path.parent, [task_dir])
-        if problems:
-            raise TaskSpecError(f"{path}: refused by the network policy: {problems[0]}")
-        needed |= compose_needs(text, own_env)
-    return needed
-
-
 def _read_regular(path: Path) -> str:
     """A regular file's text; TaskSpecError for anything else (pipes hang readers) or unreadable."""
     try:
@@ -173,6 +156,12 @@ def load_task(task_dir: Path, task_id: str) -> TaskSpec:
     except ValidationError as exc:
         raise TaskSpecError(f"{toml_path}: {_first_error(exc)}") from None
 
+    try:
+        review = review_task(task_dir, raw)
+    except OSError as exc:
+        raise TaskSpecError(f"task {task_id} ({task_dir}): unreadable ({exc.strerror})") from None
+    if review.problems:
+        raise TaskSpecError(f"task {task_id} ({task_dir}): {review.problems[0]}")
     missing = _required_files(task_dir)
     if missing:
         raise TaskSpecError(f"task {task_id} ({task_dir}): missing {missing[0]}")
@@ -182,8 +171,6 @@ def load_task(task_dir: Path, task_id: str) -> TaskSpec:
         task_hash = task_toml_sha256(task_dir)
     except OSError as exc:
         raise TaskSpecError(f"task {task_id} ({task_dir}): unreadable ({exc.strerror})") from None
-    own_env = set(parsed.environment.env)
-    compose_needs = _compose_checks(task_dir, own_env)
 
     verifier_env = parsed.verifier.environment
     if parsed.verifier.environment_mode == "shared" and verifier_env is not None:
@@ -209,7 +196,7 @@ def load_task(task_dir: Path, task_id: str) -> TaskSpec:
         cpus=parsed.environment.cpus,
         memory_mb=parsed.environment.memory_mb,
         allow_internet=allow_internet,
-        template_variables=frozenset(template_variables(raw)),
-        compose_variables=frozenset(compose_needs),
+        template_variables=review.template_variables,
+        compose_variables=review.compose_variables,
         task_hash=task_hash,
     )

@@ -12,11 +12,19 @@ allowlist: an allowlist (codex, claude-code, ...) gives `isolated-allowlist`
 (agent on an internal isolated bridge, a pinned squid proxy as the only way
 out); no allowlist (nop, oracle, verifiers) gives `network_mode: none`.
 
-Lifecycle (`start`): plan (refuse what the policy cannot run) -> Pier's own
-start with the policy compose override -> inspect the real containers and
-networks within 15 s -> stop and raise on any deviation, otherwise write
+Lifecycle (`start`): plan (refuse what the policy cannot run) -> check the
+task's files as written (`core.compose_policy.review_task_dir`) -> Pier's own
+start with the policy compose override, where the first compose command that
+could build or start anything is preceded by `docker compose config` over
+Pier's exact file list and environment, and the rendered model is checked
+against the same allowlist -> inspect the real containers and networks
+within 15 s -> stop and raise on any deviation, otherwise write
 `network-policy-<session>.json` into the trial directory. The agent is set up
 by Pier only after `start` returns.
+
+Every `docker compose` runs with an allowlisted environment
+(`network.composeenv`), never Pier's whole one with the task's env on top,
+and with `--env-file /dev/null`, so a `.env` file in the task is never read.
 """
 
 from __future__ import annotations
@@ -30,17 +38,19 @@ from pathlib import Path
 from typing import Any
 
 import requests
-import yaml
 from docker.errors import DockerException
 from pier.environments.agent_setup import new_proxy_token, proxy_environment
+from pier.environments.base import ExecResult
 from pier.environments.docker.docker import _sanitize_docker_compose_project_name
 
 from sciencebench.core.agentimages import parse_agent_image_keyword
-from sciencebench.core.compose_policy import compose_hazards
+from sciencebench.core.compose_policy import compose_problems, interpolation, review_task, review_task_dir
+from sciencebench.core.envfile import harness_key_problem
 from sciencebench.core.errors import ProfileError
 from sciencebench.core.gateways import Gateway, parse_gateway
 from sciencebench.core.images import check_image_ref
 from sciencebench.network.compose import PROXY_SERVICE, Mode, ProxyFiles, policy_compose
+from sciencebench.network.composeenv import compose_environment, exec_names, explicit_exec_values, from_worker
 from sciencebench.network.errors import PolicyRefused, PolicyViolation
 from sciencebench.network.execenv import SecretSafeExecEnvironment
 from sciencebench.network.inspection import (
@@ -58,6 +68,8 @@ from sciencebench.network.squid import (
 from sciencebench.worker.docker.hostlocks import owner_id
 
 PROXY_IMAGE_ENV = "SCIENCEBENCH_PROXY_IMAGE"
+# Compose commands that build, create or run nothing: they need no rendered-model check first.
+_INERT_COMMANDS = frozenset({"config", "down", "stop", "ps"})
 
 
 class AgentImageMismatch(RuntimeError):
@@ -184,6 +196,9 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
         self._owner = str(owner) if owner else None
         self._plan: EgressPlan | None = None
         self._policy_compose_path: Path | None = None
+        self._interpolated: dict[tuple[Path, ...], frozenset[str]] = {}
+        # The file list whose rendered model passed, or the refusal it got (not rendered twice).
+        self._rendered: tuple[tuple[Path, ...], str | None] | None = None
         super().__init__(*args, **kwargs)
 
     @property
@@ -252,40 +267,170 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
 
     @property
     def _task_dir(self) -> Path:
-        """The task directory this environment's files come from (the one holding task.toml)."""
-        start = Path(self.environment_dir).resolve()
-        return next((d for d in (start, *start.parents) if (d / "task.toml").is_file()), start.parent)
+        """The task directory this environment's files come from (the nearest one holding task.toml).
+
+        Found lexically from the directory Pier names (`<task>/environment`,
+        `<task>/tests`, `<task>/steps/<name>/tests`), never through a symlink's
+        target: `_check_task_files` refuses a symlink on the way.
+        """
+        start = Path(os.path.normpath(Path(self.environment_dir).absolute()))
+        return next((d for d in start.parents if (d / "task.toml").is_file()), start.parent)
 
     @property
     def _mount_roots(self) -> list[Path]:
         """Where bind mounts may come from: the trial directory (Pier's logs) and the task directory."""
-        return [Path(self.trial_paths.trial_dir).resolve(), self._task_dir]
+        return [Path(self.trial_paths.trial_dir).resolve(), self._task_dir.resolve()]
 
-    def _check_task_compose(self) -> None:
-        """Refuse a task compose file that asks for host namespaces, devices or host paths."""
+    def _check_task_files(self) -> None:
+        """Refuse a task whose files the policy refuses (`review_task_dir`), before anything starts."""
+        task_dir = self._task_dir
+        here = Path(os.path.normpath(Path(self.environment_dir).absolute()))
+        while here != task_dir and task_dir in here.parents:
+            if here.is_symlink():
+                raise PolicyRefused(f"{here.name} is a symlink; a task's files must be inside it")
+            here = here.parent
+        try:
+            # Pier needs a task.toml; without one (the class used directly) there are no env tables.
+            has_toml = os.path.lexists(task_dir / "task.toml")
+            review = review_task_dir(task_dir) if has_toml else review_task(task_dir, {})
+        except (OSError, ValueError) as exc:
+            raise PolicyRefused(f"the task's files are unreadable ({exc.__class__.__name__})") from None
+        if review.problems:
+            raise PolicyRefused(f"the task asks for what the policy refuses: {'; '.join(review.problems)}")
+
+    def _interpolated_names(self, paths: tuple[Path, ...]) -> frozenset[str]:
+        """Every variable the compose files interpolate (unreadable files add none: compose fails on them)."""
+        if paths not in self._interpolated:
+            names: set[str] = set()
+            for path in paths:
+                try:
+                    names |= interpolation(path.read_text(encoding="utf-8"))[0]
+                except (OSError, UnicodeDecodeError):
+                    continue
+            self._interpolated[paths] = frozenset(names)
+        return self._interpolated[paths]
+
+    def _compose_env(self, command: list[str]) -> tuple[list[str], dict[str, str]]:
+        """The command and environment of one `docker compose` (`network.composeenv`)."""
+        values = self._compose_process_env()  # what Pier would have given: the source of named values
+        pier_variables = self._env_vars.to_env_dict(include_os_env=False)
+        if self._windows_container_name:
+            pier_variables["PIER_CONTAINER_NAME"] = self._windows_container_name
+        names = self._interpolated_names(tuple(self._docker_compose_paths)) | set(exec_names(command))
+        env = compose_environment(os.environ, pier_variables, values, names)
+        return explicit_exec_values(command, env, values), env
+
+    async def _run_docker_compose_command(
+        self, command: list[str], check: bool = True, timeout_sec: int | None = None
+    ) -> ExecResult:
+        """Pier's compose runner with an allowlisted environment, after the rendered-model check.
+
+        Raises PolicyRefused, before running `command`, when the model
+        `docker compose config` renders for a task compose file is refused.
+        """
+        if command[:1] and command[0] not in _INERT_COMMANDS:
+            await self._check_rendered()
+        return await self._compose(command, check=check, timeout_sec=timeout_sec)
+
+    async def _compose(
+        self, command: list[str], check: bool = True, timeout_sec: int | None = None, stderr: bool = False
+    ) -> ExecResult:
+        # Pier's `_run_docker_compose_command`, except for the environment and the `.env` file;
+        # `stderr`: keep it apart (compose's warnings would corrupt `config`'s JSON).
+        command, env = self._compose_env(command)
+        full_command = [
+            "docker", "compose", "--env-file", os.devnull,
+            "--project-name", self.compose_project,
+            "--project-directory", str(Path(self.environment_dir).resolve().absolute()),
+        ]  # fmt: skip
+        for path in self._docker_compose_paths:
+            full_command += ["-f", str(path.resolve().absolute())]
+        full_command += command
+        process = await asyncio.create_subprocess_exec(
+            *full_command,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE if stderr else asyncio.subprocess.STDOUT,
+        )
+        try:
+            output = await asyncio.wait_for(process.communicate(), timeout=timeout_sec or None)
+        except TimeoutError:
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.communicate(), timeout=5)
+            except TimeoutError:
+                process.kill()
+                await process.communicate()
+            raise RuntimeError(f"Command timed out after {timeout_sec} seconds") from None
+        stdout_bytes, stderr_bytes = output
+        result = ExecResult(
+            stdout=stdout_bytes.decode(errors="replace") if stdout_bytes else None,
+            stderr=stderr_bytes.decode(errors="replace") if stderr_bytes else None,
+            return_code=process.returncode or 0,
+        )
+        if check and result.return_code != 0:
+            raise RuntimeError(
+                f"Docker compose command failed for environment {self.environment_name}. "
+                f"Command: {' '.join(full_command)}. Return code: {result.return_code}. "
+                f"Stdout: {result.stdout}. "
+            )
+        return result
+
+    async def _check_rendered(self) -> None:
+        """Check the model compose will run, rendered from Pier's exact files and environment.
+
+        Only a task's own compose file can put anything of the task into the
+        model: without one every file is Pier's or the policy's, and the
+        environment holds only Pier's variables. Raises PolicyRefused.
+        """
+        paths = tuple(self._docker_compose_paths)
         if not self._uses_compose:
             return
-        path = Path(self.environment_dir) / "docker-compose.yaml"
+        if self._rendered is None or self._rendered[0] != paths:
+            self._rendered = (paths, await self._rendered_refusal())
+        if self._rendered[1] is not None:
+            raise PolicyRefused(self._rendered[1])
+
+    async def _rendered_refusal(self) -> str | None:
+        """Why the model `docker compose config` renders is refused, or None when it may run."""
+        rendered = await self._compose(["config", "--format", "json"], check=False, stderr=True)
+        secrets = self._job_values()
+        if rendered.return_code != 0:
+            tail = (rendered.stderr or "").strip().splitlines()[-1:] or ["no output"]
+            return f"docker compose config refused the task's compose file: {_masked(tail[0][:300], secrets)}"
         try:
-            compose = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise PolicyRefused(f"{path.name}: unreadable ({exc.__class__.__name__})") from None
-        problems = compose_hazards(compose, path.parent, [self._task_dir])
+            model = json.loads(rendered.stdout or "")
+        except json.JSONDecodeError:
+            return "docker compose config printed no JSON model"
+        problems = compose_problems(
+            model, Path(self.environment_dir), self._mount_roots, rendered=True, project=self.compose_project
+        )
         if problems:
-            raise PolicyRefused(
-                f"the task's {path.name} asks for what the policy refuses: {'; '.join(problems)}"
+            return "the rendered compose model asks for what the policy refuses: " + _masked(
+                "; ".join(problems), secrets
             )
+        return None
+
+    def _job_values(self) -> list[str]:
+        """Values of Pier's environment a job may have set (env file, `--agent-env`): masked in messages.
+
+        A job can set no name that steers the harness: those, like the names compose
+        takes from the worker (user, locale), are the worker's own.
+        """
+        return [v for k, v in os.environ.items() if harness_key_problem(k) is None and not from_worker(k)]
 
     async def start(self, force_build: bool) -> None:
         """Start under the policy, then verify it before Pier sets up the agent.
 
         Raises PolicyRefused before anything is started (including a task
-        compose file asking for host namespaces or paths), and PolicyViolation
+        whose files, or whose rendered compose model, the policy refuses),
+        and PolicyViolation
         (after stopping the environment) when inspection fails or cannot
         finish within 15 s.
         """
         self._plan = self._make_plan()
-        self._check_task_compose()
+        self._check_task_files()
         baked = self._baked_image()
         if baked is None:
             await super().start(force_build=force_build)
@@ -375,3 +520,10 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
         except Exception as exc:
             self.logger.warning(f"Docker compose down failed: {exc}")
         self._cleanup_resources_compose_file()
+
+
+def _masked(text: str, secrets: Sequence[str]) -> str:
+    """`text` with every secret of 4 characters or more replaced by `<redacted>`."""
+    for secret in sorted((s for s in secrets if len(s) >= 4), key=len, reverse=True):
+        text = text.replace(secret, "<redacted>")
+    return text

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from sciencebench.coordination.heartbeat import Heartbeat
-from sciencebench.core.compose_policy import task_variables
+from sciencebench.core.compose_policy import review_task_dir
 from sciencebench.core.errors import (
     CollectError,
     HarnessError,
@@ -164,15 +164,21 @@ def run_try(
 
 
 def _check_declared(spec: TrialSpec, secrets: dict[str, str]) -> None:
-    """Refuse a task whose templates or compose variables name what the job did not declare.
+    """Refuse a task the policy refuses, or whose templates or compose variables the job did not declare.
 
-    The login node checked this at submit; a job.json can be written by
-    someone else, and Pier would resolve the names from its environment.
+    The login node checked both at submit; a job.json can be written by
+    someone else, the selection can change (its hash covers the compose
+    files, not every file), and Pier would resolve the names from its
+    environment. The task directory is the spec's, never derived from a
+    symlink's target.
     """
     try:
-        needed = task_variables(spec.task_dir)
+        review = review_task_dir(spec.task_dir)
     except (OSError, ValueError) as exc:
         raise WorkspaceError(f"{spec.task_dir}: task files unreadable ({exc.__class__.__name__})") from None
+    if review.problems:
+        raise RefusedError(f"task_{spec.task_id}: {review.problems[0]}")
+    needed = review.template_variables | review.compose_variables
     undeclared = sorted(needed - set(secrets))
     if undeclared:
         raise RefusedError(

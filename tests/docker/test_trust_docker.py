@@ -1,22 +1,33 @@
 """The network policy refuses host mounts and namespaces, before start and after (real Engine 28).
 
 A task's own compose file asking for the host is refused before anything
-starts (real `pier run` with the policy environment); a container that has
-them anyway is a violation of the inspection (a real container, inspected).
+starts (real `pier run` with the policy environment); so is one whose model,
+as the real `docker compose config` renders it from Pier's files and the
+compose process's environment, asks for it through a variable; a container
+that has them anyway is a violation of the inspection (a real container,
+inspected). Every `docker compose` runs with an allowlisted environment.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
+from pier.models.task.config import EnvironmentConfig
+from pier.models.trial.paths import TrialPaths
 
+from sciencebench.network import environment as environment_module
 from sciencebench.network.compose import DROPPED_CAPS
+from sciencebench.network.environment import IsolatedDockerEnvironment
+from sciencebench.network.errors import PolicyRefused
 from sciencebench.network.inspection import collect_snapshot, inspect_policy
 from sciencebench.worker.docker.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
 from tests.docker.test_network_pier_run import Task, pier_run
@@ -48,7 +59,8 @@ def test_a_task_compose_file_asking_for_the_host_is_refused_before_start(
     result = pier_run(Task(host_hungry, task.verifier_image), tmp_path / "jobs", "hungry", "--agent", "nop")
     info = result["exception_info"]
     assert info is not None and info["exception_type"] == "PolicyRefused", info
-    assert "pid: host" in info["exception_message"] and "bind mount of '/'" in info["exception_message"]
+    message = info["exception_message"]
+    assert "pid: 'host' (only private namespaces)" in message and "bind mount of '/'" in message
     trial = Path(result["_trial_dir"]).name
     leftovers = docker_client.containers.list(all=True, filters={"label": f"{COMPOSE_PROJECT_LABEL}={trial}"})
     assert leftovers == []  # nothing was started
@@ -95,7 +107,7 @@ def test_a_container_with_host_mounts_and_namespaces_is_a_violation(
         "host devices",
     ):
         assert expected in text, violations
-    assert "/logs/agent" not in text  # the trial's own directory may be mounted
+    assert str(trial_dir / "agent") not in text  # the trial's own directory may be mounted
 
 
 def test_a_confined_container_passes_the_same_inspection(
@@ -109,3 +121,116 @@ def test_a_confined_container_passes_the_same_inspection(
         snapshot.engine_version, snapshot.containers, snapshot.networks, mode="none",
         mount_roots=[str(trial_dir)],
     ) == []  # fmt: skip
+
+
+# --- the rendered model and the compose process's environment (in-process, real CLI and Engine) ---
+
+CANARY = "redis://:canary-TRUST-13@broker:6379/0"
+
+
+@pytest.fixture
+def compose_runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], dict[str, str]]]:
+    """Every `docker compose` the environment starts (argv, environment); each still runs for real."""
+    runs: list[tuple[list[str], dict[str, str]]] = []
+    real = asyncio.create_subprocess_exec
+
+    async def recording(*argv: str, **kwargs: Any) -> Any:
+        if list(argv[:2]) == ["docker", "compose"]:
+            runs.append((list(argv), dict(kwargs.get("env") or os.environ)))
+        return await real(*argv, **kwargs)
+
+    monkeypatch.setattr(environment_module.asyncio, "create_subprocess_exec", recording)
+    monkeypatch.setenv("SCIENCEBENCH_BROKER_URL", CANARY)  # a worker setting Pier's process might hold
+    return runs
+
+
+def _compose_task(
+    root: Path, base_image: str, compose: str, env: dict[str, str]
+) -> IsolatedDockerEnvironment:
+    """A task with its own compose file and env table, as a worker's Pier would construct it."""
+    task = root / "task_001"
+    (task / "environment" / "data").mkdir(parents=True)
+    (task / "bin").mkdir()
+    marker = root / "task-docker-ran"
+    fake_docker = task / "bin" / "docker"
+    fake_docker.write_text(f"#!/bin/sh\ntouch {marker}\n")  # review 13: the task's own `docker`
+    fake_docker.chmod(0o755)
+    (task / "environment" / "docker-compose.yaml").write_text(compose)
+    (task / "task.toml").write_text(f'[environment]\ndocker_image = "{base_image}"\n')
+    trial_paths = TrialPaths(trial_dir=root / "trial")
+    trial_paths.mkdir()  # type: ignore[no-untyped-call]
+    return IsolatedDockerEnvironment(
+        environment_dir=task / "environment", environment_name="trust-rendered",
+        session_id=f"sbtrust-{uuid.uuid4().hex[:8]}", trial_paths=trial_paths, owner="sbtrust-test",
+        task_env_config=EnvironmentConfig(docker_image=base_image, allow_internet=False, env=env),
+    )  # fmt: skip
+
+
+def _subcommands(runs: list[tuple[list[str], dict[str, str]]]) -> list[str]:
+    """The compose command of each run (what follows the last `-f FILE`)."""
+    return [argv[len(argv) - argv[::-1].index("-f") + 1] for argv, _ in runs]
+
+
+def _project_containers(client: docker.DockerClient, project: str) -> list[Any]:
+    return list(client.containers.list(all=True, filters={"label": f"{COMPOSE_PROJECT_LABEL}={project}"}))
+
+
+def test_an_interpolated_pid_host_past_the_static_check_is_refused_before_anything_starts(
+    base_image: str, tmp_path: Path, docker_client: docker.DockerClient,
+    compose_runs: list[tuple[list[str], dict[str, str]]], monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    task_path = f"{tmp_path / 'task_001' / 'bin'}:{os.environ['PATH']}"
+    env = _compose_task(
+        tmp_path, base_image, 'services:\n  main:\n    pid: "${PM}"\n    ipc: "${PM}"\n',
+        {"PM": "host", "PATH": task_path},
+    )  # fmt: skip
+    # The static checks (submit, the worker's stage, the environment's own) would refuse this
+    # file; bypass the environment's to show the rendered model is checked on its own.
+    monkeypatch.setattr(env, "_check_task_files", lambda: None)
+    try:
+        with pytest.raises(PolicyRefused) as refused:
+            asyncio.run(env.start(force_build=False))
+        message = str(refused.value)
+        assert "the rendered compose model" in message and "pid: 'host' (only private namespaces)" in message
+        commands = [
+            argv[argv.index(str(env._docker_compose_paths[-1].resolve())) + 1] for argv, _ in compose_runs
+        ]
+        assert "config" in commands and "up" not in commands and "build" not in commands, commands
+        assert _project_containers(docker_client, env.compose_project) == []  # nothing was started
+        for argv, compose_env in compose_runs:
+            assert compose_env["PATH"] == os.environ["PATH"] != task_path
+            assert not [k for k in compose_env if k.startswith("SCIENCEBENCH_")]
+            assert CANARY not in compose_env.values()
+            assert argv[2:4] == ["--env-file", os.devnull]
+        assert not (tmp_path / "task-docker-ran").exists()
+    finally:
+        asyncio.run(env.stop(delete=True))
+
+
+def test_a_confined_compose_task_passes_the_rendered_check_and_starts(
+    base_image: str, tmp_path: Path, docker_client: docker.DockerClient,
+    compose_runs: list[tuple[list[str], dict[str, str]]],
+) -> None:  # fmt: skip
+    compose = (
+        "services:\n  main:\n    volumes: ['./data:/data:ro', 'cache:/cache']\n"
+        "    environment: {GREETING: '${GREETING}'}\nvolumes:\n  cache: {}\n"
+    )
+    task_path = f"{tmp_path / 'task_001' / 'bin'}:{os.environ['PATH']}"
+    env = _compose_task(tmp_path, base_image, compose, {"GREETING": "hello", "PATH": task_path})
+    try:
+        asyncio.run(env.start(force_build=False))
+        (container,) = _project_containers(docker_client, env.compose_project)
+        assert "GREETING=hello" in container.attrs["Config"]["Env"]  # interpolated from the task's env
+        assert container.attrs["HostConfig"]["NetworkMode"] == "none"
+        assert env.policy_record_path.is_file()
+        commands = [
+            argv[argv.index(str(env._docker_compose_paths[-1].resolve())) + 1] for argv, _ in compose_runs
+        ]
+        assert commands.index("config") < commands.index("up"), commands
+        assert all(
+            e["PATH"] == os.environ["PATH"] and "SCIENCEBENCH_BROKER_URL" not in e for _, e in compose_runs
+        )
+        assert not (tmp_path / "task-docker-ran").exists()
+    finally:
+        asyncio.run(env.stop(delete=True))
+    assert _project_containers(docker_client, env.compose_project) == []

@@ -17,7 +17,7 @@ from click.testing import CliRunner, Result
 
 from sciencebench import cli
 from sciencebench.core.models import check_job_name
-from tests.fixtures.selection import make_selection
+from tests.fixtures.selection import DEFAULT_VERIFIER_IMAGE, make_selection
 
 pytestmark = pytest.mark.unit
 
@@ -101,7 +101,8 @@ def test_platform_must_be_os_arch(tmp_path: Path, selection: Path, platform: str
 @pytest.mark.parametrize(
     "key",
     ["LD_PRELOAD", "PATH", "PYTHONPATH", "DOCKER_HOST", "SCIENCEBENCH_PROXY_IMAGE", "CODEX_AUTH_JSON_PATH",
-     "HTTPS_PROXY", "no_proxy", "COMPOSE_FILE", "REQUESTS_CA_BUNDLE", "HOME", "BASH_ENV"],
+     "HTTPS_PROXY", "no_proxy", "COMPOSE_FILE", "REQUESTS_CA_BUNDLE", "HOME", "BASH_ENV", "OPENSSL_CONF",
+     "CODEX_FORCE_AUTH_JSON", "GODEBUG", "HOST_AGENT_LOGS_PATH"],
 )  # fmt: skip
 def test_env_file_keys_that_steer_the_harness_are_refused(tmp_path: Path, selection: Path, key: str) -> None:
     env_file = tmp_path / "p.env"
@@ -203,11 +204,12 @@ def test_a_declared_template_is_accepted(tmp_path: Path) -> None:
             "services:\n  main:\n    volumes: ['/var/run/docker.sock:/s']\n",
             "bind mount of '/var/run/docker.sock'",
         ),
-        ("services:\n  main:\n    pid: host\n", "pid: host"),
+        ("services:\n  main:\n    pid: host\n", "pid: 'host' (only private namespaces)"),
         ("services:\n  main:\n    privileged: true\n", "privileged"),
         ("services:\n  main:\n    security_opt: ['seccomp=unconfined']\n", "security_opt"),
-        ("services:\n  main:\n    cap_add: [SYS_ADMIN]\n", "cap_add"),
-        ("services:\n  side:\n    image: x\n    devices: ['/dev/kmsg']\n", "host devices"),
+        ("services:\n  main:\n    cap_add: [SYS_ADMIN]\n", "'cap_add' is not allowed"),
+        ("services:\n  main:\n    devices: ['/dev/kmsg']\n", "'devices' is not allowed"),
+        ("services:\n  side:\n    image: x\n", "service side: only 'main' may be configured"),
         ("services:\n  main:\n    volumes: ['../../../etc:/etc2']\n", "outside the task directory"),
     ],
 )
@@ -224,9 +226,22 @@ def test_a_task_compose_file_may_mount_its_own_files(tmp_path: Path) -> None:
     tests = selection / "task_001" / "tests"
     (tests / "grader").mkdir()
     (tests / "docker-compose.yaml").write_text(
-        "services:\n  main:\n    volumes: ['./grader:/grader:ro', '${HOST_VERIFIER_LOGS_PATH}:/logs/v']\n"
+        "services:\n  main:\n    volumes: ['./grader:/grader:ro', 'cache:/cache']\n"
+        "    environment: {LOGS: '${ENV_VERIFIER_LOGS_PATH}'}\nvolumes:\n  cache: {}\n"
     )
     assert _submit(tmp_path, selection, "--dry-run").exit_code == 0
+
+
+def test_a_bind_source_may_not_come_from_a_variable_even_piers(tmp_path: Path) -> None:
+    # Pier mounts its log directories itself; a task naming them would follow whatever the
+    # compose process's environment says HOST_VERIFIER_LOGS_PATH is.
+    selection = make_selection(tmp_path / "csel", ["001"])
+    (selection / "task_001" / "tests" / "docker-compose.yaml").write_text(
+        "services:\n  main:\n    volumes: ['${HOST_VERIFIER_LOGS_PATH}:/logs/v']\n"
+    )
+    result = _submit(tmp_path, selection, "--dry-run")
+    assert result.exit_code == 2
+    assert "service main: volumes may not use compose variables" in result.stderr
 
 
 def test_compose_variables_must_be_declared(tmp_path: Path) -> None:
@@ -238,6 +253,153 @@ def test_compose_variables_must_be_declared(tmp_path: Path) -> None:
     result = _submit(tmp_path, selection, "--dry-run")
     assert result.exit_code == 2
     assert "${SCIENCEBENCH_BROKER_URL}" in result.stderr
+
+
+# The selections of security review 13 (/tmp/review-13/sel_*), rebuilt here: a compose file
+# for environment/ and the task's [environment].env. Each must exit 2 at submit.
+EVIL_SERVICE = 'services: {e: {image: x, privileged: true, pid: host, volumes: ["/:/host"]}}'
+REVIEW_13 = {
+    "sel_alt_value": ('services: {main: {pid: "${MAIN_IMAGE_NAME:+host}"}}', "", "alternative-value form"),
+    "sel_build_secret": (
+        "services: {main: {build: {context: ., secrets: [s]}}}\nsecrets: {s: {file: /etc/shadow}}",
+        "",
+        "top-level 'secrets' is not allowed",
+    ),
+    "sel_docker_config_env": (
+        "services: {main: {}}",
+        f'env = {{ DOCKER_CONFIG = "{CANARY}", LD_PRELOAD = "{CANARY}" }}',
+        "environment.env: refused: DOCKER_CONFIG",
+    ),
+    "sel_env_file": (
+        'services: {main: {env_file: ["/etc/sciencebench/worker.env"]}}',
+        "",
+        "'env_file' is not allowed",
+    ),
+    "sel_extends": (
+        "services: {main: {extends: {file: evil.yaml, service: e}}}",
+        "",
+        "'extends' is not allowed",
+    ),
+    "sel_include": ("include: [evil.yaml]\nservices: {main: {}}", "", "top-level 'include' is not allowed"),
+    "sel_pid_own_env": (
+        'services: {main: {pid: "${PM}", ipc: "${PM}"}}',
+        'env = { PM = "host" }',
+        "pid may not use compose variables",
+    ),
+    "sel_pier_var_override": (
+        'services: {main: {volumes: ["${HOST_AGENT_LOGS_PATH}:/host"]}}',
+        'env = { HOST_AGENT_LOGS_PATH = "/" }',
+        "environment.env: refused: HOST_AGENT_LOGS_PATH",
+    ),
+    "sel_volumes_from": (
+        'services: {main: {volumes_from: ["container:sciencebench-worker"]}}',
+        "",
+        "'volumes_from' is not allowed",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REVIEW_13))
+def test_the_review_13_selections_exit_2_in_one_line(tmp_path: Path, case: str) -> None:
+    compose, env_line, says = REVIEW_13[case]
+    selection = make_selection(tmp_path / case, ["001"])
+    task = selection / "task_001"
+    (task / "environment" / "docker-compose.yaml").write_text(compose)
+    (task / "environment" / "evil.yaml").write_text(EVIL_SERVICE)
+    if env_line:
+        toml = task / "task.toml"
+        toml.write_text(
+            toml.read_text().replace(
+                'workdir = "/app/task_001"\n', f'workdir = "/app/task_001"\n{env_line}\n', 1
+            )
+        )
+    result = _submit(tmp_path, selection)  # a real submit (no --dry-run): nothing may be written either
+    assert result.exit_code == 2, result.output
+    assert "task 001 (" in result.stderr and says in result.stderr, result.stderr
+    assert "Traceback" not in result.output
+
+
+# --- env tables of a task.toml ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["PATH", "LD_PRELOAD", "DOCKER_HOST", "DOCKER_CONFIG", "COMPOSE_FILE", "OPENSSL_CONF",
+     "HOST_AGENT_LOGS_PATH", "CONTEXT_DIR", "MAIN_IMAGE_NAME", "PREBUILT_IMAGE_NAME", "PYTHONPATH",
+     "BUILDX_CONFIG"],
+)  # fmt: skip
+@pytest.mark.parametrize("table", ["environment", "verifier", "solution", "verifier.environment", "agent"])
+def test_a_task_env_key_that_steers_the_harness_is_refused(tmp_path: Path, key: str, table: str) -> None:
+    selection = make_selection(tmp_path / "esel", ["001"], verifier_image=DEFAULT_VERIFIER_IMAGE)
+    toml = selection / "task_001" / "task.toml"
+    text = toml.read_text()
+    header = f"[{table}]\n"
+    assignment = f'{key} = "{CANARY}"\n'
+    if header in text:
+        text = text.replace(header, f"{header}env = {{ {assignment.strip()} }}\n", 1)
+    else:
+        text += f"\n[{table}.env]\n{assignment}"
+    toml.write_text(text)
+    result = _submit(tmp_path, selection, "--dry-run")
+    assert result.exit_code == 2, result.stderr
+    assert "task 001 (" in result.stderr and f"{table}.env: refused: {key}" in result.stderr
+
+
+# --- symlinks, special files, .env files ------------------------------------------------------
+
+
+def test_a_symlinked_environment_dir_is_refused(tmp_path: Path) -> None:
+    # Review 13's selE: the worker computed mount roots from the symlink's target.
+    selection = make_selection(tmp_path / "sel", ["001"])
+    shared = tmp_path / "shared" / "env"
+    shutil.move(selection / "task_001" / "environment", shared)
+    (selection / "task_001" / "environment").symlink_to(shared)
+    result = _submit(tmp_path, selection, "--dry-run")
+    assert result.exit_code == 2
+    assert "environment is a symlink" in result.stderr
+
+
+@pytest.mark.parametrize("name", ["tests", "task.toml", "pre_artifacts.sh", "solution"])
+def test_any_symlinked_top_level_entry_is_refused(tmp_path: Path, name: str) -> None:
+    selection = make_selection(tmp_path / "sel", ["001"])
+    task = selection / "task_001"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    if (task / name).exists():
+        shutil.move(task / name, outside / name)
+    else:
+        (outside / name).mkdir()
+    (task / name).symlink_to(outside / name)
+    result = _submit(tmp_path, selection, "--dry-run")
+    assert result.exit_code == 2
+    assert f"{name} is a symlink" in result.stderr
+
+
+def test_a_symlinked_compose_file_is_refused(tmp_path: Path) -> None:
+    selection = make_selection(tmp_path / "sel", ["001"])
+    elsewhere = tmp_path / "c.yaml"
+    elsewhere.write_text("services: {main: {}}\n")
+    (selection / "task_001" / "tests" / "docker-compose.yaml").symlink_to(elsewhere)
+    result = _submit(tmp_path, selection, "--dry-run")
+    assert result.exit_code == 2
+    assert "tests/docker-compose.yaml: a symlink" in result.stderr
+
+
+def test_a_fifo_compose_file_is_refused_without_hanging(tmp_path: Path) -> None:
+    selection = make_selection(tmp_path / "sel", ["001"])
+    os.mkfifo(selection / "task_001" / "environment" / "docker-compose.yaml")
+    result = _submit(tmp_path, selection, "--dry-run")
+    assert result.exit_code == 2
+    assert "environment/docker-compose.yaml: not a regular file" in result.stderr
+
+
+@pytest.mark.parametrize("where", ["environment", "tests"])
+def test_a_dot_env_file_in_a_compose_project_dir_is_refused(tmp_path: Path, where: str) -> None:
+    selection = make_selection(tmp_path / "sel", ["001"])
+    (selection / "task_001" / where / ".env").write_text(f"PM=host\nTOKEN={CANARY}\n")
+    result = _submit(tmp_path, selection, "--dry-run")
+    assert result.exit_code == 2
+    assert f"{where}/.env: compose would read it" in result.stderr
 
 
 # --- the selection's own files --------------------------------------------------------------

@@ -1,0 +1,357 @@
+"""The compose allowlist (pure): interpolation, the static and the rendered model, a whole task, its hash.
+
+Each refused case is one way review 13 (or compose's own grammar) let a task
+compose file reach the host past the old denylist; each accepted case is a
+shape a real task, or Pier's own files, needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sciencebench.core.compose_policy import compose_problems, interpolation, review_task, review_task_dir
+from sciencebench.core.taskdir import DEFINING_FILES, read_regular, task_toml_sha256
+from tests.fixtures.selection import make_task
+
+pytestmark = pytest.mark.unit
+
+PINNED = "127.0.0.1:5555/sciencebench/base@sha256:" + "a" * 64
+
+
+# --- interpolation ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "names", "problem"),
+    [
+        ("plain", set(), None),
+        ("$$HOME and $${X}", set(), None),
+        ("$A ${B} ${C:-x} ${D-x} ${E:?must} ${F?must}", {"A", "B", "C", "D", "E", "F"}, None),
+        ("${A:-${B}}", set(), "nested expression"),
+        ("${PM:-${DOCKER_HOST}}", set(), "nested expression"),
+        ("${MAIN_IMAGE_NAME:+host}", set(), "alternative-value form"),
+        ("${A+x}", set(), "alternative-value form"),
+        ("$1", set(), "lone '$'"),
+        ("${", set(), "unterminated"),
+        ("${-x}", set(), "does not name a variable"),
+        ("${A*b}", set(), "not a compose expression"),
+    ],
+)
+def test_interpolation_names_and_refusals(text: str, names: set[str], problem: str | None) -> None:
+    found, problems = interpolation(text)
+    assert found == names
+    assert (problems == []) if problem is None else any(problem in p for p in problems), problems
+
+
+# --- the static allowlist -------------------------------------------------------------------
+
+
+@pytest.fixture
+def task(tmp_path: Path) -> Path:
+    task = make_task(tmp_path, "001")
+    (task / "environment" / "data").mkdir()
+    return task
+
+
+def _problems(task: Path, text: str) -> list[str]:
+    return compose_problems(yaml.safe_load(text), task / "environment", [task])
+
+
+# Review 13's hazards.py, plus the forms its list implies.
+REFUSED = {
+    "pid_via_own_env": ("services: {main: {pid: '${PM}'}}", "pid may not use compose variables"),
+    "pid_via_alt_value": ("services: {main: {pid: '${MAIN_IMAGE_NAME:+host}'}}", "alternative-value form"),
+    "seccomp_via_alt": (
+        "services: {main: {security_opt: ['${MAIN_IMAGE_NAME:+seccomp=unconfined}']}}",
+        "alternative-value form",
+    ),
+    "bind_via_pier_var": (
+        "services: {main: {volumes: ['${HOST_AGENT_LOGS_PATH}/x:/host']}}",
+        "volumes may not use compose variables",
+    ),
+    "extends_other_file": ("services: {main: {extends: {file: evil.yaml, service: e}}}", "'extends'"),
+    "include": ("include: [evil.yaml]\nservices: {main: {}}", "top-level 'include'"),
+    "volumes_from": ("services: {main: {volumes_from: ['container:sciencebench-worker']}}", "'volumes_from'"),
+    "env_file_host": ("services: {main: {env_file: [/etc/sciencebench/worker.env]}}", "'env_file'"),
+    "secrets_file": ("services: {main: {secrets: [s]}}\nsecrets: {s: {file: /etc/shadow}}", "'secrets'"),
+    "configs_file": (
+        "services: {main: {configs: [c]}}\nconfigs: {c: {file: /root/.docker/c.json}}",
+        "'configs'",
+    ),
+    "build_ctx_root": ("services: {main: {build: {context: /}}}", "build context '/'"),
+    "build_network_host": ("services: {main: {build: {context: ., network: host}}}", "build key 'network'"),
+    "build_ssh": ("services: {main: {build: {context: ., ssh: [default]}}}", "build key 'ssh'"),
+    "build_secrets": ("services: {main: {build: {context: ., secrets: [s]}}}", "build key 'secrets'"),
+    "build_inline": (
+        "services: {main: {build: {dockerfile_inline: 'FROM x'}}}",
+        "build key 'dockerfile_inline'",
+    ),
+    "build_dockerfile_up": ("services: {main: {build: {context: ., dockerfile: ../../x}}}", "dockerfile"),
+    "build_context_var": ("services: {main: {build: {context: '${CONTEXT_DIR}'}}}", "build may not use"),
+    "build_additional": ("services: {main: {build: {additional_contexts: {h: /}}}}", "additional_contexts"),
+    "pid_host": ("services: {main: {pid: host}}", "pid: 'host'"),
+    "pid_container": ("services: {main: {pid: 'container:sciencebench-worker'}}", "only private namespaces"),
+    "ipc_container": ("services: {main: {ipc: 'container:x'}}", "only private namespaces"),
+    "uts_host": ("services: {main: {uts: host}}", "only private namespaces"),
+    "userns_host": ("services: {main: {userns_mode: host}}", "only private namespaces"),
+    "cgroup_host": ("services: {main: {cgroup: host}}", "only private namespaces"),
+    "seccomp_profile_file": ("services: {main: {security_opt: ['seccomp=allowall.json']}}", "security_opt"),
+    "apparmor_unconfined": ("services: {main: {security_opt: ['apparmor:unconfined']}}", "security_opt"),
+    "cgroup_parent": ("services: {main: {cgroup_parent: '/'}}", "'cgroup_parent'"),
+    "gpus": ("services: {main: {gpus: all}}", "'gpus'"),
+    "device_reservation": (
+        "services: {main: {deploy: {resources: {reservations: {devices: [{capabilities: [gpu]}]}}}}}",
+        "deploy.resources.reservations.devices",
+    ),
+    "network_external_host": (
+        "services: {main: {networks: [h]}}\nnetworks: {h: {external: true, name: host}}",
+        "top-level 'networks'",
+    ),
+    "network_mode_host": ("services: {main: {network_mode: host}}", "network_mode 'host'"),
+    "network_mode_var": ("services: {main: {network_mode: '${NM}'}}", "network_mode may not use"),
+    "privileged": ("services: {main: {privileged: true}}", "privileged"),
+    "privileged_var": ("services: {main: {privileged: '${P}'}}", "privileged may not use"),
+    "cap_add": ("services: {main: {cap_add: [SYS_ADMIN]}}", "'cap_add'"),
+    "devices": ("services: {main: {devices: ['/dev/kmsg']}}", "'devices'"),
+    "runtime": ("services: {main: {runtime: 'sysbox-runc'}}", "'runtime'"),
+    "nested_default": ("services: {main: {environment: {X: '${MAIN_IMAGE_NAME:-${HOME}}'}}}", "nested"),
+    "sysctls": ("services: {main: {sysctls: {kernel.shm_rmid_forced: 1}}}", "'sysctls'"),
+    "long_bind_parent": ("services: {main: {volumes: [{type: bind, source: ../.., target: /h}]}}", "outside"),
+    "bind_root": ("services: {main: {volumes: ['/:/host']}}", "bind mount of '/'"),
+    "bind_home": ("services: {main: {volumes: ['~/.ssh:/s']}}", "bind mount of '~/.ssh'"),
+    "bind_propagation": (
+        "services: {main: {volumes: [{type: bind, source: ./data, target: /d, "
+        "bind: {propagation: rshared}}]}}",
+        "option 'propagation'",
+    ),
+    "bind_selinux_relabel": ("services: {main: {volumes: ['./data:/d:z']}}", "volume mode 'z'"),
+    "volume_driver_opts": (
+        "services: {main: {}}\nvolumes: {v: {driver_opts: {type: none, o: bind, device: /}}}",
+        "'driver_opts'",
+    ),
+    "volume_external": ("services: {main: {}}\nvolumes: {v: {external: true, name: other}}", "'external'"),
+    "second_service": ("services: {main: {}, side: {image: x}}", "service side: only 'main'"),
+    "container_name": ("services: {main: {container_name: sciencebench-worker}}", "'container_name'"),
+    "ports": ("services: {main: {ports: ['0.0.0.0:80:80']}}", "'ports'"),
+    "unpinned_image": ("services: {main: {image: 'ubuntu:latest'}}", "not pinned by digest"),
+    "image_and_build": (f"services: {{main: {{image: '{PINNED}', build: .}}}}", "image and build together"),
+    "reserved_label": ("services: {main: {labels: {org.sciencebench.owner: x}}}", "reserved"),
+    "logging_driver": ("services: {main: {logging: {driver: syslog}}}", "'logging'"),
+    "project_name": ("name: other\nservices: {main: {}}", "top-level 'name'"),
+    "pull_always": ("services: {main: {pull_policy: always}}", "pull_policy 'always'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_what_the_allowlist_refuses(task: Path, case: str) -> None:
+    text, says = REFUSED[case]
+    problems = _problems(task, text)
+    assert any(says in problem for problem in problems), problems
+
+
+def test_what_a_task_compose_file_may_ask_for(task: Path) -> None:
+    text = f"""
+x-common: &common
+  TZ: UTC
+version: "3.8"
+services:
+  main:
+    image: {PINNED}
+    command: ["sh", "-c", "echo $$HOME ${{GREETING:-hi}}"]
+    environment:
+      <<: *common
+      KEY: ${{OPENAI_API_KEY}}
+      LOGS: ${{ENV_AGENT_LOGS_PATH}}
+    working_dir: /app
+    volumes: ["./data:/data:ro", "cache:/cache", {{type: tmpfs, target: /scratch}}]
+    deploy: {{resources: {{limits: {{cpus: "1", memory: 1G}}}}}}
+    healthcheck: {{test: ["CMD", "true"], interval: 1s}}
+    security_opt: [no-new-privileges:true]
+    network_mode: none
+    privileged: false
+    cap_drop: [ALL]
+    ipc: private
+    pull_policy: missing
+volumes:
+  cache: {{}}
+"""
+    assert _problems(task, text) == []
+    build = "services: {main: {build: {context: ., dockerfile: Dockerfile, args: {V: '1'}}}}"
+    assert _problems(task, build) == []
+
+
+def test_a_bind_mount_through_a_symlink_is_judged_by_its_target(task: Path) -> None:
+    (task / "environment" / "root").symlink_to("/")
+    assert any("outside" in p for p in _problems(task, "services: {main: {volumes: ['./root:/h']}}"))
+
+
+def test_problems_are_one_line_each(task: Path) -> None:
+    problems = _problems(task, 'services: {main: {"evil\\nkey": 1}}')
+    assert problems and all("\n" not in p for p in problems)
+
+
+def test_a_yaml_alias_bomb_is_refused_not_walked(task: Path) -> None:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 8)]
+    text = "x-bomb:\n  " + "\n  ".join(lines) + "\nservices: {main: {}}\n"
+    assert any("too large" in p for p in _problems(task, text))
+
+
+# --- the rendered model (`docker compose config --format json`) --------------------------------
+
+
+def _rendered(task: Path, trial: Path, **main: Any) -> dict[str, Any]:
+    """What compose 2.40 printed for a task compose file under Pier's files and the policy's."""
+    service: dict[str, Any] = {
+        "cap_drop": ["NET_ADMIN", "NET_RAW"],
+        "command": ["sh", "-c", "sleep infinity"],
+        "entrypoint": None,
+        "environment": {"A": "hello"},
+        "image": PINNED,
+        "labels": {"org.sciencebench.network-role": "agent", "org.sciencebench.owner": "o"},
+        "network_mode": "none",
+        "stop_signal": "SIGKILL",
+        "volumes": [
+            {"type": "bind", "source": str(task / "environment" / "data"), "target": "/data",
+             "read_only": True, "bind": {"create_host_path": True}},
+            {"type": "volume", "source": "cache", "target": "/cache", "volume": {}},
+            {"type": "bind", "source": str(trial / "agent"), "target": "/logs/agent"},
+        ],
+        "deploy": {"resources": {"limits": {"cpus": 1, "memory": "104857600"}}, "placement": {}},
+    }  # fmt: skip
+    service.update(main)
+    return {"name": "t__x", "services": {"main": service}, "volumes": {"cache": {"name": "t__x_cache"}}}
+
+
+def _rendered_problems(task: Path, trial: Path, model: dict[str, Any]) -> list[str]:
+    return compose_problems(model, task / "environment", [trial, task], rendered=True, project="t__x")
+
+
+def test_a_rendered_model_of_a_confined_task_passes(task: Path, tmp_path: Path) -> None:
+    trial = tmp_path / "trial"
+    assert _rendered_problems(task, trial, _rendered(task, trial)) == []
+    build = {"context": str(task / "environment"), "dockerfile": "Dockerfile"}
+    assert _rendered_problems(task, trial, _rendered(task, trial, build=build, pull_policy="build")) == []
+
+
+@pytest.mark.parametrize(
+    ("main", "says"),
+    [
+        ({"pid": "host"}, "pid: 'host'"),
+        ({"ipc": "host"}, "ipc: 'host'"),
+        ({"privileged": True}, "privileged"),
+        ({"network_mode": "host"}, "network_mode 'host'"),
+        ({"security_opt": ["seccomp=unconfined"]}, "security_opt"),
+        ({"volumes": [{"type": "bind", "source": "/", "target": "/h"}]}, "bind mount of '/'"),
+        ({"build": {"context": "/", "dockerfile": "Dockerfile"}}, "build context '/'"),
+        ({"env_file": ["/etc/sciencebench/worker.env"]}, "'env_file'"),
+        ({"image": "ubuntu:latest"}, "not pinned"),
+    ],
+)
+def test_a_rendered_model_is_held_to_the_same_allowlist(
+    task: Path, tmp_path: Path, main: dict[str, Any], says: str
+) -> None:
+    trial = tmp_path / "trial"
+    problems = _rendered_problems(task, trial, _rendered(task, trial, **main))
+    assert any(says in p for p in problems), problems
+
+
+def test_a_rendered_model_with_another_project_or_network_is_refused(task: Path, tmp_path: Path) -> None:
+    trial = tmp_path / "trial"
+    model = _rendered(task, trial)
+    assert _rendered_problems(task, trial, {**model, "name": "other"}) == ["top-level 'name' is not allowed"]
+    networks = {"h": {"name": "host", "external": True}}
+    assert _rendered_problems(task, trial, {**model, "networks": networks}) == [
+        "top-level 'networks' is not allowed"
+    ]
+    volumes = {"cache": {"name": "someone_elses"}}
+    assert "'name'" in _rendered_problems(task, trial, {**model, "volumes": volumes})[0]
+
+
+# --- a whole task ------------------------------------------------------------------------------
+
+
+def test_review_collects_the_variables_a_task_takes_from_the_job(task: Path) -> None:
+    toml = task / "task.toml"
+    toml.write_text(
+        toml.read_text().replace(
+            'workdir = "/app/task_001"\n', 'workdir = "/app/task_001"\nenv = { OWN = "1" }\n'
+        )
+        + '\n[solution.env]\nK = "${GRADER_TOKEN}"\n'
+    )
+    (task / "environment" / "docker-compose.yaml").write_text(
+        "services: {main: {environment: "
+        "{A: '${OWN}', B: '${OPENAI_API_KEY}', C: '${HOST_AGENT_LOGS_PATH}'}}}\n"
+    )
+    review = review_task_dir(task)
+    assert review.problems == ()
+    assert review.template_variables == {"GRADER_TOKEN"}
+    assert review.compose_variables == {"OPENAI_API_KEY"}  # not the task's own, not Pier's
+
+
+def test_review_names_env_table_keys_never_values(task: Path) -> None:
+    raw = tomllib.loads((task / "task.toml").read_text())
+    raw["verifier"]["env"] = {"LD_PRELOAD": "/secret/value.so"}
+    (problem,) = review_task(task, raw).problems
+    assert problem.startswith("task.toml verifier.env: refused: LD_PRELOAD")
+    assert "/secret/value.so" not in problem
+
+
+def test_a_steps_compose_file_is_reviewed_too(task: Path) -> None:
+    step_tests = task / "steps" / "one" / "tests"
+    step_tests.mkdir(parents=True)
+    (step_tests / "docker-compose.yaml").write_text("services: {main: {pid: host}}\n")
+    (problem,) = review_task_dir(task).problems
+    assert problem.startswith("steps/one/tests/docker-compose.yaml: refused by the network policy")
+
+
+def test_a_symlinked_step_tests_dir_is_refused(task: Path, tmp_path: Path) -> None:
+    (task / "steps" / "one").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (task / "steps" / "one" / "tests").symlink_to(tmp_path / "elsewhere")
+    assert any("steps/one/tests is (inside) a symlink" in p for p in review_task_dir(task).problems)
+
+
+# --- the task hash -------------------------------------------------------------------------------
+
+
+def _old_hash(task: Path) -> str:
+    digest = hashlib.sha256()
+    for name in DEFINING_FILES:
+        digest.update(name.encode())
+        digest.update((task / name).read_bytes())
+    return digest.hexdigest()
+
+
+def test_a_task_without_compose_files_hashes_as_before(task: Path) -> None:
+    assert task_toml_sha256(task) == _old_hash(task)
+
+
+@pytest.mark.parametrize("relative", ["environment/docker-compose.yaml", "tests/docker-compose.yaml"])
+def test_the_hash_covers_compose_files(task: Path, relative: str) -> None:
+    before = task_toml_sha256(task)
+    compose = task / relative
+    compose.write_text("services: {main: {}}\n")
+    with_compose = task_toml_sha256(task)
+    assert with_compose != before
+    compose.write_text("services: {main: {pid: host}}\n")
+    assert task_toml_sha256(task) not in (before, with_compose)
+
+
+@pytest.mark.timeout(10)
+def test_reading_a_fifo_or_a_symlink_fails_at_once(task: Path) -> None:
+    fifo = task / "tests" / "docker-compose.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file"):
+        task_toml_sha256(task)
+    fifo.unlink()
+    fifo.symlink_to(task / "task.toml")
+    with pytest.raises(OSError, match="a symlink"):
+        read_regular(fifo)
