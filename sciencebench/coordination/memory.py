@@ -13,6 +13,7 @@ from sciencebench.coordination.protocol import (
     Claim,
     Coordinator,
     HostStatus,
+    Start,
     Unfit,
     job_key,
 )
@@ -27,7 +28,7 @@ class MemoryCoordinator(Coordinator):
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: `start` composes claim, flag and slot
         self._values: dict[str, Any] = {}
         self._expiry: dict[str, float] = {}
         self._seen: dict[str, float] = {}
@@ -120,13 +121,33 @@ class MemoryCoordinator(Coordinator):
             return True
 
     @override
-    def commit_result(self, job: str, key: str, owner: str, record_json: str) -> bool:
+    def commit_result(
+        self, job: str, key: str, owner: str, record_json: str, status: TrialStatus | None = None
+    ) -> bool:
         with self._lock:
             name = job_key(job, "result", key)
             if self._get(name) is not None or not self._rightful(job, key, owner):
                 return False
             self._put(name, record_json)
+            if status is not None:
+                self._values.setdefault(job_key(job, "state"), {})[key] = status
             return True
+
+    @override
+    def start(self, job: str, key: str, owner: str, ttl_sec: float, cap: int, parked: str = "") -> Start:
+        with self._lock:  # one step, as the script over Redis
+            claim = self.claim(job, key, owner, ttl_sec, parked=parked)
+            if claim is not Claim.CLAIMED:
+                return Start(claim=claim)
+            if self.is_cancelled(job):
+                return Start(claim=claim, cancelled=True)
+            return Start(claim=claim, slot=self.acquire_slot(job, key, cap, ttl_sec))
+
+    @override
+    def run_started(self, job: str, key: str, payload: Redispatch | None, host: str) -> None:
+        if payload is not None:
+            self.set_running(job, key, payload)
+        self.set_state(job, key, TrialState.RUNNING, host)
 
     @override
     def release(self, job: str, key: str, owner: str) -> None:

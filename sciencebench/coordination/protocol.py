@@ -35,6 +35,7 @@ one clock: the store's (`now`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
@@ -74,6 +75,15 @@ class HostStatus(BaseModel):
     seen_at: float
     paused: bool = False
     reason: str = ""
+
+
+@dataclass(frozen=True)
+class Start:
+    """What `Leases.start` found: the claim, and when claimed the cancel flag and a slot."""
+
+    claim: Claim
+    cancelled: bool = False
+    slot: bool = False
 
 
 class Results(Protocol):
@@ -130,12 +140,25 @@ class Leases(Protocol):
         """
         ...
 
-    def commit_result(self, job: str, key: str, owner: str, record_json: str) -> bool:
-        """Store the trial's record if `owner` is its rightful holder and it has no record.
+    def commit_result(
+        self, job: str, key: str, owner: str, record_json: str, status: TrialStatus | None = None
+    ) -> bool:
+        """Store the trial's record (and board `status`) if `owner` is its rightful holder and it has none.
 
         One atomic step: a host that lost the trial (partitioned, paused) and
         finishes late can never overwrite the record of the copy that replaced it.
         """
+        ...
+
+    def start(self, job: str, key: str, owner: str, ttl_sec: float, cap: int, parked: str = "") -> Start:
+        """`claim`; when claimed, also read the cancel flag and, unless cancelled, take a slot of `cap`.
+
+        One step (one round trip over Redis): what a trial does first on a worker.
+        """
+        ...
+
+    def run_started(self, job: str, key: str, payload: Redispatch | None, host: str) -> None:
+        """The trial runs now on `host`: its running entry (`payload`, sent by a broker) and its state."""
         ...
 
     def release(self, job: str, key: str, owner: str) -> None:

@@ -24,6 +24,7 @@ from sciencebench.coordination.protocol import (
     Claim,
     Coordinator,
     HostStatus,
+    Start,
     Unfit,
     job_key,
 )
@@ -92,6 +93,9 @@ if redis.call('exists', KEYS[3]) == 1 or not rightful(KEYS[1], KEYS[2], ARGV[3],
   return 0
 end
 redis.call('set', KEYS[3], ARGV[2])
+if ARGV[4] ~= '' then
+  redis.call('hset', KEYS[4], ARGV[3], ARGV[4])
+end
 return 1
 """
 )
@@ -144,16 +148,39 @@ return redis.call('hdel', KEYS[2], ARGV[1])
 # Take (or refresh) a concurrency slot: drop expired holders, then admit the
 # caller if it already holds a slot or fewer than the cap are held. Expiry is
 # on the server's clock, so hosts with skewed clocks agree.
-_SLOT = """
-local t = redis.call('time')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('zremrangebyscore', KEYS[1], '-inf', now)
-if redis.call('zscore', KEYS[1], ARGV[1]) or redis.call('zcard', KEYS[1]) < tonumber(ARGV[2]) then
-  redis.call('zadd', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
-  return 1
+_TAKE_SLOT = """
+local function take_slot(slots, member, cap, ttl_ms)
+  local t = redis.call('time')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('zremrangebyscore', slots, '-inf', now)
+  if redis.call('zscore', slots, member) or redis.call('zcard', slots) < tonumber(cap) then
+    redis.call('zadd', slots, now + tonumber(ttl_ms), member)
+    return 1
+  end
+  return 0
 end
-return 0
 """
+_SLOT = _TAKE_SLOT + "return take_slot(KEYS[1], ARGV[1], ARGV[2], ARGV[3])"
+# A trial's start in one round trip: the claim (as _CLAIM), then, when
+# claimed, the cancel flag (KEYS[4]) and a slot (KEYS[5], as _SLOT).
+_START = (
+    _TAKE_SLOT
+    + """
+if redis.call('exists', KEYS[2]) == 1 then
+  return {'answered', 0, 0}
+end
+local holder = redis.call('get', KEYS[1])
+if holder and (ARGV[4] == '' or holder ~= ARGV[4]) then
+  return {'held', 0, 0}
+end
+redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('sadd', KEYS[3], ARGV[3])
+if redis.call('exists', KEYS[4]) == 1 then
+  return {'claimed', 1, 0}
+end
+return {'claimed', 0, take_slot(KEYS[5], ARGV[5], ARGV[6], ARGV[2])}
+"""
+)
 
 
 _OUTAGE_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
@@ -172,6 +199,7 @@ class RedisCoordinator(Coordinator):
         self._release_script = self._redis.register_script(_RELEASE)
         self._commit_script = self._redis.register_script(_COMMIT)
         self._slot_script = self._redis.register_script(_SLOT)
+        self._start_script = self._redis.register_script(_START)
         self._take_orphan_script = self._redis.register_script(_TAKE_ORPHAN)
         self._finish_script = self._redis.register_script(_FINISH)
         self._wait_script = self._redis.register_script(_WAIT)
@@ -268,10 +296,37 @@ class RedisCoordinator(Coordinator):
         return bool(self.patiently(lambda: self._renew_script(keys=keys, args=args)))
 
     @override
-    def commit_result(self, job: str, key: str, owner: str, record_json: str) -> bool:
-        """Store the record if `owner` is the rightful holder and the trial has none (one script)."""
-        keys = [job_key(job, "lease", key), job_key(job, "running"), job_key(job, "result", key)]
-        return bool(self.patiently(lambda: self._commit_script(keys=keys, args=[owner, record_json, key])))
+    def commit_result(
+        self, job: str, key: str, owner: str, record_json: str, status: TrialStatus | None = None
+    ) -> bool:
+        """Store the record (and `status`) if `owner` is rightful and the trial has none (one script)."""
+        keys = [job_key(job, "lease", key), job_key(job, "running"), job_key(job, "result", key),
+                job_key(job, "state")]  # fmt: skip
+        args = [owner, record_json, key, status.model_dump_json() if status else ""]
+        return bool(self.patiently(lambda: self._commit_script(keys=keys, args=args)))
+
+    @override
+    def start(self, job: str, key: str, owner: str, ttl_sec: float, cap: int, parked: str = "") -> Start:
+        """Claim, then the cancel flag and a slot, in one script (see `Leases.start`)."""
+        keys = [job_key(job, "lease", key), job_key(job, "result", key), JOBS_KEY,
+                job_key(job, "cancelled"), job_key(job, "slots")]  # fmt: skip
+        args: list[int | str] = [owner, int(ttl_sec * 1000), job, parked, key, cap]
+        claim, cancelled, slot = self.patiently(lambda: self._start_script(keys=keys, args=args))
+        return Start(claim=Claim(str(claim)), cancelled=bool(cancelled), slot=bool(slot))
+
+    @override
+    def run_started(self, job: str, key: str, payload: Redispatch | None, host: str) -> None:
+        """The running entry (when sent by a broker) and the state `running`, in one pipeline."""
+        status = TrialStatus(state=TrialState.RUNNING, host=host, at=time.time()).model_dump_json()
+
+        def send() -> None:
+            with self._redis.pipeline(transaction=False) as pipe:
+                if payload is not None:
+                    pipe.hset(job_key(job, "running"), key, payload.model_dump_json())
+                pipe.hset(job_key(job, "state"), key, status)
+                pipe.execute()
+
+        self.patiently(send)
 
     @override
     def release(self, job: str, key: str, owner: str) -> None:

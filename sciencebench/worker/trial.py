@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from sciencebench.coordination.heartbeat import Heartbeat
 from sciencebench.coordination.protocol import Claim
 from sciencebench.core.errors import PreflightError, RefusedError, TrialError, UnfitError
-from sciencebench.core.models import Redispatch, TrialRecord, TrialSpec, TrialState, TryRecord
+from sciencebench.core.models import Redispatch, TrialRecord, TrialSpec, TrialState, TrialStatus, TryRecord
 from sciencebench.core.paths import write_atomic
 from sciencebench.worker.admission import Admitted, admit, verified_paths
 from sciencebench.worker.context import WorkerContext
@@ -105,7 +105,9 @@ def _handle(spec: TrialSpec, ctx: WorkerContext, redispatch: Redispatch | None, 
         return HandBack(f"host unfit: {exc}", park_sec=backoff(ctx), host_fault=True)
 
     parked = parking_token(redispatch.task_id) if redispatch is not None else ""
-    claim = coord.claim(job, key, ctx.owner, ctx.settings.lease_seconds, parked=parked)
+    lease, cap = ctx.settings.lease_seconds, admitted.job.n_concurrent
+    start = coord.start(job, key, ctx.owner, lease, cap, parked=parked)
+    claim = start.claim
     if claim is Claim.ANSWERED:
         # Redelivered after completion: answer once for the chord, then ignore.
         # While its holder still holds the lease, that holder answers.
@@ -116,7 +118,7 @@ def _handle(spec: TrialSpec, ctx: WorkerContext, redispatch: Redispatch | None, 
     if claim is Claim.HELD:
         return Duplicate()  # a live copy of this trial runs elsewhere
 
-    if coord.is_cancelled(job):
+    if start.cancelled:
         message = "job cancelled before the trial started"
         record = trial_record(
             spec, ctx, started, exception_type=CANCELLED, exception_message=message, stage="slot"
@@ -125,7 +127,8 @@ def _handle(spec: TrialSpec, ctx: WorkerContext, redispatch: Redispatch | None, 
             return _commit(spec, ctx, admitted, record, tries=[])
         finally:
             coord.release(job, key, ctx.owner)
-    while not coord.acquire_slot(job, key, admitted.job.n_concurrent, ctx.settings.lease_seconds):
+    slot = start.slot
+    while not slot:
         if redispatch is not None:
             # Waiting would hold a worker process: give the lease up and come back later.
             coord.release(job, key, ctx.owner)
@@ -135,7 +138,8 @@ def _handle(spec: TrialSpec, ctx: WorkerContext, redispatch: Redispatch | None, 
                 park_sec=ctx.settings.lease_seconds,
                 for_slot=True,
             )
-        time.sleep(min(1.0, ctx.settings.lease_seconds / 4))
+        time.sleep(min(1.0, lease / 4))
+        slot = coord.acquire_slot(job, key, cap, lease)
     return _run_claimed(spec, ctx, admitted, redispatch, started)
 
 
@@ -147,11 +151,9 @@ def _run_claimed(
     heartbeat.holds_slot = True
     heartbeat.start()
     try:
-        if redispatch is not None:
-            coord.set_running(
-                job, key, redispatch.model_copy(update={"owner": ctx.owner, "host": ctx.settings.hostname})
-            )
-        coord.set_state(job, key, TrialState.RUNNING, ctx.settings.hostname)
+        host = ctx.settings.hostname
+        running = redispatch.model_copy(update={"owner": ctx.owner, "host": host}) if redispatch else None
+        coord.run_started(job, key, running, host)
         tries = _run_tries(spec, ctx, admitted, heartbeat, started)
         if heartbeat.lost.is_set():
             log.warning("%s: lease lost while it ran; its result is discarded", spec.label)
@@ -253,16 +255,18 @@ def _commit(
 ) -> Outcome:
     """Store the record while the lease is ours, then move the trial directories into place."""
     coord, job, key = ctx.coord, spec.job_key, spec.key
-    if not coord.commit_result(job, key, ctx.owner, record.model_dump_json()):
+    state = TrialState.FAILED if record.errored else TrialState.DONE
+    status = TrialStatus(state=state, host=ctx.settings.hostname, at=time.time())
+    record_json = record.model_dump_json()
+    if not coord.commit_result(job, key, ctx.owner, record_json, status):
         log.warning("%s: lease lost before its result was stored; the result is discarded", spec.label)
         return Duplicate()
     try:
         publish_dirs(admitted.paths, spec, tries)
-        write_atomic(admitted.paths.trial_record(spec.task_id, spec.attempt), record.model_dump_json())
+        write_atomic(admitted.paths.trial_record(spec.task_id, spec.attempt), record_json)
     except OSError as exc:
         # The store carries the record; the finalizer and the login node write it when they can.
         log.error("%s: cannot write to the job directory (%s); the record is in the store", spec.label, exc)
-    coord.set_state(job, key, TrialState.FAILED if record.errored else TrialState.DONE, ctx.settings.hostname)
     return Answer(record)
 
 

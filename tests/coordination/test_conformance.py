@@ -18,7 +18,7 @@ import redis
 from sciencebench.coordination.memory import MemoryCoordinator
 from sciencebench.coordination.protocol import Claim, Coordinator
 from sciencebench.coordination.redis import RedisCoordinator
-from sciencebench.core.models import Redispatch, TrialSpec, TrialState
+from sciencebench.core.models import Redispatch, TrialSpec, TrialState, TrialStatus
 from tests.fixtures.services import RedisServer
 
 TTL = 0.4  # seconds: short enough to watch a lease expire
@@ -93,6 +93,31 @@ def test_a_lease_expires_unless_renewed(coord: Coordinator) -> None:
     assert coord.claim("j", "001#1", "b", TTL) is Claim.HELD  # renewed: still a's
     time.sleep(TTL * 1.5)
     assert coord.claim("j", "001#1", "b", TTL) is Claim.CLAIMED
+
+
+def test_start_claims_then_reads_the_cancel_flag_and_takes_a_slot(coord: Coordinator) -> None:
+    first = coord.start("j", "001#1", "a", 30, cap=1)
+    assert (first.claim, first.cancelled, first.slot) == (Claim.CLAIMED, False, True)
+    held = coord.start("j", "001#1", "b", 30, cap=1)
+    assert (held.claim, held.slot) == (Claim.HELD, False)
+    no_slot = coord.start("j", "002#1", "b", 30, cap=1)  # claimed, but the job's one slot is taken
+    assert (no_slot.claim, no_slot.cancelled, no_slot.slot) == (Claim.CLAIMED, False, False)
+    coord.cancel("j")
+    cancelled = coord.start("j", "003#1", "c", 30, cap=5)
+    assert (cancelled.claim, cancelled.cancelled, cancelled.slot) == (Claim.CLAIMED, True, False)
+    assert coord.commit_result("j", "001#1", "a", "{}")
+    assert coord.start("j", "001#1", "d", 30, cap=5).claim is Claim.ANSWERED
+
+
+def test_the_commit_sets_the_board_state_with_the_record(coord: Coordinator) -> None:
+    assert coord.claim("j", "001#1", "a", 30) is Claim.CLAIMED
+    coord.run_started("j", "001#1", _payload().model_copy(update={"owner": "a"}), "h1")
+    assert coord.states("j")["001#1"].state == TrialState.RUNNING
+    done = TrialStatus(state=TrialState.DONE, host="h1", at=1.0)
+    assert coord.commit_result("j", "001#1", "a", "{}", done)
+    assert coord.states("j")["001#1"] == done
+    assert not coord.commit_result("j", "001#1", "a", "{}", TrialStatus(state=TrialState.FAILED, at=2.0))
+    assert coord.states("j")["001#1"] == done
 
 
 def test_a_lapsed_lease_is_lost_once_the_trial_was_sent_elsewhere(coord: Coordinator) -> None:

@@ -17,7 +17,9 @@ trials of this host that no live-trial lock covers.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Collection, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,19 +187,32 @@ def cleanup_matching(
 
 
 def compose_projects_api(api: docker.APIClient) -> set[str]:
-    """`compose_projects` on a low-level client."""
-    found: set[str] = set()
+    """`compose_projects` on a low-level client: the four listings at once (one trial's wait)."""
     everything = _label_filter(None)
-    for item in api.containers(all=True, filters=everything):
-        found.add((item.get("Labels") or {}).get(COMPOSE_PROJECT_LABEL, ""))
-    for item in api.networks(filters=everything):
-        found.add((item.get("Labels") or {}).get(COMPOSE_PROJECT_LABEL, ""))
-    for item in api.volumes(filters=everything).get("Volumes") or []:
-        found.add((item.get("Labels") or {}).get(COMPOSE_PROJECT_LABEL, ""))
-    for item in api.images(filters=everything):
-        found.add((item.get("Labels") or {}).get(COMPOSE_PROJECT_LABEL, ""))
+    listings: list[Callable[[], list[dict[str, Any]]]] = [
+        lambda: api.containers(all=True, filters=everything),
+        lambda: api.networks(filters=everything),
+        lambda: api.volumes(filters=everything).get("Volumes") or [],
+        lambda: api.images(filters=everything),
+    ]
+    found = {
+        (item.get("Labels") or {}).get(COMPOSE_PROJECT_LABEL, "")
+        for items in _listing_pool().map(lambda listing: listing(), listings)
+        for item in items
+    }
     found.discard("")
     return found
+
+
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _listing_pool() -> ThreadPoolExecutor:
+    """Threads for concurrent engine listings, one pool per process (a forked child makes its own)."""
+    global _pool
+    if _pool is None or _pool[0] != os.getpid():
+        _pool = (os.getpid(), ThreadPoolExecutor(max_workers=4, thread_name_prefix="engine-listing"))
+    return _pool[1]
 
 
 def leftover_projects(

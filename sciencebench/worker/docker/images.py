@@ -136,6 +136,11 @@ def pull_counts(state: Path | None = None) -> dict[str, int]:
     return counts
 
 
+# A pinned image the engine showed present is trusted this long before the
+# engine is asked again (a digest never changes; only a prune could remove it).
+PRESENT_TTL_SEC = 60.0
+
+
 class ImagePuller:
     """Pulls digest-pinned images, at most once per image per host.
 
@@ -163,6 +168,8 @@ class ImagePuller:
         self._lock_timeout_sec = lock_timeout_sec
         self._guard = threading.Lock()
         self._pulls = 0
+        # (ref, platform) -> when (monotonic) the engine last showed it present as pinned.
+        self._present: dict[tuple[str, str], float] = {}
 
     @property
     def pulls_performed(self) -> int:
@@ -187,7 +194,8 @@ class ImagePuller:
 
         An image counts as present when the engine has it with the pinned
         `repo@sha256:...` among its RepoDigests and built for `platform`.
-        Present images are never pulled again. Otherwise it is pulled by
+        Present images are never pulled again (one seen present in the last
+        `PRESENT_TTL_SEC` is not even looked up). Otherwise it is pulled by
         digest for `platform` (under the per-image host lock), and verified:
         RepoDigests must then hold the pinned digest. Duplicate refs are
         handled once.
@@ -203,18 +211,30 @@ class ImagePuller:
         """
         for ref in refs:
             pinned_name(ref)  # validate every ref before touching anything
-        client = self._docker()
         statuses: list[ImageStatus] = []
-        for ref in dict.fromkeys(refs):
+        now = time.monotonic()
+        fresh = [
+            ref
+            for ref in dict.fromkeys(refs)
+            if now - self._present.get((ref, platform), -1e9) < PRESENT_TTL_SEC
+        ]
+        statuses += [ImageStatus(ref, 0.0, 0.0, False) for ref in fresh]
+        missing = [ref for ref in dict.fromkeys(refs) if ref not in fresh]
+        if not missing:
+            return statuses
+        client = self._docker()
+        for ref in missing:
             started = time.monotonic()
             if skip_pull:
                 problem = self._absence(client, ref, platform)
                 if problem:
                     raise PullError(f"image {ref} {problem}, and skip_pull forbids pulling it")
                 statuses.append(ImageStatus(ref, time.monotonic() - started, 0.0, False))
+                self._present[(ref, platform)] = time.monotonic()
                 continue
             if self._absence(client, ref, platform) is None:
                 statuses.append(ImageStatus(ref, time.monotonic() - started, 0.0, False))
+                self._present[(ref, platform)] = time.monotonic()
                 continue
             lock_path = self._state / "locks" / f"{image_digest(ref).split(':', 1)[1]}.lock"
             with host_lock(lock_path, self._lock_timeout_sec, f"pulling {ref}") as waited:
@@ -223,6 +243,7 @@ class ImagePuller:
                     self._pull(client, ref, platform)
                     pulled = True
             statuses.append(ImageStatus(ref, time.monotonic() - started, waited, pulled))
+            self._present[(ref, platform)] = time.monotonic()
         return statuses
 
     def _absence(self, client: docker.DockerClient, ref: str, platform: str) -> str | None:
