@@ -339,9 +339,13 @@ def summarize(jobs_dir: Path, job_name: str, all_rows: bool) -> None:
     from sciencebench.coordination.records import forget_agent_env, missing_trials
     from sciencebench.core.summary import write_summary
 
-    job = _load(jobs_dir, job_name)
+    # The job where it was found: a job directory moved or mounted elsewhere is summarized in place.
+    job = _load(jobs_dir, job_name).model_copy(update={"jobs_dir": jobs_dir.resolve()})
     paths = JobPaths(job.jobs_dir, job.job_name)
-    summary = write_summary(job)
+    try:
+        summary = write_summary(job)
+    except ValueError as exc:  # a record that is not one (another version's, a damaged file)
+        raise SciencebenchError(f"cannot summarize {job.job_name}: {exc}") from None
     missing = missing_trials(job, paths)
     if all_rows or len(summary.rows) <= SUMMARY_ROWS_SHOWN:
         _print_summary(paths)

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pydantic_core
+from pydantic import ValidationError
 
 from sciencebench.core.models import JobSpec, TrialRecord
 from sciencebench.core.paths import JobPaths, write_atomic
@@ -62,7 +63,14 @@ def load_records(paths: JobPaths) -> list[TrialRecord]:
     with os.scandir(paths.trials_dir) as entries:
         for entry in entries:
             if entry.name.endswith(".json") and not entry.name.startswith("."):
-                records.append(TrialRecord.model_validate_json(_read_file(entry.path)))
+                try:
+                    records.append(TrialRecord.model_validate_json(_read_file(entry.path)))
+                except ValidationError as exc:
+                    problem = exc.errors()[0]
+                    where = ".".join(map(str, problem["loc"])) or "the file"
+                    raise ValueError(
+                        f"{entry.path}: not a trial record ({where}: {problem['msg']})"
+                    ) from None
     return sorted(records, key=lambda r: (r.task_id, r.attempt))
 
 

@@ -344,3 +344,28 @@ def test_summarize_prints_a_small_jobs_rows(tmp_path: Path) -> None:
     done = _summarize(job)
     assert done.exit_code == 0, done.output
     assert "sum: 3 trial(s)" in done.output and done.output.count("│ task_") == 3
+
+
+def test_summarize_names_a_record_that_is_not_one(tmp_path: Path) -> None:
+    job = _big_job(tmp_path, 2, failed=set())
+    paths = JobPaths(job.jobs_dir, job.job_name)
+    paths.trial_record("002", 1).write_text('{"job_name": "sum", "task_id": "002"}')  # another version's
+    done = _summarize(job)
+    assert done.exit_code == 1
+    assert done.output.strip().startswith("sciencebench: error: cannot summarize sum: ")
+    assert "002-1.json: not a trial record (job_id: Field required)" in done.output
+    assert not paths.result_json.exists()  # nothing half-written
+
+
+def test_summarize_works_on_the_job_where_it_finds_it(tmp_path: Path) -> None:
+    job = _big_job(tmp_path / "first", 2, failed=set())
+    moved = tmp_path / "elsewhere" / "jobs"
+    moved.mkdir(parents=True)
+    JobPaths(job.jobs_dir, job.job_name).job_dir.rename(moved / "sum")  # copied or mounted elsewhere
+    done = CliRunner().invoke(cli.main, ["summarize", "--jobs-dir", str(moved), "--job-name", "sum"])
+    assert done.exit_code == 0, done.output
+    rows = json.loads((moved / "sum" / "summary.json").read_text())["rows"]
+    assert [r["verifier_dir"] for r in rows] == [
+        str(moved / "sum" / f"task_00{i}__abcdefg" / "verifier") for i in (1, 2)
+    ]
+    assert not JobPaths(job.jobs_dir, job.job_name).job_dir.exists()  # nothing written where it was
