@@ -8,12 +8,10 @@ the JobConfig by Pier's own `pier run` command line parser.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
 import sys
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +20,10 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before anything
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pier.metrics.base import BaseMetric
 from pier.metrics.mean import Mean
 from pier.models.agent.context import AgentContext
 from pier.models.job.config import JobConfig
 from pier.models.job.result import JobStats
-from pier.models.trial.config import TaskConfig
 from pier.models.trial.result import TrialResult
 from pier.utils.pass_at_k import compute_pass_at_k_by_evals
 
@@ -43,40 +39,13 @@ from sciencebench.core.pierjob import (
 )
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.submit import Prepared, prepare
-from tests.fixtures.pier_results import trial_result
+from tests.fixtures.pier_results import pier_final_stats, trial_result
 from tests.fixtures.selection import make_selection
 
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
 CANARY = "sk-canary-PIERJOB-77e1"
-
-
-def pier_final_stats(
-    results: list[TrialResult], *, n_total: int, n_retries: int, config: JobConfig | None = None
-) -> JobStats:
-    """JobResult.stats exactly as `pier.job.Job.run` computes them at the end of a job."""
-    from pier.job import Job
-
-    config = config or JobConfig(tasks=[TaskConfig(path=Path("/sel/t"))])
-    metrics: dict[str, list[BaseMetric[Any]]] = asyncio.run(Job._resolve_metrics(config, []))
-    final_rewards: dict[str, list[Any]] = defaultdict(list)
-    for result in results:
-        key = JobStats.format_agent_evals_key(
-            result.agent_info.name,
-            result.agent_info.model_info.name if result.agent_info.model_info else None,
-            result.source or "adhoc",
-        )
-        final_rewards[key].append(
-            result.verifier_result.rewards if result.verifier_result is not None else None
-        )
-    stats = JobStats.from_trial_results(results, n_total_trials=n_total, n_retries=n_retries)
-    for key, rewards in final_rewards.items():
-        for metric in metrics[key.split("__")[-1]]:
-            stats.evals[key].metrics.append(metric.compute(rewards))
-    for key, by_k in compute_pass_at_k_by_evals(results).items():
-        stats.evals[key].pass_at_k = by_k
-    return stats
 
 
 def ours(results: list[TrialResult], *, n_total: int, n_retries: int) -> dict[str, Any]:
