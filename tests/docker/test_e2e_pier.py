@@ -96,7 +96,7 @@ def test_oracle_and_nop_through_workers(
         # ... and Pier's viewer shows both jobs and their trials as summary.csv has them.
         with pier_view(jobs, env, tmp_path / "pier-view.log") as viewer:
             for job, agent in (("oracle", "oracle"), ("nop", "nop")):
-                check_job_as_pier_shows_it(viewer, jobs / job, agent)
+                check_job_as_pier_shows_it(viewer, jobs / job, [agent])
                 check_trials_as_pier_shows_them(viewer, jobs / job, agent)
 
         pulls = [json.loads(line) for line in (state_dir / "pulls.jsonl").read_text().splitlines()]

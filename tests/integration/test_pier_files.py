@@ -82,7 +82,7 @@ def test_job_level_files_are_piers(cluster: Cluster) -> None:
 
     # Pier's own viewer lists the job with its counts, agent and mean reward.
     with pier_view(cluster.jobs_dir, cluster.env, cluster.root / "pier-view.log") as viewer:
-        entry = check_job_as_pier_shows_it(viewer, job_dir, agent="nop")
+        entry = check_job_as_pier_shows_it(viewer, job_dir, agents=["nop"])
         assert viewer.get(f"/api/jobs/{job_dir.name}")["id"] == str(spec.job_id)
         assert viewer.get(f"/api/jobs/{job_dir.name}/config")["n_attempts"] == 2
     assert entry["n_errored_trials"] == 4
