@@ -22,9 +22,11 @@ Figures (names as in results.json):
    (wall x slots - summed wall of the fake Pier processes) / trials, against a
    bare Celery chord of no-op tasks on 2 x 2 prefork workers of the same Redis.
 3. submit_10k_s, submit_10k_rss_mb, submit_10k_ratio_to_bare_celery,
-   finalize_10k_s: `sciencebench submit` of 10,000 trials with no workers
-   against a process dispatching a bare 10,000-task chord; `write_summary`
-   over 10,000 trial records.
+   finalize_10k_s, summarize_10k_process_s: `sciencebench submit` of 10,000
+   trials with no workers against a process dispatching a bare 10,000-task
+   chord; `write_summary` over 10,000 finished trials (records, trial
+   directories, Pier result.json files), and the `sciencebench summarize`
+   process (median of 5) beside the CLI's bare start-up.
 4. pulls_per_image_per_host: 8 concurrent trials sharing 2 freshly pushed
    images on one host with 8 slots.
 5. real_trial_ratio: a trivial real trial through a worker / direct `pier run`.

@@ -316,22 +316,80 @@ def retry(job_name: str, jobs_dir: Path, failed: bool, wait: bool, force: bool) 
         sys.exit(_conclude(job, answer, coord))
 
 
+# `summarize` prints every row of a job this small; a bigger one, its counts and
+# failures (rendering a table of 10,000 rows took seconds).
+SUMMARY_ROWS_SHOWN = 50
+FAILURES_SHOWN = 50
+
+
 @main.command()
 @click.option("--jobs-dir", type=click.Path(path_type=Path), default=DEFAULT_JOBS_DIR, show_default=True)
 @click.option("--job-name", required=True, help="The job to summarize.")
+@click.option("--rows", "all_rows", is_flag=True,
+              help=f"Print every trial's row (a job of more than {SUMMARY_ROWS_SHOWN} trials prints "
+              "its counts and failures).")  # fmt: skip
 @_handle_errors
-def summarize(jobs_dir: Path, job_name: str) -> None:
-    """Rebuild result.json, summary.json and summary.csv from disk alone.
+def summarize(jobs_dir: Path, job_name: str, all_rows: bool) -> None:
+    """Rebuild result.json, config.json, summary.json and summary.csv from disk alone.
 
-    Exits 1 when a trial errored or has no record yet (listed on stderr).
+    Prints each trial's row, or for a big job the counts and the failed
+    trials. Exits 1 when a trial errored or has no record yet (listed on
+    stderr).
     """
-    from sciencebench.coordination.records import missing_trials
+    from sciencebench.coordination.records import forget_agent_env, missing_trials
     from sciencebench.core.summary import write_summary
 
-    job = _load(jobs_dir, job_name)
-    result = write_summary(job)
-    missing = missing_trials(job, JobPaths(job.jobs_dir, job.job_name))
-    sys.exit(_conclude(job, {"n_errored_trials": result["stats"]["n_errored_trials"], "missing": missing}))
+    # The job where it was found: a job directory moved or mounted elsewhere is summarized in place.
+    job = _load(jobs_dir, job_name).model_copy(update={"jobs_dir": jobs_dir.resolve()})
+    paths = JobPaths(job.jobs_dir, job.job_name)
+    try:
+        summary = write_summary(job)
+    except ValueError as exc:  # a record that is not one (another version's, a damaged file)
+        raise SciencebenchError(f"cannot summarize {job.job_name}: {exc}") from None
+    missing = missing_trials(job, paths)
+    if all_rows or len(summary.rows) <= SUMMARY_ROWS_SHOWN:
+        _print_summary(paths)
+    else:
+        _print_counts(paths, summary.result, summary.rows)
+    if not missing:
+        forget_agent_env(job)  # the job has ended: its --agent-env values are no longer needed
+    else:
+        shown = ", ".join(f"task_{key.replace('#', ' #')}" for key in missing[:20])
+        more = f" and {len(missing) - 20} more" if len(missing) > 20 else ""
+        err.print(f"missing: {len(missing)} trial(s) have no record: {shown}{more}", markup=False)
+    sys.exit(1 if summary.result["stats"]["n_errored_trials"] or missing else 0)
+
+
+def _print_counts(paths: JobPaths, result: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    """A big job's summary: its counts, each eval's metrics, and the trials that failed (plain lines)."""
+    stats = result["stats"]
+    lines = [
+        f"{paths.job_name}: {stats['n_completed_trials']} of {result['n_total_trials']} trial(s) recorded, "
+        f"{stats['n_errored_trials']} errored"
+    ]
+    for key, evals in stats["evals"].items():
+        metrics = ", ".join(
+            f"{name} {value:.4g}" for metric in evals["metrics"] for name, value in metric.items()
+        )
+        passes = ", ".join(f"pass@{k} {value:.4g}" for k, value in evals["pass_at_k"].items())
+        lines.append(
+            f"  {key}: {evals['n_trials']} with rewards; " + "; ".join(filter(None, (metrics, passes)))
+        )
+    failed = [row for row in rows if row["failure_class"]]
+    if failed:
+        classes: dict[str, int] = {}
+        for row in failed:
+            classes[row["failure_class"]] = classes.get(row["failure_class"], 0) + 1
+        lines.append(
+            f"failed: {len(failed)} trial(s): " + ", ".join(f"{c} {n}" for c, n in sorted(classes.items()))
+        )
+        for row in failed[:FAILURES_SHOWN]:
+            trial_dir = f"{row['task_id']}__{row['trial_id']}" if row["trial_id"] else "(no trial directory)"
+            lines.append(f"  {row['task_id']}  {row['failure_class']}  {trial_dir}")
+        if len(failed) > FAILURES_SHOWN:
+            lines.append(f"  and {len(failed) - FAILURES_SHOWN} more (every row: --rows, or summary.csv)")
+    lines.append(f"results: {paths.summary_csv}")
+    out.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
 
 
 @main.command(context_settings={"ignore_unknown_options": True})

@@ -70,6 +70,8 @@ def finish_job(
 ) -> dict[str, Any]:
     """Records to disk, the agent-env file deleted, the summary written; the chord's answer.
 
+    The summary is Pier's `result.json` and `config.json` and sciencebench's
+    `summary.json` and `summary.csv` (`core.summary.write_summary`).
     `paths` is None when this host cannot (or may not) write the job
     directory; the answer then says the summary is not written.
     """
@@ -80,7 +82,7 @@ def finish_job(
     job = JobSpec.model_validate_json(paths.job_spec.read_bytes())
     store_records_to_disk(coord, job, paths)
     forget_agent_env(job)
-    result = write_summary(job)
+    result = write_summary(job).result
     missing = missing_trials(job, paths)
     stats = result["stats"]
     answer.update(

@@ -1,7 +1,16 @@
-"""Aggregate trial records into result.json, summary.json and summary.csv.
+"""A job's summary from what is on disk: Pier's job files and sciencebench's rows.
 
-The inputs are only what is on disk (trial records and trial directories),
-so the chord finalizer and `sciencebench summarize` produce the same files.
+The inputs are only the trial records and the trial directories Pier left,
+so the chord finalizer and `sciencebench summarize` write the same files:
+
+    <job>/result.json    Pier's JobResult of the trials (core.pierjob.job_result)
+    <job>/config.json    Pier's JobConfig of the job (core.pierjob.job_config)
+    <job>/summary.json   sciencebench's rows: {generated_at, jobs_dir, trial_count, rows}
+    <job>/summary.csv    the same rows in the original runner's columns
+
+Pier's files hold only what Pier's models define (`pier view` reads them as
+it reads a job `pier run` wrote); what sciencebench adds lives in its own
+files.
 """
 
 from __future__ import annotations
@@ -9,13 +18,18 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections import defaultdict
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
+
+import pydantic_core
+from pydantic import ValidationError
 
 from sciencebench.core.models import JobSpec, TrialRecord
 from sciencebench.core.paths import JobPaths, write_atomic
+from sciencebench.core.pierjob import job_config, job_result, pier_trials
 
 SUMMARY_COLUMNS = [
     "task_id",
@@ -29,13 +43,34 @@ SUMMARY_COLUMNS = [
     "verifier_dir",
 ]
 MISSING_PATCH = "MissingPatch"
+CONFIG_JSON = "config.json"  # Pier's name for a job's JobConfig
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What `write_summary` wrote: Pier's result and config, sciencebench's rows."""
+
+    result: dict[str, Any]
+    config: dict[str, Any]
+    rows: list[dict[str, Any]]
 
 
 def load_records(paths: JobPaths) -> list[TrialRecord]:
-    """Every recorded trial of a job, in task then attempt order."""
+    """Every recorded trial of a job, in task then attempt order. Raises ValueError on a bad record."""
     if not paths.trials_dir.is_dir():
         return []
-    records = [TrialRecord.model_validate_json(p.read_bytes()) for p in paths.trials_dir.glob("*.json")]
+    records = []
+    with os.scandir(paths.trials_dir) as entries:
+        for entry in entries:
+            if entry.name.endswith(".json") and not entry.name.startswith("."):
+                try:
+                    records.append(TrialRecord.model_validate_json(_read_file(entry.path)))
+                except ValidationError as exc:
+                    problem = exc.errors()[0]
+                    where = ".".join(map(str, problem["loc"])) or "the file"
+                    raise ValueError(
+                        f"{entry.path}: not a trial record ({where}: {problem['msg']})"
+                    ) from None
     return sorted(records, key=lambda r: (r.task_id, r.attempt))
 
 
@@ -48,110 +83,104 @@ def failure_class(record: TrialRecord) -> str:
     return ""
 
 
-def _detailed_reward(trial_dir: Path) -> dict[str, Any]:
+def _read_file(path: str) -> bytes:
+    """A file's bytes, with plain `os.open`/`os.read`. Raises OSError.
+
+    A big job's summary reads tens of thousands of small files, and a
+    buffered `open` costs twice the system calls.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        data = json.loads((trial_dir / "verifier" / "reward.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _read_bytes(path: str) -> bytes | None:
+    """A file's bytes; None when it is missing or unreadable."""
+    try:
+        return _read_file(path)
+    except OSError:
+        return None
+
+
+def _read_json(path: str) -> Any:
+    """The JSON value in a file; None when it is missing, unreadable or not JSON."""
+    data = _read_bytes(path)
+    if data is None:
+        return None
+    try:
+        return pydantic_core.from_json(data)
+    except ValueError:
+        return None
 
 
 def _count(section: Any, field: str) -> Any:
     return section.get(field, "") if isinstance(section, dict) else ""
 
 
-def summary_rows(paths: JobPaths, records: list[TrialRecord]) -> list[dict[str, Any]]:
-    """One row per trial, in the original runner's columns."""
-    rows = []
-    for record in records:
-        trial_dir = paths.job_dir / record.trial_dir if record.trial_dir else None
-        detail = _detailed_reward(trial_dir) if trial_dir else {}
-        reward = detail.get("reward", record.reward)
-        rows.append(
-            {
-                "task_id": f"task_{record.task_id}",
-                "trial_id": record.trial_dir.split("__", 1)[1] if record.trial_dir else "",
-                "reward": "" if reward is None else reward,
-                "public_passed": _count(detail.get("public"), "passed"),
-                "public_collected": _count(detail.get("public"), "collected"),
-                "private_passed": _count(detail.get("private"), "passed"),
-                "private_collected": _count(detail.get("private"), "collected"),
-                "failure_class": failure_class(record),
-                "verifier_dir": str(trial_dir / "verifier") if trial_dir else "",
-            }
-        )
-    return rows
-
-
-def job_result(job: JobSpec, records: list[TrialRecord], now: datetime) -> dict[str, Any]:
-    """A result.json in the shape of Pier's JobResult."""
-    agent = job.agent.agent or (job.agent.agent_import_path or "agent").rsplit(":", 1)[-1]
-    model = job.agent.models[0] if job.agent.models else None
-    dataset = job.selection_path.name
-    eval_key = f"{agent}__{model}__{dataset}" if model else f"{agent}__{dataset}"
-    reward_stats: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-    exception_stats: dict[str, list[str]] = defaultdict(list)
-    rewards: list[float] = []
-    n_cancelled = 0
-    for record in records:
-        name = record.trial_dir or f"task_{record.task_id}#{record.attempt}"
-        if record.exception_type:
-            exception_stats[record.exception_type].append(name)
-            n_cancelled += record.exception_type == "Cancelled"
-        for key, value in (record.rewards or {}).items():
-            reward_stats[key][repr(value)].append(name)
-        reward = record.reward
-        rewards.append(reward if reward is not None else 0.0)
-    n_errors = sum(r.errored for r in records)
-    n_total = len(job.task_ids) * job.n_attempts
-    started = min((r.started_at for r in records if r.started_at), default=None)
-    finished = max((r.finished_at for r in records if r.finished_at), default=None)
+def summary_row(paths: JobPaths, record: TrialRecord) -> dict[str, Any]:
+    """One trial's row in the original runner's columns (its `verifier/reward.json` when readable)."""
+    trial_dir = f"{paths.job_dir}{os.sep}{record.trial_dir}" if record.trial_dir else None
+    detail = _read_json(f"{trial_dir}{os.sep}verifier{os.sep}reward.json") if trial_dir else None
+    if not isinstance(detail, dict):
+        detail = {}
+    reward = detail.get("reward", record.reward)
     return {
-        "id": job.job_name,
-        "started_at": (started or job.created_at).isoformat(),
-        "updated_at": now.isoformat(),
-        "finished_at": finished.isoformat() if finished and len(records) >= n_total else None,
-        "n_total_trials": n_total,
-        "stats": {
-            "n_completed_trials": len(records),
-            "n_errored_trials": n_errors,
-            "n_running_trials": 0,
-            "n_pending_trials": max(n_total - len(records), 0),
-            "n_cancelled_trials": n_cancelled,
-            "n_retries": sum(max(r.tries - 1, 0) for r in records),
-            "evals": {
-                eval_key: {
-                    "n_trials": len(records),
-                    "n_errors": n_errors,
-                    "metrics": [{"mean": sum(rewards) / len(rewards)}] if rewards else [],
-                    "pass_at_k": {},
-                    "reward_stats": {k: dict(v) for k, v in reward_stats.items()},
-                    "exception_stats": dict(exception_stats),
-                }
-            },
-        },
+        "task_id": f"task_{record.task_id}",
+        "trial_id": record.trial_dir.split("__", 1)[1] if record.trial_dir else "",
+        "reward": "" if reward is None else reward,
+        "public_passed": _count(detail.get("public"), "passed"),
+        "public_collected": _count(detail.get("public"), "collected"),
+        "private_passed": _count(detail.get("private"), "passed"),
+        "private_collected": _count(detail.get("private"), "collected"),
+        "failure_class": failure_class(record),
+        "verifier_dir": f"{trial_dir}{os.sep}verifier" if trial_dir else "",
     }
 
 
-def write_summary(job: JobSpec, now: datetime | None = None) -> dict[str, Any]:
-    """Write result.json, summary.json and summary.csv atomically; return result.json."""
+def summary_rows(paths: JobPaths, records: Sequence[TrialRecord]) -> list[dict[str, Any]]:
+    """One row per trial, in the original runner's columns."""
+    return [summary_row(paths, record) for record in records]
+
+
+def _summary_json(job: JobSpec, rows: list[dict[str, Any]], now: datetime) -> str:
+    """summary.json, one row per line (a big job's file stays quick to write and to read)."""
+    head = json.dumps(
+        {"generated_at": now.isoformat(), "jobs_dir": str(job.jobs_dir), "trial_count": len(rows)}, indent=2
+    )
+    body = ",\n".join("    " + json.dumps(row) for row in rows)
+    return head[:-2] + ',\n  "rows": [' + (f"\n{body}\n  ]" if rows else "]") + "\n}\n"
+
+
+def write_summary(job: JobSpec, now: datetime | None = None) -> Summary:
+    """Write result.json, config.json, summary.json and summary.csv atomically, from disk alone.
+
+    Raises OSError when the job directory cannot be written and ValueError
+    when a trial record is not a TrialRecord.
+    """
     now = now or datetime.now(UTC)
     paths = JobPaths(job.jobs_dir, job.job_name)
     records = load_records(paths)
-    rows = summary_rows(paths, records)
-    result = job_result(job, records, now)
+    rows = [summary_row(paths, record) for record in records]
+    job_dir = str(paths.job_dir)
+    # One trial's result.json in memory at a time: with rollout details, one can be megabytes.
+    results = (
+        _read_bytes(f"{job_dir}{os.sep}{r.trial_dir}{os.sep}result.json") if r.trial_dir else None
+        for r in records
+    )
+    result = job_result(job, records, pier_trials(job, records, results), now)
+    config = job_config(job)
 
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=SUMMARY_COLUMNS, lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
-    summary = {
-        "generated_at": now.isoformat(),
-        "jobs_dir": str(job.jobs_dir),
-        "trial_count": len(rows),
-        "rows": rows,
-    }
-    write_atomic(paths.result_json, json.dumps(result, indent=2) + "\n")
-    write_atomic(paths.summary_json, json.dumps(summary, indent=2) + "\n")
+    write_atomic(paths.result_json, json.dumps(result, indent=4) + "\n")
+    write_atomic(paths.job_dir / CONFIG_JSON, json.dumps(config, indent=4) + "\n")
+    write_atomic(paths.summary_json, _summary_json(job, rows, now))
     write_atomic(paths.summary_csv, buffer.getvalue())
-    return result
+    return Summary(result=result, config=config, rows=rows)

@@ -1,7 +1,8 @@
 """`<path>/batch-run.json`: the redacted run record of a submit.
 
 It carries every key the original single-host runner writes, plus the job
-name, the sciencebench version and the broker address. No credential value
+name and id (the `id` of the job's Pier `result.json`, and the key of its
+coordination state), the sciencebench version and the broker address. No credential value
 ever reaches it: argv is redacted, URLs lose user information and queries,
 and the secret values themselves are masked as a last line of defence.
 """
@@ -50,6 +51,7 @@ def build_run_record(
             for task_id, baked in job.agent_images.items()
         },
         "job_name": job.job_name,
+        "job_id": str(job.job_id),
         "jobs_dir": str(job.jobs_dir),
         "sciencebench_version": __version__,
         "broker": public_url(broker_url),

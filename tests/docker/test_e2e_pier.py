@@ -1,4 +1,9 @@
-"""Real Pier through the real chord on real workers, images pulled by digest."""
+"""Real Pier through the real chord on real workers, images pulled by digest.
+
+The finished jobs are Pier's own: their job-level files load with Pier's
+models and carry the statistics Pier computes from the real trials, and
+`pier view` shows them as it shows a job `pier run` wrote.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +13,16 @@ import os
 import shutil
 from pathlib import Path
 
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before anything imports Pier
+
 import docker
 import pytest
 import redis
 
 from sciencebench.login.selection import load_selection
 from sciencebench.worker.docker import images
+from tests.fixtures.pier_results import check_pier_job_files
+from tests.fixtures.pier_viewer import check_job_as_pier_shows_it, check_trials_as_pier_shows_them, pier_view
 from tests.fixtures.services import VENV_BIN, RedisServer, Worker
 
 pytestmark = pytest.mark.docker
@@ -78,6 +87,17 @@ def test_oracle_and_nop_through_workers(
         assert nop_rows["task_001"]["reward"] in ("0", "0.0")
         nop_dir = jobs / "nop" / f"task_001__{nop_rows['task_001']['trial_id']}"
         assert (nop_dir / "artifacts" / "model.patch").read_bytes() == b""  # explicit empty patch
+
+        # Pier's layout: the job-level files are Pier's, their statistics Pier's own of the real trials.
+        result, config, trials = check_pier_job_files(jobs / "oracle")
+        assert [a.name for a in config.agents] == ["oracle"] and len(trials) == 2
+        assert result.stats.evals["oracle__adhoc"].metrics == [{"mean": 0.5}]
+        check_pier_job_files(jobs / "nop")
+        # ... and Pier's viewer shows both jobs and their trials as summary.csv has them.
+        with pier_view(jobs, env, tmp_path / "pier-view.log") as viewer:
+            for job, agent in (("oracle", "oracle"), ("nop", "nop")):
+                check_job_as_pier_shows_it(viewer, jobs / job, [agent])
+                check_trials_as_pier_shows_them(viewer, jobs / job, agent)
 
         pulls = [json.loads(line) for line in (state_dir / "pulls.jsonl").read_text().splitlines()]
         pulled = sorted({p["ref"] for p in pulls})

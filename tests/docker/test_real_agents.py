@@ -38,6 +38,8 @@ from sciencebench.agents.recipes import PINS
 from sciencebench.core.agentimages import AgentImages, agent_images_path, load_agent_images
 from tests.fixtures.flower import Flower
 from tests.fixtures.gateway_lab import GatewayLab, TLSFiles, make_ca
+from tests.fixtures.pier_results import check_pier_job_files
+from tests.fixtures.pier_viewer import check_job_as_pier_shows_it, check_trials_as_pier_shows_them, pier_view
 from tests.fixtures.services import VENV_BIN, RedisServer, Worker
 
 pytestmark = pytest.mark.docker
@@ -240,6 +242,12 @@ def assert_solved_through_the_gateway(run: Run, *, protocol: str, model: str, po
     agent_result = run.result["agent_result"]
     assert agent_result["n_input_tokens"] == len(main) * USAGE["input_tokens"]
     assert agent_result["n_output_tokens"] == len(main) * USAGE["output_tokens"]
+    # The job's files are Pier's; its result.json totals the trial's tokens and cost as Pier does.
+    result, _, trials = check_pier_job_files(run.job_dir)
+    stats = result.stats
+    totals = (stats.n_input_tokens, stats.n_cache_tokens, stats.n_output_tokens, stats.cost_usd)
+    assert totals == trials[0].compute_token_cost_totals()
+    assert stats.n_input_tokens == len(main) * USAGE["input_tokens"]
     # On a baked image Pier skips the install: its agent-setup stage is short.
     assert run.record["timings_sec"]["agent_setup"] < 2.0, run.record["timings_sec"]
     assert run.cmdline.samples > 10 and run.cmdline.hits == [], run.cmdline.hits
@@ -326,6 +334,20 @@ def test_codex_responses_over_tls_on_a_nonstandard_port(
     # The key went to the gateway only: not into the jobs directory, not onto a container's config.
     assert_canary_absent_from_tree(run.job_dir)
     assert_canary_absent_from_container_config(lab)
+    # Pier's viewer shows the job's and the trial's tokens as for a job `pier run` wrote (the adapter is
+    # an import path, so the job lists no agent name, as Pier lists none for --agent-import-path).
+    with pier_view(run.job_dir.parent, agent_env(state_dir), tmp_path / "pier-view.log") as viewer:
+        entry = check_job_as_pier_shows_it(viewer, run.job_dir, agents=[])
+        (shown,) = check_trials_as_pier_shows_them(viewer, run.job_dir, agent="codex")
+    tokens = run.result["agent_result"]
+    assert entry["models"] == [MODEL]
+    assert entry["total_output_tokens"] == shown["output_tokens"] == tokens["n_output_tokens"] > 0
+    assert (
+        entry["total_input_tokens"]
+        == shown["input_tokens"]
+        == tokens["n_input_tokens"] - tokens["n_cache_tokens"]
+    )
+    assert entry["total_cost_usd"] == shown["cost_usd"] == tokens["cost_usd"]
 
 
 def test_codex_chat_wire_api_is_refused_at_submit_naming_the_version(

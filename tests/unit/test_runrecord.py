@@ -40,7 +40,7 @@ ORIGINAL_KEYS = [
     "network_policy",
     "gateway_authorities",
 ]
-ADDED_KEYS = ["job_name", "sciencebench_version", "broker"]
+ADDED_KEYS = ["job_name", "job_id", "sciencebench_version", "broker"]
 CANARY = "sk-canary-RECORD-5d1c0a"
 
 
@@ -94,6 +94,7 @@ def test_record_values_for_a_nop_run(tmp_path: Path) -> None:
     assert record["network_policy"] == "isolated-bridge"
     assert record["gateway_authorities"] == []
     assert record["job_name"] == "rec"
+    assert record["job_id"] == str(prepared.job.job_id)  # result.json's id, the coordination key
     assert record["sciencebench_version"] == sciencebench.__version__
     assert record["broker"] == "redis://localhost:6379/0"
     json.dumps(record)  # JSON-serializable as is

@@ -1,21 +1,30 @@
-"""summary.py: result.json, summary.json and summary.csv from what is on disk."""
+"""summary.py: Pier's result.json and config.json, and summary.json and summary.csv, from what is on disk."""
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import pytest
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before anything imports Pier
 
+import pytest
+from click.testing import CliRunner
+from pier.models.agent.context import AgentContext
+from pier.models.job.config import JobConfig
+from pier.models.job.result import JobResult
+
+from sciencebench import cli
 from sciencebench.core.models import JobSpec, TrialRecord
 from sciencebench.core.paths import JobPaths
-from sciencebench.core.summary import MISSING_PATCH, SUMMARY_COLUMNS, write_summary
+from sciencebench.core.summary import CONFIG_JSON, MISSING_PATCH, SUMMARY_COLUMNS, write_summary
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.submit import prepare
+from tests.fixtures.pier_results import trial_result
 from tests.fixtures.selection import make_selection
 
 pytestmark = pytest.mark.unit
@@ -25,6 +34,7 @@ COLUMNS = (
     "failure_class,verifier_dir"
 )
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+CANARY = "sk-canary-SUMMARY-0b5e"
 NOW = datetime(2025, 3, 1, 15, 30, tzinfo=UTC)
 
 
@@ -49,13 +59,16 @@ def _record(paths: JobPaths, task_id: str, attempt: int = 1, **fields: Any) -> T
     return record
 
 
-def _trial_dir(paths: JobPaths, name: str, reward_json: Any | None) -> Path:
+def _trial_dir(paths: JobPaths, name: str, reward_json: Any | None, result: str | None = None) -> Path:
+    """A trial directory with its verifier files and, given, Pier's `result.json`."""
     trial = paths.job_dir / name
     (trial / "verifier").mkdir(parents=True)
     (trial / "verifier" / "test-stdout.txt").write_text("collected\n")
     if reward_json is not None:
         text = reward_json if isinstance(reward_json, str) else json.dumps(reward_json)
         (trial / "verifier" / "reward.json").write_text(text)
+    if result is not None:
+        (trial / "result.json").write_text(result)
     return trial
 
 
@@ -67,13 +80,24 @@ def finished_job(tmp_path: Path) -> tuple[JobSpec, JobPaths]:
         paths,
         "task_002__abc1234",
         {"reward": 1.0, "public": {"passed": 3, "collected": 3}, "private": {"passed": 5, "collected": 5}},
-    )
+        trial_result(
+            "task_002__abc1234", "sciencebench/002", agent="nop", rewards={"reward": 1.0},
+            context=AgentContext(n_input_tokens=900, n_cache_tokens=100, n_output_tokens=50, cost_usd=0.125),
+        ).model_dump_json(),
+    )  # fmt: skip
     _record(paths, "002", trial_dir="task_002__abc1234", rewards={"reward": 1.0}, patch_collected=True)
     # 005: the agent timed out; the verifier still ran on its patch.
     _trial_dir(
         paths,
         "task_005__Zz9yX8w",
         {"reward": 0.0, "public": {"passed": 1, "collected": 3}, "private": {"passed": 0, "collected": 4}},
+        trial_result(
+            "task_005__Zz9yX8w",
+            "sciencebench/005",
+            agent="nop",
+            rewards={"reward": 0.0},
+            exception="AgentTimeoutError",
+        ).model_dump_json(),
     )
     _record(
         paths,
@@ -86,7 +110,7 @@ def finished_job(tmp_path: Path) -> tuple[JobSpec, JobPaths]:
         patch_collected=True,
         tries=2,
     )
-    # 007: no patch collected, no detailed reward.json.
+    # 007: no patch collected, no detailed reward.json, no result.json (as a fake Pier leaves it).
     _trial_dir(paths, "task_007__q1w2e3r", None)
     _record(paths, "007", trial_dir="task_007__q1w2e3r", rewards={"reward": 0.0}, patch_collected=False)
     # 009: Pier never produced a trial directory.
@@ -143,16 +167,18 @@ def test_summary_json_shape(finished_job: tuple[JobSpec, JobPaths]) -> None:
     assert [{k: str(v) for k, v in row.items()} for row in summary["rows"]] == _csv_rows(paths)
 
 
-def test_result_json_stats(finished_job: tuple[JobSpec, JobPaths]) -> None:
+def test_result_json_is_piers_job_result(finished_job: tuple[JobSpec, JobPaths]) -> None:
     job, paths = finished_job
-    returned = write_summary(job, now=NOW)
+    returned = write_summary(job, now=NOW).result
     result = json.loads(paths.result_json.read_text())
-    assert result == returned
-    assert result["id"] == "sum"
+    assert result == json.loads(json.dumps(returned))
+    assert JobResult.model_validate(result).id == job.job_id
+    assert result["id"] == str(job.job_id)
     assert result["n_total_trials"] == 4
     assert result["started_at"] == (T0 + timedelta(minutes=2)).isoformat()
     assert result["updated_at"] == NOW.isoformat()
     assert result["finished_at"] == (T0 + timedelta(minutes=9 + 30)).isoformat()
+    assert "trial_results" not in result  # Pier writes its job result without them
     stats = result["stats"]
     assert stats["n_completed_trials"] == 4
     assert stats["n_errored_trials"] == 2
@@ -160,9 +186,13 @@ def test_result_json_stats(finished_job: tuple[JobSpec, JobPaths]) -> None:
     assert stats["n_running_trials"] == 0
     assert stats["n_cancelled_trials"] == 0
     assert stats["n_retries"] == 1
-    assert list(stats["evals"]) == ["nop__tasks-selected-small"]
-    evals = stats["evals"]["nop__tasks-selected-small"]
-    assert evals["n_trials"] == 4
+    # Token and cost totals come from the trials' agent results.
+    assert (stats["n_input_tokens"], stats["n_cache_tokens"], stats["n_output_tokens"]) == (900, 100, 50)
+    assert stats["cost_usd"] == 0.125
+    # Pier keys evals by agent, model and dataset: a trial run from its task path is "adhoc".
+    assert list(stats["evals"]) == ["nop__adhoc"]
+    evals = stats["evals"]["nop__adhoc"]
+    assert evals["n_trials"] == 3  # the trials with rewards, as Pier counts them
     assert evals["n_errors"] == 2
     assert evals["exception_stats"] == {
         "AgentTimeoutError": ["task_005__Zz9yX8w"],
@@ -171,34 +201,63 @@ def test_result_json_stats(finished_job: tuple[JobSpec, JobPaths]) -> None:
     assert evals["reward_stats"] == {
         "reward": {"1.0": ["task_002__abc1234"], "0.0": ["task_005__Zz9yX8w", "task_007__q1w2e3r"]}
     }
-    assert evals["metrics"] == [{"mean": 0.25}]
+    assert evals["metrics"] == [{"mean": 0.25}]  # the trial without rewards counts 0, as in Pier
+    assert evals["pass_at_k"] == {}  # one attempt per task
+
+
+def test_config_json_is_piers_job_config(finished_job: tuple[JobSpec, JobPaths]) -> None:
+    job, paths = finished_job
+    config = write_summary(job, now=NOW).config
+    assert json.loads((paths.job_dir / CONFIG_JSON).read_text()) == config
+    loaded = JobConfig.model_validate(config)
+    assert loaded.job_name == job.job_name and loaded.jobs_dir == job.jobs_dir
+    assert [a.name for a in loaded.agents] == ["nop"]
+    assert [t.path for t in loaded.tasks] == [job.selection_path / f"task_{t}" for t in job.task_ids]
+    assert loaded.n_attempts == job.n_attempts and loaded.n_concurrent_trials == job.n_concurrent
+    assert loaded.environment.import_path == "sciencebench.network.environment:IsolatedDockerEnvironment"
+    # Pier's files hold nothing of sciencebench's own.
+    assert set(config) == set(JobConfig.model_fields)
 
 
 def test_result_json_eval_key_names_the_model(tmp_path: Path) -> None:
     job, paths = _job(tmp_path, ["002"], models=["openai/gpt-5"])
     _record(paths, "002", rewards={"reward": 1.0})
-    result = write_summary(job, now=NOW)
-    assert list(result["stats"]["evals"]) == ["nop__openai/gpt-5__tasks-selected-small"]
+    result = write_summary(job, now=NOW).result
+    assert list(result["stats"]["evals"]) == ["nop__gpt-5__adhoc"]  # Pier's model name has no provider
 
 
 def test_partial_job_has_pending_trials_and_no_finish(tmp_path: Path) -> None:
     job, paths = _job(tmp_path, ["002", "005"], n_attempts=2)
     _record(paths, "002", 1, rewards={"reward": 1.0})
     _record(paths, "005", 2, exception_type="Cancelled")
-    result = write_summary(job, now=NOW)
+    result = write_summary(job, now=NOW).result
     assert result["n_total_trials"] == 4
     assert result["stats"]["n_pending_trials"] == 2
     assert result["stats"]["n_cancelled_trials"] == 1
     assert result["finished_at"] is None
+    JobResult.model_validate(result)
 
 
 def test_empty_job(tmp_path: Path) -> None:
     job, paths = _job(tmp_path, ["002"])
-    result = write_summary(job, now=NOW)
+    result = write_summary(job, now=NOW).result
     assert result["stats"]["n_completed_trials"] == 0
-    assert result["stats"]["evals"]["nop__tasks-selected-small"]["metrics"] == []
+    assert result["stats"]["evals"] == {}
+    assert result["started_at"] == job.created_at.isoformat()
+    JobResult.model_validate(result)
     assert paths.summary_csv.read_text() == COLUMNS + "\n"
     assert json.loads(paths.summary_json.read_text())["trial_count"] == 0
+
+
+def test_secrets_stay_out_of_piers_files(tmp_path: Path) -> None:
+    env_file = tmp_path / "p.env"
+    env_file.write_text(f"OPENAI_API_KEY={CANARY}\n")
+    job, paths = _job(tmp_path, ["002"], agent="codex", env_file=env_file, agent_env=[f"EXTRA={CANARY}"])
+    _record(paths, "002", rewards={"reward": 1.0})
+    write_summary(job, now=NOW)
+    for name in ("result.json", CONFIG_JSON, "summary.json", "summary.csv"):
+        assert CANARY not in (paths.job_dir / name).read_text(), name
+    assert json.loads((paths.job_dir / CONFIG_JSON).read_text())["agents"][0]["env"]["EXTRA"] == "${EXTRA}"
 
 
 @pytest.mark.parametrize("content", ["not json", "[1, 2]", '{"reward": 0.5, "public": "n/a"}'])
@@ -215,7 +274,7 @@ def test_unusable_reward_json_falls_back_to_the_record(tmp_path: Path, content: 
 
 def test_rebuilding_gives_identical_files(finished_job: tuple[JobSpec, JobPaths]) -> None:
     job, paths = finished_job
-    files = (paths.result_json, paths.summary_json, paths.summary_csv)
+    files = (paths.result_json, paths.summary_json, paths.summary_csv, paths.job_dir / CONFIG_JSON)
     write_summary(job, now=NOW)
     first = [f.read_bytes() for f in files]
     write_summary(job, now=NOW)
@@ -225,6 +284,7 @@ def test_rebuilding_gives_identical_files(finished_job: tuple[JobSpec, JobPaths]
     later = NOW + timedelta(hours=1)
     write_summary(job, now=later)
     assert paths.summary_csv.read_bytes() == first[2]
+    assert (paths.job_dir / CONFIG_JSON).read_bytes() == first[3]
     old_result, new_result = json.loads(first[0]), json.loads(paths.result_json.read_text())
     assert new_result["updated_at"] == later.isoformat()
     old_result.pop("updated_at")
@@ -234,3 +294,78 @@ def test_rebuilding_gives_identical_files(finished_job: tuple[JobSpec, JobPaths]
     assert new_summary.pop("generated_at") == later.isoformat()
     old_summary.pop("generated_at")
     assert new_summary == old_summary
+
+
+# --- `sciencebench summarize` -----------------------------------------------------------------
+
+
+def _big_job(tmp_path: Path, n: int, failed: set[int]) -> JobSpec:
+    ids = [f"{i:03d}" for i in range(1, n + 1)]
+    job, paths = _job(tmp_path, ids)
+    for i, task_id in enumerate(ids, 1):
+        if i in failed:
+            _record(paths, task_id, exception_type="AgentTimeoutError", trial_dir=f"task_{task_id}__abcdefg")
+        else:
+            _record(paths, task_id, rewards={"reward": 1.0}, trial_dir=f"task_{task_id}__abcdefg")
+    from sciencebench.login.submit import write_job_spec
+
+    write_job_spec(job)
+    return job
+
+
+def _summarize(job: JobSpec, *extra: str) -> Any:
+    return CliRunner().invoke(
+        cli.main, ["summarize", "--jobs-dir", str(job.jobs_dir), "--job-name", job.job_name, *extra]
+    )
+
+
+def test_summarize_prints_a_big_jobs_counts_and_failures(tmp_path: Path) -> None:
+    job = _big_job(tmp_path, 120, failed={7, 90})
+    done = _summarize(job)
+    assert done.exit_code == 1, done.output  # errored trials
+    lines = done.output.splitlines()
+    assert lines[0] == "sum: 120 of 120 trial(s) recorded, 2 errored"
+    assert lines[1] == "  nop__adhoc: 118 with rewards; mean 0.9833"
+    assert lines[2] == "failed: 2 trial(s): AgentTimeoutError 2"
+    assert lines[3:5] == [
+        "  task_007  AgentTimeoutError  task_007__abcdefg",
+        "  task_090  AgentTimeoutError  task_090__abcdefg",
+    ]
+    assert lines[5].startswith("results: ") and lines[5].endswith("summary.csv")
+    assert len(lines) == 6  # no row of the 118 that passed
+
+    every = _summarize(job, "--rows")
+    assert every.exit_code == 1
+    assert every.output.count("│ task_") == 120  # the full table on request
+
+
+def test_summarize_prints_a_small_jobs_rows(tmp_path: Path) -> None:
+    job = _big_job(tmp_path, 3, failed=set())
+    done = _summarize(job)
+    assert done.exit_code == 0, done.output
+    assert "sum: 3 trial(s)" in done.output and done.output.count("│ task_") == 3
+
+
+def test_summarize_names_a_record_that_is_not_one(tmp_path: Path) -> None:
+    job = _big_job(tmp_path, 2, failed=set())
+    paths = JobPaths(job.jobs_dir, job.job_name)
+    paths.trial_record("002", 1).write_text('{"job_name": "sum", "task_id": "002"}')  # another version's
+    done = _summarize(job)
+    assert done.exit_code == 1
+    assert done.output.strip().startswith("sciencebench: error: cannot summarize sum: ")
+    assert "002-1.json: not a trial record (job_id: Field required)" in done.output
+    assert not paths.result_json.exists()  # nothing half-written
+
+
+def test_summarize_works_on_the_job_where_it_finds_it(tmp_path: Path) -> None:
+    job = _big_job(tmp_path / "first", 2, failed=set())
+    moved = tmp_path / "elsewhere" / "jobs"
+    moved.mkdir(parents=True)
+    JobPaths(job.jobs_dir, job.job_name).job_dir.rename(moved / "sum")  # copied or mounted elsewhere
+    done = CliRunner().invoke(cli.main, ["summarize", "--jobs-dir", str(moved), "--job-name", "sum"])
+    assert done.exit_code == 0, done.output
+    rows = json.loads((moved / "sum" / "summary.json").read_text())["rows"]
+    assert [r["verifier_dir"] for r in rows] == [
+        str(moved / "sum" / f"task_00{i}__abcdefg" / "verifier") for i in (1, 2)
+    ]
+    assert not JobPaths(job.jobs_dir, job.job_name).job_dir.exists()  # nothing written where it was
