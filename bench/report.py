@@ -3,6 +3,12 @@
 Figure modules measure into a local `Findings` and return its frozen
 `Outcome`; `Report` prints each outcome as it arrives and collects them for
 `results()`, `write_json` and `write_doc`.
+
+A timing figure measured more than once carries its samples: its value is
+their median, `results["spread"]` keeps min, median, max and the samples.
+Quick mode judges no goal: its figures are shown with their goals, marked
+`not judged`, and nothing is MISSED (its sizes are too small to hold them to
+the full run's goals).
 """
 
 from __future__ import annotations
@@ -11,9 +17,10 @@ import contextlib
 import json
 import os
 import platform
+import statistics
 import subprocess
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from types import MappingProxyType
@@ -33,13 +40,31 @@ class Figure:
     goal: str | None = None
     met: bool | None = None
     detail: str = ""
+    samples: tuple[float, ...] = ()  # when measured more than once; `value` is their median
 
     def line(self) -> str:
         """The line the run prints for this figure."""
         shown = "n/a" if self.value is None else f"{self.value:.4g}"
-        status = "" if self.goal is None else ("met" if self.met else "MISSED")
+        status = "" if self.goal is None else _status(self.met)
         goal = ("goal " + self.goal) if self.goal else ""
-        return f"  {self.name:<34} {shown:>10}   {goal:<16} {status:<7} {self.detail}"
+        spread = f" [{spread_text(self.samples)}]" if len(self.samples) > 1 else ""
+        return f"  {self.name:<34} {shown:>10}   {goal:<16} {status:<11} {self.detail}{spread}"
+
+    def spread(self) -> dict[str, Any] | None:
+        """min, median, max and the samples, when there is more than one."""
+        if len(self.samples) < 2:
+            return None
+        return {"min": min(self.samples), "median": statistics.median(self.samples), "max": max(self.samples),
+                "n": len(self.samples), "samples": list(self.samples)}  # fmt: skip
+
+
+def _status(met: bool | None) -> str:
+    return "not judged" if met is None else ("met" if met else "MISSED")
+
+
+def spread_text(samples: tuple[float, ...] | list[float]) -> str:
+    """`min-max of n` of some samples, as the table and the printed lines show it."""
+    return f"{min(samples):.4g}-{max(samples):.4g} of {len(samples)}"
 
 
 @dataclass(frozen=True)
@@ -91,9 +116,10 @@ class Findings:
         goal: str | None = None,
         met: bool | None = None,
         detail: str = "",
+        samples: list[float] | None = None,
     ) -> None:
-        """Add a figure (`goal` None: a raw figure or a baseline)."""
-        self.entries.append(Figure(name, value, goal, met, detail))
+        """Add a figure (`goal` None: a raw figure or a baseline); `samples` when measured more than once."""
+        self.entries.append(Figure(name, value, goal, met, detail, tuple(samples or ())))
 
     def note(self, text: str) -> None:
         """Add a note."""
@@ -134,19 +160,27 @@ class Report:
     figures: dict[str, float | None] = field(default_factory=dict)
     details: dict[str, str] = field(default_factory=dict)
     goals: dict[str, dict[str, Any]] = field(default_factory=dict)
+    spread: dict[str, dict[str, Any]] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
 
     def record(self, outcome: Outcome) -> None:
-        """Print an outcome's figures and notes (in their order) and keep everything it holds."""
+        """Print an outcome's figures and notes (in their order) and keep everything it holds.
+
+        In quick mode no goal is judged (`met` None).
+        """
         for entry in outcome.entries:
             if isinstance(entry, Note):
                 self.notes.append(entry.text)
                 print(f"  note: {entry.text}", flush=True)
                 continue
+            if self.params.quick:
+                entry = replace(entry, met=None)
             self.figures[entry.name] = entry.value
             self.details[entry.name] = entry.detail
+            if (spread := entry.spread()) is not None:
+                self.spread[entry.name] = spread
             if entry.goal is not None:
                 self.goals[entry.name] = {
                     "goal": entry.goal, "met": entry.met, "value": entry.value, "detail": entry.detail,
@@ -156,8 +190,8 @@ class Report:
         self.errors.update(outcome.errors)
 
     def missed(self) -> list[str]:
-        """Names of the figures that missed their goal."""
-        return [name for name, goal in self.goals.items() if not goal["met"]]
+        """Names of the figures that missed their goal (none in quick mode: nothing is judged)."""
+        return [name for name, goal in self.goals.items() if goal["met"] is False]
 
     def results(
         self, duration: float, loads: dict[str, list[float]], phases: dict[str, float]
@@ -172,6 +206,7 @@ class Report:
             "load_average": loads,
             "phase_s": phases,
             "figures": self.figures,
+            "spread": self.spread,
             "details": self.details,
             "goals": self.goals,
             "raw": self.raw,
@@ -234,7 +269,10 @@ def machine() -> dict[str, Any]:
 
 
 ORDER = [
-    ("makespan_over_lower_bound", "1. scheduling: makespan / max(longest, sum/4)"),
+    ("makespan_heavy_tail_cold", "1. scheduling, heavy tail, equal timeouts: makespan / bound, first run"),
+    ("makespan_heavy_tail_history", "1. the same, second run (ordered by measured durations)"),
+    ("pier_makespan_heavy_tail", "1. baseline: Pier's own queue, same tasks, -n 4"),
+    ("makespan_over_lower_bound", "1. scheduling, timeouts proportional to durations: makespan / bound"),
     ("pier_makespan_over_lower_bound", "1. baseline: Pier's own queue, same tasks, -n 4"),
     ("overhead_ms_per_trial", "2. orchestration overhead per trial (ms)"),
     ("overhead_ratio", "2. overhead / bare Celery chord no-op task"),
@@ -252,6 +290,35 @@ ORDER = [
     ("rebake_s", "9. the same bake again, a no-op (s)"),
     ("agent_setup_baked_s", "9. agent setup of a real Codex trial on the baked image (s)"),
 ]
+
+
+def schedule_table(results: dict[str, Any]) -> list[str]:
+    """Item 1 as one table: makespans (s) of each contender on each workload, and the bound."""
+    raw = results.get("raw", {}).get("schedule", {})
+    workloads = [(key, raw[key]) for key in ("heavy_tail", "informative") if isinstance(raw.get(key), dict)]
+    if not workloads:
+        return []
+    columns = [
+        ("cold_makespans_s", "sciencebench, first run"),
+        ("history_makespans_s", "sciencebench, with history"),
+        ("pier_spans_s", "Pier's own queue"),
+    ]
+    lines = ["", "Scheduling (item 1), makespan in seconds: median (min-max of n), and / bound:", "",
+             "| workload | " + " | ".join(title for _, title in columns) + " | bound |",
+             "|---|" + "---|" * (len(columns) + 1)]  # fmt: skip
+    for _, data in workloads:
+        bound = data["lower_bound_s"]
+        cells = []
+        for key, _ in columns:
+            samples = data.get(key) or []
+            if not samples:
+                cells.append("-")
+                continue
+            median = statistics.median(samples)
+            cells.append(f"{median:.1f} ({min(samples):.1f}-{max(samples):.1f} of {len(samples)}) / "
+                         f"{median / bound:.3f}")  # fmt: skip
+        lines.append(f"| {data['label']} | " + " | ".join(cells) + f" | {bound:.1f} |")
+    return lines
 
 
 def write_doc(results: dict[str, Any], doc: Path = DOC) -> None:
@@ -278,13 +345,18 @@ def write_doc(results: dict[str, Any], doc: Path = DOC) -> None:
         "| figure | value | goal | status |",
         "|---|---|---|---|",
     ]
+    spreads = results.get("spread", {})
     for name, label in ORDER:
         value = results["figures"].get(name)
         goal = results["goals"].get(name)
         shown = "n/a" if value is None else f"{value:.4g}"
-        status = "" if goal is None else ("met" if goal["met"] else "**MISSED**")
+        if name in spreads:
+            shown += f" ({spread_text(spreads[name]['samples'])})"
+        status = "" if goal is None else ("**MISSED**" if goal["met"] is False else _status(goal["met"]))
         target = goal["goal"] if goal else ("(baseline)" if name.startswith("pier_") else "(raw)")
         lines.append(f"| {label} (`{name}`) | {shown} | {target} | {status} |")
+    lines += ["", "Values are medians; in brackets the smallest and largest sample and their number."]
+    lines += schedule_table(results)
     lines += ["", "Details per figure (what was compared with what):", ""]
     for name, _ in ORDER:
         detail = results.get("details", {}).get(name)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from sciencebench.bake import bake_selection, default_artifacts
     from sciencebench.coordination.celery_app import create_app
+    from sciencebench.coordination.protocol import HISTORY_KEY
     from sciencebench.coordination.redis import RedisCoordinator
     from sciencebench.core.models import TrialRecord
     from sciencebench.core.paths import JobPaths
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 # name -> the module that defines it
 _WHERE: dict[str, str] = {
     "create_app": "sciencebench.coordination.celery_app",
+    "HISTORY_KEY": "sciencebench.coordination.protocol",
     "persist": "sciencebench.login.submit",
     "Settings": "sciencebench.core.settings",
     "RedisCoordinator": "sciencebench.coordination.redis",
@@ -58,6 +60,7 @@ _WHERE: dict[str, str] = {
 
 __all__ = [
     "FINALIZE_JOB",
+    "HISTORY_KEY",
     "RUN_TRIAL",
     "IsolatedDockerEnvironment",
     "JobPaths",

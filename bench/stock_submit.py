@@ -21,6 +21,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--path", type=Path, required=True)
     parser.add_argument("--n-attempts", type=int, default=1)
+    parser.add_argument("--n-concurrent", type=int, default=1)  # as submit's; the stock chord sends all
     parser.add_argument("--jobs-dir", type=Path, required=True)
     parser.add_argument("--job-name", required=True)
     args = parser.parse_args()
@@ -40,7 +41,7 @@ def main() -> None:
     )
 
     opts = SubmitOptions(
-        path=args.path, n_attempts=args.n_attempts, jobs_dir=args.jobs_dir,
+        path=args.path, n_attempts=args.n_attempts, n_concurrent=args.n_concurrent, jobs_dir=args.jobs_dir,
         job_name=args.job_name,
     )  # fmt: skip
     prepared = prepare(opts)

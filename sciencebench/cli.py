@@ -259,14 +259,18 @@ def status(job_name: str, jobs_dir: Path) -> None:
 @_handle_errors
 def cancel(job_name: str, jobs_dir: Path) -> None:
     """Cancel a job: queued trials end at once, running Pier processes are stopped."""
+    from sciencebench.coordination.celery_app import create_app
     from sciencebench.coordination.records import forget_agent_env
     from sciencebench.coordination.redis import RedisCoordinator
+    from sciencebench.login.dispatch import release_held
 
     job = _load(jobs_dir, job_name)
-    coord = RedisCoordinator(Settings.from_env().broker_url)
+    settings = Settings.from_env()
+    coord = RedisCoordinator(settings.broker_url)
     coord.ping()
     coord.cancel(job.job_key)
     forget_agent_env(job)  # no trial starts any more; running ones hold their values already
+    release_held(create_app(settings), coord, job)  # trials held back end at once too
     out.print(f"job {job.job_name} cancelled; the finalizer writes its summary once trials stop")
 
 

@@ -18,8 +18,10 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import statistics
 import subprocess
 import time
+from typing import Any
 
 from bench import sb
 from bench.harness import Harness
@@ -32,68 +34,90 @@ SETUP_GOAL_S = 2.0
 
 def measure(h: Harness, p: Params) -> Outcome:
     """bake_s (raw), rebake_s (a no-op), agent_setup_baked_s (goal < 2 s)."""
-    from tests.fixtures.gateway_lab import GatewayLab, make_ca
+    from tests.fixtures.gateway_lab import make_ca
 
     found = Findings()
     with found.kept_on_crash():
-        demo = sb.build_demo_selection(h.work / "demo-agents", h.base_image, h.registry)
         tls = make_ca(sb.default_artifacts() / "test-ca", "gw")
-        t = time.monotonic()
-        (first,) = sb.bake_selection(demo, "codex", registry=h.registry, extra_ca=tls.ca_cert)
-        bake_s = time.monotonic() - t
-        t = time.monotonic()
-        (again,) = sb.bake_selection(demo, "codex", registry=h.registry, extra_ca=tls.ca_cert)
-        rebake_s = time.monotonic() - t
-        found.raw["agents"] = {
-            "first_bake": first.action,
-            "second_bake": again.action,
-            "image": first.image.image,
-        }
+        samples: list[dict[str, Any]] = []
+        for i in range(1, p.repeats + 1):  # each repetition bakes a freshly built image (a new digest)
+            samples.append(_once(h, tls, i, found))
+        found.raw["agents"] = {"samples": samples}
+        bakes = [x["bake_s"] for x in samples]
+        rebakes = [x["rebake_s"] for x in samples]
+        setups = [x["agent_setup_s"] for x in samples]
         found.figure(
             "bake_s",
-            bake_s,
-            detail=f"Codex {first.image.version} into the demo's agent image: {first.action} "
+            statistics.median(bakes),
+            detail=f"Codex {samples[0]['version']} into the demo's agent image: {samples[0]['first_bake']} "
             "(install with no network, commit, push by digest)",
+            samples=bakes,
         )
         found.figure(
             "rebake_s",
-            rebake_s,
+            statistics.median(rebakes),
             goal="no-op",
-            met=again.action == "up to date",
-            detail=f"the same bake again: {again.action}",
+            met=all(x["second_bake"] == "up to date" for x in samples),
+            detail=f"the same bake again: {', '.join(sorted({x['second_bake'] for x in samples}))}",
+            samples=rebakes,
         )
-        key = f"sk-bench-{secrets.token_hex(12)}"
-        env_file = h.work / "codex-bench.env"
-        env_file.write_text(f"MODEL=gpt-bench\nOPENAI_API_KEY={key}\nCODEX_BASE_URL=https://gw:4443/v1\n")
-        env_file.chmod(0o600)
-        scripts = [{"name": "fix", "match": "calc.sh", "commands": [FIX], "final": "Fixed."}]
-        env = h.env(
-            SCIENCEBENCH_PROXY_IMAGE=os.environ["SB_SQUID_IMAGE"], SCIENCEBENCH_STATE_DIR=str(h.pull_state)
-        )
-        env.pop("SCIENCEBENCH_AGENT_INSTALL", None)
-        h.pull_state.mkdir(parents=True, exist_ok=True)
-        with GatewayLab(
-            image=h.base_image, root=h.work / "gateway", selection=demo, key=key, scripts=scripts, tls=tls
-        ):
-            proc = subprocess.run(
-                [str(h.venv_bin / "sciencebench"), "submit", "--local", "--path", str(demo),
-                 "--task-id", "001", "--agent", "codex", "--env-file", str(env_file),
-                 "--jobs-dir", str(h.jobs_dir), "--job-name", "agents-codex"],
-                env=env, capture_output=True, text=True, timeout=900, check=False,
-            )  # fmt: skip
-        record = json.loads((h.trials_dir("agents-codex") / "001-1.json").read_text())
-        if proc.returncode != 0 or record.get("exception_type"):
-            found.errors["agents"] = (
-                f"the Codex trial failed: {record.get('exception_type')} {proc.stderr[-300:]}"
-            )
-        setup = float(record["timings_sec"]["agent_setup"])
-        found.raw["agents"].update(trial_timings_sec=record["timings_sec"], reward=record.get("rewards"))
+        setup = statistics.median(setups)
         found.figure(
             "agent_setup_baked_s",
             setup,
             goal=f"< {SETUP_GOAL_S:g} s",
             met=setup < SETUP_GOAL_S,
             detail="Pier's agent-setup stage of a real Codex trial on the baked image "
-            f"(reward {record.get('rewards')})",
+            f"(rewards {[x['reward'] for x in samples]})",
+            samples=setups,
         )
     return found.outcome()
+
+
+def _once(h: Harness, tls: Any, i: int, found: Findings) -> dict[str, Any]:
+    """One bake, the same bake again, and one real Codex trial on the baked image."""
+    from tests.fixtures.gateway_lab import GatewayLab
+
+    demo = sb.build_demo_selection(h.work / f"demo-agents-{i}", h.base_image, h.registry)
+    t = time.monotonic()
+    (first,) = sb.bake_selection(demo, "codex", registry=h.registry, extra_ca=tls.ca_cert)
+    bake_s = time.monotonic() - t
+    t = time.monotonic()
+    (again,) = sb.bake_selection(demo, "codex", registry=h.registry, extra_ca=tls.ca_cert)
+    rebake_s = time.monotonic() - t
+    key = f"sk-bench-{secrets.token_hex(12)}"
+    env_file = h.work / f"codex-bench-{i}.env"
+    env_file.write_text(f"MODEL=gpt-bench\nOPENAI_API_KEY={key}\nCODEX_BASE_URL=https://gw:4443/v1\n")
+    env_file.chmod(0o600)
+    scripts = [{"name": "fix", "match": "calc.sh", "commands": [FIX], "final": "Fixed."}]
+    env = h.env(
+        SCIENCEBENCH_PROXY_IMAGE=os.environ["SB_SQUID_IMAGE"], SCIENCEBENCH_STATE_DIR=str(h.pull_state)
+    )
+    env.pop("SCIENCEBENCH_AGENT_INSTALL", None)
+    h.pull_state.mkdir(parents=True, exist_ok=True)
+    job = f"agents-codex-{i}"
+    with GatewayLab(
+        image=h.base_image, root=h.work / f"gateway-{i}", selection=demo, key=key, scripts=scripts, tls=tls
+    ):
+        proc = subprocess.run(
+            [str(h.venv_bin / "sciencebench"), "submit", "--local", "--path", str(demo),
+             "--task-id", "001", "--agent", "codex", "--env-file", str(env_file),
+             "--jobs-dir", str(h.jobs_dir), "--job-name", job],
+            env=env, capture_output=True, text=True, timeout=900, check=False,
+        )  # fmt: skip
+    record = json.loads((h.trials_dir(job) / "001-1.json").read_text())
+    if proc.returncode != 0 or record.get("exception_type"):
+        found.errors[f"agents-{i}"] = (
+            f"the Codex trial failed: {record.get('exception_type')} {proc.stderr[-300:]}"
+        )
+    return {
+        "bake_s": bake_s,
+        "rebake_s": rebake_s,
+        "first_bake": first.action,
+        "second_bake": again.action,
+        "image": first.image.image,
+        "version": first.image.version,
+        "agent_setup_s": float(record["timings_sec"]["agent_setup"]),
+        "trial_timings_sec": record["timings_sec"],
+        "reward": record.get("rewards"),
+    }

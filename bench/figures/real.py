@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import threading
 import time
 from typing import Any
@@ -46,62 +47,72 @@ def measure(h: Harness, p: Params) -> Outcome:
         if p.real_warmup:
             warm = submit("real-warmup")
             via["warmup_wall_s"] = warm.wall_s
+
         # Direct: Pier's default docker environment, as a user runs it (shared images: --no-delete).
-        argv = [str(h.venv_bin / "pier"), "run", "-p", str(demo / "task_001"), "--agent", "oracle",
-                "-o", str(h.work / "pier-direct"), "--job-name", "direct", "-n", "1", "--no-delete",
-                "-y", "-q"]  # fmt: skip
-        direct: dict[str, Any] = {}
+        def direct_argv(job: str) -> list[str]:
+            return [str(h.venv_bin / "pier"), "run", "-p", str(demo / "task_001"), "--agent", "oracle",
+                    "-o", str(h.work / "pier-direct"), "--job-name", job, "-n", "1", "--no-delete",
+                    "-y", "-q"]  # fmt: skip
 
-        def run_direct() -> None:
-            direct["out"] = run_measured(argv, h.env(), cwd=h.work)
+        pairs: list[dict[str, Any]] = []
+        for i in range(1, p.repeats + 1):
+            job, direct_job = ("real", "direct") if i == 1 else (f"real-{i}", f"direct-{i}")
+            direct: dict[str, Any] = {}
 
-        if p.real_concurrent:
-            thread = threading.Thread(target=run_direct)
-            thread.start()
-            run = submit("real")
-            thread.join()
-            found.note("quick mode: the direct `pier run` and the worker's trial ran at the same time")
-        else:
-            run_direct()
-            run = submit("real")
-        direct_wall, _, direct_code, _, direct_err = direct["out"]
-        direct_reward = read_pier_reward(h.work / "pier-direct" / "direct")
-        h.stop_workers([worker])
-        record = json.loads((h.trials_dir("real") / "001-1.json").read_text())
-        via.update(
-            {
-                "wall_s": run.wall_s,
-                "prepare_s": run.prepare_s,
-                "reward": record.get("rewards"),
+            def run_direct(job: str = direct_job, into: dict[str, Any] = direct) -> None:
+                into["out"] = run_measured(direct_argv(job), h.env(), cwd=h.work)
+
+            if p.real_concurrent:
+                thread = threading.Thread(target=run_direct)
+                thread.start()
+                run = submit(job)
+                thread.join()
+                found.note("quick mode: the direct `pier run` and the worker's trial ran at the same time")
+            elif i % 2:  # alternate which goes first
+                run_direct()
+                run = submit(job)
+            else:
+                run = submit(job)
+                run_direct()
+            direct_wall, _, direct_code, _, direct_err = direct["out"]
+            record = json.loads((h.trials_dir(job) / "001-1.json").read_text())
+            pairs.append({
+                "wall_s": run.wall_s, "prepare_s": run.prepare_s, "reward": record.get("rewards"),
                 "exception": record.get("exception_type"),
+                "exception_message": record.get("exception_message"),
                 "timings_sec": record.get("timings_sec"),
-            }
-        )
+                "direct": {"wall_s": direct_wall, "exit_code": direct_code,
+                           "reward": read_pier_reward(h.work / "pier-direct" / direct_job)},
+            })  # fmt: skip
+            if direct_code != 0:
+                found.errors["pier_direct"] = direct_err[-800:]
+        h.stop_workers([worker])
         found.raw["real"] = {
             "environment_class": env_class,
             "environment_class_state": env_state,
             "demo_build_s": build_s,
             "via_worker": via,
-            "direct": {
-                "wall_s": direct_wall,
-                "exit_code": direct_code,
-                "reward": direct_reward,
-                "command": " ".join(argv[1:]),
-            },
+            "pairs": pairs,
+            "direct_command": " ".join(direct_argv("direct")[1:]),
         }
-        if direct_code != 0:
-            found.errors["pier_direct"] = direct_err[-800:]
-        ratio = run.wall_s / direct_wall
-        failed = record.get("exception_type")
-        worker_reward = (record.get("rewards") or {}).get("reward")
+        ratios = [pair["wall_s"] / pair["direct"]["wall_s"] for pair in pairs]
+        ratio = statistics.median(ratios)
+        failed = [pair["exception"] for pair in pairs if pair["exception"]]
+        ok = not failed and all(pair["direct"]["exit_code"] == 0 for pair in pairs)
+        last = pairs[-1]
+        worker_reward = (last["reward"] or {}).get("reward")
+        worker_s = statistics.median(pair["wall_s"] for pair in pairs)
+        direct_s = statistics.median(pair["direct"]["wall_s"] for pair in pairs)
         found.figure(
             "real_trial_ratio",
             ratio,
             "<= 0.5",
-            ratio <= 0.5 and not failed and direct_code == 0,
-            f"worker {run.wall_s:.2f} s (reward {worker_reward}"
-            + (f", FAILED {failed}: {record.get('exception_message')}" if failed else "")
-            + f") vs direct `pier run` {direct_wall:.2f} s (reward {direct_reward}); env class {env_state}",
+            ratio <= 0.5 and ok,
+            f"worker, median {worker_s:.2f} s (reward {worker_reward}"
+            + (f", FAILED {failed}: {last['exception_message']}" if failed else "")
+            + f") vs direct `pier run`, median {direct_s:.2f} s (reward {last['direct']['reward']}); "
+            f"ratios paired; env class {env_state}",
+            samples=ratios,
         )
         if env_state != "importable":
             found.note(f"{env_class} {env_state}: the worker path ran without the fast-teardown environment")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import time
 from datetime import UTC, datetime
@@ -23,7 +24,6 @@ from bench.params import Params
 from bench.report import Findings, Outcome
 
 FINALIZED_JOB = "scale-1"  # the first submitted job: its records are what finalize() summarizes
-SUMMARIZE_REPEATS = 5  # `sciencebench summarize` processes measured (median, min, max)
 
 
 def trials(p: Params) -> int:
@@ -65,17 +65,18 @@ def submit(h: Harness, p: Params) -> Outcome:
 
         names = iter(f"scale-{k}" for k in range(1, 100))  # a submitted job name cannot be reused
 
-        def submit_args() -> list[str]:
-            return ["--path", str(sel), "--n-attempts", str(p.scale_attempts), "--jobs-dir", str(h.jobs_dir),
-                    "--job-name", next(names)]  # fmt: skip
+        def submit_args(window: int = n) -> list[str]:
+            """With `--n-concurrent` n every trial goes to the broker at once, as the bare chord sends."""
+            return ["--path", str(sel), "--n-attempts", str(p.scale_attempts), "--n-concurrent", str(window),
+                    "--jobs-dir", str(h.jobs_dir), "--job-name", next(names)]  # fmt: skip
 
         runs: dict[str, list[dict[str, Any]]] = {}
 
-        def measure(key: str, argv: list[str], db: int, queue: str, cwd: Path) -> None:
+        def measure(key: str, argv: list[str], db: int, queue: str, cwd: Path, sent: int = n) -> None:
             fresh(db)
             wall, rss, code, out, err = run_measured(argv, h.env(db), cwd=cwd)
             entry = {"wall_s": wall, "rss_mb": rss, "exit_code": code, "queued_messages": queued(db, queue)}
-            entry["ok"] = code == 0 and entry["queued_messages"] == n
+            entry["ok"] = code == 0 and entry["queued_messages"] == sent
             if not entry["ok"]:
                 found.errors[f"{key}"] = f"exit {code}, {entry['queued_messages']} queued: {err[-800:]}"
             if key.startswith("bare") and code == 0:
@@ -85,74 +86,101 @@ def submit(h: Harness, p: Params) -> Outcome:
 
         sciencebench = str(h.venv_bin / "sciencebench")
         bare_argv = [sys.executable, "-m", "bench.bare_dispatch", "--broker", h.url(3), "--n", str(n)]
-        # Alternate the contenders; with repetitions, each keeps its best (least disturbed) run.
-        for _ in range(p.scale_repeats):
-            measure("submit", [sciencebench, "submit", *submit_args()], 2, "celery", h.work)
-            measure("bare_celery_defaults", bare_argv, 3, "bench_noop", REPO)
-            if p.bare_events_variant:
-                measure("bare_with_sent_events", [*bare_argv, "--events"], 3, "bench_noop", REPO)
+        # Alternate the contenders, repeated: drift in the machine's load hits them alike.
         if p.scale_tasks_variant:  # the same number of trials as tasks: selection validation x10
             many = [f"{i:05d}" for i in range(1, p.scale_tasks_variant + 1)]
             sel_many = make_selection(
                 h.work / "sel-scale-tasks", many, agent_image=h.base_image, verifier_image=h.base_image
             )
-            many_args = [
-                "--path", str(sel_many), "--jobs-dir", str(h.jobs_dir), "--job-name", "scale-tasks"
-            ]  # fmt: skip
-            measure("submit_tasks_variant", [sciencebench, "submit", *many_args], 2, "celery", h.work)
+        for repeat in range(1, p.scale_repeats + 1):
+            measure("submit", [sciencebench, "submit", *submit_args()], 2, "celery", h.work)
+            measure("bare_celery_defaults", bare_argv, 3, "bench_noop", REPO)
+            if p.bare_events_variant:
+                measure("bare_with_sent_events", [*bare_argv, "--events"], 3, "bench_noop", REPO)
+            if p.scale_tasks_variant:
+                many_args = ["--path", str(sel_many), "--jobs-dir", str(h.jobs_dir),
+                             "--job-name", f"scale-tasks-{repeat}"]  # fmt: skip
+                measure("submit_tasks_variant", [sciencebench, "submit", *many_args], 2, "celery", h.work)
+        if p.stock_submit:  # the default --n-concurrent 1: one trial sent, the others held in the store
+            held_argv = [sciencebench, "submit", *submit_args(window=1)]
+            measure("submit_held", held_argv, 2, "celery", h.work, sent=1)
         if p.stock_submit:  # the dispatch of before this benchmark, same trials, same run
             stock_argv = [sys.executable, "-m", "bench.stock_submit", *submit_args()]
             measure("submit_stock_chord", stock_argv, 2, "celery", REPO)
         best = _best(runs)
         found.raw["scale"] = {"trials": n, "runs": runs, "best": best}
-        _figures(found, p, n, best)
+        _figures(found, p, n, runs, best)
     return found.outcome()
 
 
-def _figures(found: Findings, p: Params, n: int, best: dict[str, dict[str, Any]]) -> None:
-    """The submit figures from each contender's best run."""
-    submitted = best["submit"]
+def _paired(runs: dict[str, list[dict[str, Any]]], key: str) -> list[tuple[dict[str, Any], float]]:
+    """Each successful run of `key` with the faster bare chord of the same repetition (the yardstick)."""
+    pairs = []
+    for k, entry in enumerate(runs.get(key, [])):
+        bare = [runs[b][k]["wall_s"] for b in ("bare_celery_defaults", "bare_with_sent_events")
+                if b in runs and k < len(runs[b]) and runs[b][k]["ok"]]  # fmt: skip
+        if entry["ok"] and bare:
+            pairs.append((entry, min(bare)))
+    return pairs
+
+
+def _figures(
+    found: Findings, p: Params, n: int, runs: dict[str, list[dict[str, Any]]], best: dict[str, dict[str, Any]]
+) -> None:
+    """The submit figures: medians over the repetitions, ratios paired by repetition."""
+    submits = _paired(runs, "submit")
+    walls = [entry["wall_s"] for entry, _ in submits]
+    rss = [entry["rss_mb"] for entry, _ in submits]
     bare = best["bare_celery_defaults"]
-    # The faster bare chord is the yardstick (the stricter comparison).
-    yardstick = min(v["wall_s"] for k, v in best.items() if k.startswith("bare"))
     label = f"{n // 1000}k" if n >= 1000 else str(n)
     stock = best.get("submit_stock_chord")
+    held = best.get("submit_held")
     found.figure(
         "submit_10k_s",
-        submitted["wall_s"],
+        statistics.median(walls),
         None,
         None,
         f"`sciencebench submit` of {n} trials ({p.scale_tasks} tasks x {p.scale_attempts}"
         f" attempts), whole process"
-        + (f"; with stock chord dispatch {stock['wall_s']:.2f} s, {stock['rss_mb']:.0f} MB" if stock else ""),
+        + (f"; with stock chord dispatch {stock['wall_s']:.2f} s, {stock['rss_mb']:.0f} MB" if stock else "")
+        + (f"; with --n-concurrent 1 (1 sent, {n - 1} held) {held['wall_s']:.2f} s" if held else ""),
+        samples=walls,
     )
-    variant = best.get("submit_tasks_variant")
+    variant = _paired(runs, "submit_tasks_variant")
     if variant:
+        ratios = [entry["wall_s"] / yardstick for entry, yardstick in variant]
         found.figure(
             "submit_10k_tasks_ratio_to_bare_celery",
-            variant["wall_s"] / yardstick,
+            statistics.median(ratios),
             None,
             None,
-            f"`sciencebench submit` of {p.scale_tasks_variant} tasks x 1 attempt: "
-            f"{variant['wall_s']:.2f} s, {variant['rss_mb']:.0f} MB (selection validation of every task)",
+            f"`sciencebench submit` of {p.scale_tasks_variant} tasks x 1 attempt: median "
+            f"{statistics.median(e['wall_s'] for e, _ in variant):.2f} s, "
+            f"{statistics.median(e['rss_mb'] for e, _ in variant):.0f} MB "
+            "(selection validation of every task)",
+            samples=ratios,
         )
-    with_events = best.get("bare_with_sent_events", {}).get("wall_s")
-    ratio = submitted["wall_s"] / yardstick
+    with_events = [e["wall_s"] for e in runs.get("bare_with_sent_events", []) if e["ok"]]
+    ratios = [entry["wall_s"] / yardstick for entry, yardstick in submits]
+    ratio = statistics.median(ratios)
     found.figure(
         "submit_10k_ratio_to_bare_celery",
         ratio,
         "<= 0.5",
         ratio <= 0.5,
-        f"bare {label}-task chord process {bare['wall_s']:.2f} s"
-        + (f" (with task-sent events {with_events:.2f} s)" if with_events else "")
-        + (f"; best of {p.scale_repeats}" if p.scale_repeats > 1 else ""),
+        f"bare {label}-task chord process, median "
+        f"{statistics.median(e['wall_s'] for e in runs['bare_celery_defaults'] if e['ok']):.2f} s"
+        + (f" (with task-sent events {statistics.median(with_events):.2f} s)" if with_events else "")
+        + "; ratios paired by repetition, against the faster bare chord of each",
+        samples=ratios,
     )
     found.figure(
         "submit_10k_rss_mb",
-        submitted["rss_mb"],
+        statistics.median(rss),
         "< 200 MB",
-        submitted["rss_mb"] < 200,
+        statistics.median(rss) < 200,
         f"bare chord process {bare['rss_mb']:.0f} MB",
+        samples=rss,
     )
 
 
@@ -164,7 +192,7 @@ def finalize(h: Harness, p: Params) -> Outcome:
     about 4 KB), so the summary reads what it reads in production.
     `finalize_10k_s` is `write_summary` in this process, as the finalizer
     runs it; `summarize_10k_process_s` the whole `sciencebench summarize`
-    process (the median of `summarize_repeats` runs), measured side by side
+    process (the median of `repeats` runs), measured side by side
     with the bare start-up of the same CLI (`sciencebench --version`), runs
     alternating.
     """
@@ -175,13 +203,14 @@ def finalize(h: Harness, p: Params) -> Outcome:
         paths.trials_dir.mkdir(parents=True, exist_ok=True)
         written = _write_trials(paths, job)
         os.sync()
-        t0 = time.monotonic()
-        result = sb.write_summary(job).result
-        took = time.monotonic() - t0
         sciencebench = str(h.venv_bin / "sciencebench")
         argv = [sciencebench, "summarize", "--jobs-dir", str(h.jobs_dir), "--job-name", job.job_name]
+        took: list[float] = []
         runs: dict[str, list[dict[str, Any]]] = {"summarize": [], "startup": []}
-        for _ in range(SUMMARIZE_REPEATS):
+        for _ in range(p.repeats):  # alternating: in process (what the finalizer runs), then the CLIs
+            t0 = time.monotonic()
+            result = sb.write_summary(job).result
+            took.append(time.monotonic() - t0)
             for key, command in (("summarize", argv), ("startup", [sciencebench, "--version"])):
                 cpu0 = os.times()
                 wall, rss, code, out, err = run_measured(command, h.env(2), cwd=h.work)
@@ -194,8 +223,8 @@ def finalize(h: Harness, p: Params) -> Outcome:
                 if code != 0:
                     found.errors[f"{key}_cli"] = f"exit {code}: {err[-500:]}"
         walls = sorted(r["wall_s"] for r in runs["summarize"])
-        median = walls[len(walls) // 2]
-        startup = sorted(r["wall_s"] for r in runs["startup"])[len(walls) // 2]
+        median = statistics.median(walls)
+        startup = statistics.median(r["wall_s"] for r in runs["startup"])
         found.raw["finalize"] = {
             "records": written,
             "write_summary_s": took,
@@ -204,21 +233,24 @@ def finalize(h: Harness, p: Params) -> Outcome:
             "n_completed": result["stats"]["n_completed_trials"],
         }
         label = f"{written // 1000}k" if written >= 1000 else str(written)
+        value = statistics.median(took)
         found.figure(
             "finalize_10k_s",
-            took,
+            value,
             "< 5 s",
-            took < 5,
+            value < 5,
             f"write_summary over {written} records, trial directories and Pier result.json files ({label})",
+            samples=took,
         )
         found.figure(
             "summarize_10k_process_s",
             median,
             "< 1.5 s",
             median < 1.5,
-            f"`sciencebench summarize` of {written} trials as a process, median of {len(walls)} "
-            f"(min {walls[0]:.2f}, max {walls[-1]:.2f} s; CPU {_median(runs['summarize'], 'cpu_s'):.2f} s; "
+            f"`sciencebench summarize` of {written} trials as a process "
+            f"(CPU {_median(runs['summarize'], 'cpu_s'):.2f} s; "
             f"{runs['summarize'][0]['stdout_lines']} lines printed); CLI start-up alone {startup:.2f} s",
+            samples=walls,
         )
     return found.outcome()
 

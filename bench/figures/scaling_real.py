@@ -155,5 +155,6 @@ def measure(h: Harness, p: Params) -> Outcome:
             f"over {p.real_scaling_repeats} alternating repeat(s); mean harness stage per trial "
             f"{harness[1]:.1f} s (1 container) vs {harness[2]:.1f} s (2): both share this machine's "
             f"{os.cpu_count()} cores",
+            samples=ratios,
         )
     return found.outcome()

@@ -2,22 +2,39 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, override
 
+from sciencebench.coordination.history import SAMPLES, measured_seconds
 from sciencebench.coordination.protocol import (
+    HISTORY_KEY,
     JOBS_KEY,
     PREFIX,
     Claim,
     Coordinator,
+    Held,
     HostStatus,
     Start,
     Unfit,
     job_key,
 )
 from sciencebench.core.models import Redispatch, TrialState, TrialStatus
+
+
+@dataclass
+class _Held:
+    """A job's held trials (as the `held` keys over Redis): member -> expected seconds and payload."""
+
+    window: int
+    at: float = 0.0
+    expected: dict[str, float] = field(default_factory=dict)
+    payloads: dict[str, Redispatch] = field(default_factory=dict)
+    tasks: dict[str, list[str]] = field(default_factory=dict)  # task id -> members, until measured
+    probe: set[str] = field(default_factory=set)  # sent trial keys whose record would measure a task
 
 
 class MemoryCoordinator(Coordinator):
@@ -218,9 +235,86 @@ class MemoryCoordinator(Coordinator):
     def next_waiting(self, job: str) -> Redispatch | None:
         with self._lock:
             waiting: dict[str, Redispatch] = self._get(job_key(job, "waiting")) or {}
-            if not waiting:
+            if waiting:
+                return waiting.pop(next(iter(waiting)))
+            held: _Held | None = self._get(job_key(job, "held"))
+            if held is None:
                 return None
-            return waiting.pop(next(iter(waiting)))
+            for key in sorted(held.probe):  # sent trials that finished measure their task's held ones
+                record = self._get(job_key(job, "result", key))
+                if record is None:
+                    continue
+                held.probe.discard(key)
+                task = key.partition("#")[0]
+                seconds = measured_seconds(json.loads(record))
+                if seconds is not None and task in held.tasks:
+                    for member in held.tasks.pop(task):
+                        if member in held.expected:
+                            held.expected[member] = seconds
+            if not held.expected:
+                self._values.pop(job_key(job, "held"), None)
+                return None
+            member = min(held.expected, key=lambda m: (-held.expected[m], m))
+            del held.expected[member]
+            payload = held.payloads.pop(member)
+            if payload.trial.task_id in held.tasks:
+                held.probe.add(payload.trial.key)
+            held.at = time.time()
+            if not held.expected:
+                self._values.pop(job_key(job, "held"), None)
+            return payload
+
+    @override
+    def hold(self, job: str, held: list[Held], sent: list[str], window: int) -> None:
+        if not held:
+            return
+        with self._lock:
+            state: _Held = self._values.setdefault(job_key(job, "held"), _Held(window=window))
+            state.window, state.at = window, time.time()
+            for rank, item in enumerate(held):
+                member = f"{rank:08d}/{item.payload.trial.key}"
+                state.expected[member] = item.expected_sec
+                state.payloads[member] = item.payload
+                state.tasks.setdefault(item.payload.trial.task_id, []).append(member)
+            state.probe |= {key for key in sent if key.partition("#")[0] in state.tasks}
+
+    @override
+    def release_held(self, job: str) -> list[Redispatch]:
+        with self._lock:
+            held: _Held | None = self._values.pop(job_key(job, "held"), None)
+            if held is None:
+                return []
+            order = sorted(held.expected, key=lambda m: (-held.expected[m], m))
+            return [held.payloads[member] for member in order]
+
+    @override
+    def stalled_holds(self, idle_sec: float) -> dict[str, int]:
+        with self._lock:
+            now, stalled = time.time(), {}
+            for job in sorted(self._values.get(JOBS_KEY, set())):
+                held: _Held | None = self._get(job_key(job, "held"))
+                if (
+                    held is not None
+                    and not self._values.get(job_key(job, "running"))
+                    and not self._values.get(job_key(job, "waiting"))
+                    and now - held.at >= idle_sec
+                ):
+                    stalled[job] = held.window
+            return stalled
+
+    @override
+    def add_durations(self, job: str, durations: dict[str, list[float]]) -> None:
+        with self._lock:
+            history: dict[str, list[tuple[float, str]]] = self._values.setdefault(HISTORY_KEY, {})
+            for key, seconds in durations.items():
+                kept = [entry for entry in history.get(key, []) if entry[1] != job]
+                history[key] = (kept + [(s, job) for s in seconds])[-SAMPLES:]
+
+    @override
+    def durations(self, keys: list[str]) -> dict[str, list[float]]:
+        with self._lock:
+            history: dict[str, list[tuple[float, str]]] = self._values.get(HISTORY_KEY, {})
+            return {key: [s for s, _ in history[key]] for key in keys if key in history}
 
     @override
     def open_dispatch(self, job: str, dispatch_id: str) -> None:

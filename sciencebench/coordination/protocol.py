@@ -1,15 +1,17 @@
 """The coordination contract: what the login node and the workers share besides the broker.
 
-One protocol in five parts, with two implementations that one conformance
+One protocol in six parts, with two implementations that one conformance
 suite checks alike (`tests/coordination/`): `RedisCoordinator` for a
 cluster, `MemoryCoordinator` for the embedded single-process mode.
 
     Results     the one record of each trial, and whether the chord counted it
     Leases      which process runs a trial (fenced: once a trial is sent elsewhere
                 its old holder can neither renew nor commit); re-dispatch payloads
-    Slots       the job's --n-concurrent cap, across the whole cluster
+    Slots       the job's --n-concurrent cap, across the whole cluster; the trials
+                waiting for a slot and those held back from the broker
     JobControl  the cancel flag; hosts unfit for the job; retiring its state
     Board       each trial's display state; each worker host's heartbeat and health
+    History     what each task's trials measured, across jobs (`coordination.history`)
 
 Keys (Redis), for a job `J` (the submit's job id, a UUID) and a trial key
 `K` = `<task id>#<attempt>`:
@@ -22,11 +24,18 @@ Keys (Redis), for a job `J` (the submit's job id, a UUID) and a trial key
     sciencebench:J:lease:K            owner id, expires unless renewed
     sciencebench:J:running            hash K -> Redispatch JSON
     sciencebench:J:slots              zset K -> slot expiry (ms, the server's clock)
-    sciencebench:J:waiting            list of Redispatch JSON: parked trials waiting for a slot
+    sciencebench:J:waiting            list of trial keys waiting for a slot, oldest first
+    sciencebench:J:waiting:payloads   hash K -> the Redispatch JSON to send it with
+    sciencebench:J:held               zset H -> -(expected seconds): trials not sent yet (H = <rank>/<K>)
+    sciencebench:J:held:payloads      hash H -> the Redispatch JSON to send it with
+    sciencebench:J:held:tasks         hash task id -> JSON list of its held H, until the task is measured
+    sciencebench:J:held:probe         set of sent K whose record would measure a held task
+    sciencebench:J:held:meta          hash: window (trials kept in the broker), at (last release, s)
     sciencebench:J:state              hash K -> TrialStatus JSON
     sciencebench:J:unfit              hash host -> Unfit JSON: why it cannot serve the job, since when
     sciencebench:J:cancelled          present when the job is cancelled
     sciencebench:lock:<name>          short-lived mutual exclusion (e.g. one re-dispatch)
+    sciencebench:history              hash <task id>/<task hash>/<agent> -> JSON [[seconds, job id], ...]
 
 Times that several hosts compare (slot expiry, host heartbeats) come from
 one clock: the store's (`now`).
@@ -47,6 +56,7 @@ PREFIX = "sciencebench"
 JOBS_KEY = f"{PREFIX}:jobs"
 HOSTS_KEY = f"{PREFIX}:hosts"
 PAUSED_KEY = f"{PREFIX}:hosts:paused"
+HISTORY_KEY = f"{PREFIX}:history"
 
 
 def job_key(job: str, *parts: str) -> str:
@@ -67,6 +77,13 @@ class Unfit(BaseModel):
 
     reason: str
     at: float
+
+
+class Held(BaseModel):
+    """A trial of a job kept back from the broker: how to send it and how long it should run."""
+
+    payload: Redispatch
+    expected_sec: float
 
 
 class HostStatus(BaseModel):
@@ -216,7 +233,36 @@ class Slots(Protocol):
         ...
 
     def next_waiting(self, job: str) -> Redispatch | None:
-        """Take the job's longest-waiting trial off the queue, if any."""
+        """The trial to send now that one of the job's trials ended, taken off its queue; None if none.
+
+        The job's longest-waiting trial parked for a slot, else the held trial
+        (see `hold`) expected to run longest. Before choosing, a held trial
+        whose task has a finished trial in this job (one sent before it) is
+        expected to run what that trial measured (`coordination.history.measured_seconds`).
+        One atomic step: two ending trials never take the same one.
+        """
+        ...
+
+    def hold(self, job: str, held: list[Held], sent: list[str], window: int) -> None:
+        """Keep trials of the job back from the broker; `next_waiting` hands them out one by one.
+
+        `held` in the order to send them when expectations tie; `sent` the
+        trial keys sent now (their records may measure held trials' tasks);
+        `window` how many trials of the job the broker holds at a time (for
+        `stalled_holds`). Called before the sent trials' messages go out.
+        """
+        ...
+
+    def release_held(self, job: str) -> list[Redispatch]:
+        """Take every held trial of the job, longest expected first (to send them all, or to drop them)."""
+        ...
+
+    def stalled_holds(self, idle_sec: float) -> dict[str, int]:
+        """Jobs (id -> window) with held trials but none running or waiting for a slot.
+
+        And none handed out for `idle_sec` (the store's clock): a lost wake-up
+        left nobody to send them (`coordination.watchdog.release_stalled`).
+        """
         ...
 
 
@@ -304,8 +350,23 @@ class Board(Protocol):
         ...
 
 
-class Coordinator(Results, Leases, Slots, JobControl, Board, Protocol):
-    """All five parts, and how the implementation lives with broker outages."""
+class History(Protocol):
+    """What each task's trials measured, across jobs (see `coordination.history`)."""
+
+    def add_durations(self, job: str, durations: dict[str, list[float]]) -> None:
+        """Add a job's measured seconds per history key; they replace what this job added before.
+
+        Only the newest `coordination.history.SAMPLES` of a key are kept.
+        """
+        ...
+
+    def durations(self, keys: list[str]) -> dict[str, list[float]]:
+        """The kept seconds of each key that has any, oldest first."""
+        ...
+
+
+class Coordinator(Results, Leases, Slots, JobControl, Board, History, Protocol):
+    """All six parts, and how the implementation lives with broker outages."""
 
     @property
     def recovered_at(self) -> float:

@@ -12,6 +12,7 @@ import logging
 import uuid
 from typing import Any
 
+from sciencebench.coordination.history import record_durations
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.core.models import JobSpec, TrialRecord, agent_env_file_name
 from sciencebench.core.paths import JobPaths, write_atomic
@@ -82,6 +83,7 @@ def finish_job(
     job = JobSpec.model_validate_json(paths.job_spec.read_bytes())
     store_records_to_disk(coord, job, paths)
     forget_agent_env(job)
+    record_durations(coord, job, paths)  # what the next job of these tasks is ordered by
     result = write_summary(job).result
     missing = missing_trials(job, paths)
     stats = result["stats"]

@@ -9,20 +9,24 @@ grace period. Keys are listed in `coordination.protocol`.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
-from typing import override
+from typing import Any, override
 
 import redis
 from redis.typing import EncodableT
 
+from sciencebench.coordination.history import SAMPLES
 from sciencebench.coordination.protocol import (
+    HISTORY_KEY,
     HOSTS_KEY,
     JOBS_KEY,
     PAUSED_KEY,
     PREFIX,
     Claim,
     Coordinator,
+    Held,
     HostStatus,
     Start,
     Unfit,
@@ -123,11 +127,35 @@ if redis.call('hset', KEYS[2], ARGV[1], ARGV[2]) == 1 then
 end
 return 1
 """
-_NEXT_WAITING = """
+# A trial record's measured seconds: its harness stage, unless cancelled. The
+# twin of `coordination.history.measured_seconds`.
+_MEASURED = """
+local function measured(record)
+  local ok, r = pcall(cjson.decode, record)
+  if not ok or type(r) ~= 'table' or r['exception_type'] == 'Cancelled' then
+    return nil
+  end
+  local timings = r['timings_sec']
+  if type(timings) ~= 'table' or type(timings['harness']) ~= 'number' or timings['harness'] < 0 then
+    return nil
+  end
+  return timings['harness']
+end
+"""
+# The next trial to send as one ended: the oldest waiting for a slot (KEYS[1]
+# list of keys, KEYS[2] hash key -> payload), else the held trial expected to
+# run longest (KEYS[3] zset member -> -seconds, KEYS[4] payloads). First,
+# probed trials (KEYS[6], sent trials of tasks with held ones) that have a
+# record (key ARGV[1] .. K) measure their task: its held trials (KEYS[5] task
+# -> members) are expected to take that long. KEYS[7] notes the release time.
+# The records are read by name, which a single Redis (not a cluster) allows.
+_NEXT_WAITING = (
+    _MEASURED
+    + """
 while true do
   local key = redis.call('lpop', KEYS[1])
   if not key then
-    return false
+    break
   end
   local payload = redis.call('hget', KEYS[2], key)
   if payload then
@@ -135,6 +163,84 @@ while true do
     return payload
   end
 end
+if redis.call('exists', KEYS[3]) == 0 then
+  return false
+end
+for _, key in ipairs(redis.call('smembers', KEYS[6])) do
+  local record = redis.call('get', ARGV[1] .. key)
+  if record then
+    redis.call('srem', KEYS[6], key)
+    local task = string.match(key, '^(.*)#')
+    local members = redis.call('hget', KEYS[5], task)
+    local seconds = measured(record)
+    if members and seconds then
+      for _, member in ipairs(cjson.decode(members)) do
+        redis.call('zadd', KEYS[3], 'XX', -seconds, member)
+      end
+      redis.call('hdel', KEYS[5], task)
+    end
+  end
+end
+while true do
+  local popped = redis.call('zpopmin', KEYS[3])
+  if #popped == 0 then
+    redis.call('del', KEYS[4], KEYS[5], KEYS[6], KEYS[7])
+    return false
+  end
+  local payload = redis.call('hget', KEYS[4], popped[1])
+  if payload then
+    redis.call('hdel', KEYS[4], popped[1])
+    local key = string.match(popped[1], '/(.*)$')
+    if redis.call('hexists', KEYS[5], string.match(key, '^(.*)#')) == 1 then
+      redis.call('sadd', KEYS[6], key)
+    end
+    if redis.call('exists', KEYS[3]) == 0 then
+      redis.call('del', KEYS[4], KEYS[5], KEYS[6], KEYS[7])
+    else
+      redis.call('hset', KEYS[7], 'at', redis.call('time')[1])
+    end
+    return payload
+  end
+end
+"""
+)
+# Every held trial's payload, longest expected first; the job holds nothing after.
+_RELEASE_HELD = """
+local members = redis.call('zrange', KEYS[1], 0, -1)
+local payloads = {}
+for _, member in ipairs(members) do
+  local payload = redis.call('hget', KEYS[2], member)
+  if payload then
+    table.insert(payloads, payload)
+  end
+end
+redis.call('del', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+return payloads
+"""
+# Add a job's measured seconds (ARGV[3], ARGV[4]: key, JSON list; ...) to the
+# history hash (KEYS[1]): entries [seconds, job] of this job (ARGV[1]) are
+# replaced, and only the newest ARGV[2] are kept.
+_ADD_DURATIONS = """
+local keep = tonumber(ARGV[2])
+for i = 3, #ARGV, 2 do
+  local kept = {}
+  local old = redis.call('hget', KEYS[1], ARGV[i])
+  if old then
+    for _, entry in ipairs(cjson.decode(old)) do
+      if entry[2] ~= ARGV[1] then
+        table.insert(kept, entry)
+      end
+    end
+  end
+  for _, seconds in ipairs(cjson.decode(ARGV[i + 1])) do
+    table.insert(kept, {seconds, ARGV[1]})
+  end
+  while #kept > keep do
+    table.remove(kept, 1)
+  end
+  redis.call('hset', KEYS[1], ARGV[i], cjson.encode(kept))
+end
+return 1
 """
 # Take an orphan: clear the running entry (KEYS[2], field ARGV[1]) only while
 # the lease (KEYS[1]) is still absent, so a late renewal and a re-send never
@@ -186,6 +292,16 @@ return {'claimed', 0, take_slot(KEYS[5], ARGV[5], ARGV[6], ARGV[2])}
 _OUTAGE_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
 
+def _held_keys(job: str) -> tuple[str, str, str, str, str]:
+    """A job's held trials: zset, payloads, tasks, probe, meta (see `coordination.protocol`)."""
+    return (job_key(job, "held"), job_key(job, "held", "payloads"), job_key(job, "held", "tasks"),
+            job_key(job, "held", "probe"), job_key(job, "held", "meta"))  # fmt: skip
+
+
+def _chunks[T](items: list[T], size: int) -> list[list[T]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
 class RedisCoordinator(Coordinator):
     """`Coordinator` over Redis (see the module docstring); `ping` answers at once."""
 
@@ -204,6 +320,8 @@ class RedisCoordinator(Coordinator):
         self._finish_script = self._redis.register_script(_FINISH)
         self._wait_script = self._redis.register_script(_WAIT)
         self._next_waiting_script = self._redis.register_script(_NEXT_WAITING)
+        self._release_held_script = self._redis.register_script(_RELEASE_HELD)
+        self._add_durations_script = self._redis.register_script(_ADD_DURATIONS)
 
     @property
     @override
@@ -404,10 +522,75 @@ class RedisCoordinator(Coordinator):
 
     @override
     def next_waiting(self, job: str) -> Redispatch | None:
-        """The longest-waiting parked trial, or None (one script)."""
-        keys = [job_key(job, "waiting"), job_key(job, "waiting", "payloads")]
-        value = self.patiently(lambda: self._next_waiting_script(keys=keys))
+        """The longest-waiting parked trial, else the longest expected held one, or None (one script)."""
+        keys = [job_key(job, "waiting"), job_key(job, "waiting", "payloads"), *_held_keys(job)]
+        args = [job_key(job, "result", "")]
+        value = self.patiently(lambda: self._next_waiting_script(keys=keys, args=args))
         return Redispatch.model_validate_json(str(value)) if value is not None else None
+
+    @override
+    def hold(self, job: str, held: list[Held], sent: list[str], window: int) -> None:
+        """Store the held trials, their tasks and the probes in one transaction."""
+        if not held:
+            return
+        zset, payloads, tasks, probe, meta = _held_keys(job)
+        scores: dict[str, float] = {}
+        bodies: dict[str, str] = {}
+        by_task: dict[str, list[str]] = {}
+        for rank, item in enumerate(held):
+            member = f"{rank:08d}/{item.payload.trial.key}"
+            scores[member] = -item.expected_sec
+            bodies[member] = item.payload.model_dump_json()
+            by_task.setdefault(item.payload.trial.task_id, []).append(member)
+        probes = [key for key in sent if key.partition("#")[0] in by_task]
+
+        def store() -> None:
+            with self._redis.pipeline(transaction=True) as pipe:
+                for chunk in _chunks(list(scores), 5000):
+                    pipe.zadd(zset, {member: scores[member] for member in chunk})
+                    mapping: dict[EncodableT, EncodableT] = {member: bodies[member] for member in chunk}
+                    pipe.hset(payloads, mapping=mapping)
+                listed: dict[EncodableT, EncodableT] = {t: json.dumps(m) for t, m in by_task.items()}
+                pipe.hset(tasks, mapping=listed)
+                if probes:
+                    pipe.sadd(probe, *probes)
+                pipe.hset(meta, mapping={"window": window, "at": self.now()})
+                pipe.execute()
+
+        self.patiently(store)
+
+    @override
+    def release_held(self, job: str) -> list[Redispatch]:
+        """Every held trial, longest expected first; the job holds nothing after (one script)."""
+        values = self.patiently(lambda: self._release_held_script(keys=list(_held_keys(job))))
+        return [Redispatch.model_validate_json(str(value)) for value in values]
+
+    @override
+    def stalled_holds(self, idle_sec: float) -> dict[str, int]:
+        """Jobs with held trials, none running or waiting, none handed out for `idle_sec`."""
+        jobs = sorted(str(job) for job in self.patiently(lambda: self._redis.smembers(JOBS_KEY)))
+        if not jobs:
+            return {}
+
+        def look() -> list[Any]:
+            with self._redis.pipeline(transaction=False) as pipe:
+                for job in jobs:
+                    pipe.exists(job_key(job, "held"))
+                    pipe.hlen(job_key(job, "running"))
+                    pipe.llen(job_key(job, "waiting"))
+                    pipe.hmget(job_key(job, "held", "meta"), ["window", "at"])
+                pipe.time()
+                return list(pipe.execute())
+
+        found = self.patiently(look)
+        seconds, micros = found[-1]
+        now = float(seconds) + float(micros) / 1e6
+        stalled = {}
+        for i, job in enumerate(jobs):
+            held, running, waiting, (window, at) = found[4 * i : 4 * i + 4]
+            if held and not running and not waiting and now - float(at or 0) >= idle_sec:
+                stalled[job] = int(window or 1)
+        return stalled
 
     @override
     def open_dispatch(self, job: str, dispatch_id: str) -> None:
@@ -469,6 +652,32 @@ class RedisCoordinator(Coordinator):
                 pipe.execute()
 
         self.patiently(expire_all)
+
+    # --- history
+
+    @override
+    def add_durations(self, job: str, durations: dict[str, list[float]]) -> None:
+        """Add the job's measured seconds to `sciencebench:history` (one script per 1,000 keys)."""
+        for chunk in _chunks(sorted(durations.items()), 1000):
+            args: list[EncodableT] = [job, SAMPLES]
+            for key, seconds in chunk:
+                args += [key, json.dumps(seconds)]
+            self._add(args)
+
+    def _add(self, args: list[EncodableT]) -> None:
+        self.patiently(lambda: self._add_durations_script(keys=[HISTORY_KEY], args=args))
+
+    @override
+    def durations(self, keys: list[str]) -> dict[str, list[float]]:
+        """The kept seconds of each key that has any (`HMGET`)."""
+        if not keys:
+            return {}
+        values = self.patiently(lambda: self._redis.hmget(HISTORY_KEY, keys))
+        return {
+            key: [float(entry[0]) for entry in json.loads(value)]
+            for key, value in zip(keys, values, strict=True)
+            if value is not None
+        }
 
     # --- board
 

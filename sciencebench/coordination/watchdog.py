@@ -1,10 +1,16 @@
-"""Lost-host recovery: re-dispatch trials whose lease expired.
+"""Lost-host recovery: re-dispatch trials whose lease expired, and held trials nobody will send.
 
 Every worker's main process runs one watchdog thread. A trial whose worker
 died (host killed, network cut) stops renewing its lease; within one lease
 period plus one scan the watchdog sends the same task again (same task id,
 same chord membership), long before the broker's hours-long visibility
 timeout would. A per-trial lock keeps two watchdogs from both sending it.
+
+Held trials (`Slots.hold`) are sent one per ended trial; should those
+wake-ups all be lost (a worker killed between its commit and its wake-up,
+the broker gone meanwhile), the job would wait for nothing. A job with held
+trials, none running or waiting, an empty broker queue and no release for
+two lease periods gets its window's worth sent (`release_stalled`).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import time
 from typing import Any, cast
 
 from celery import Celery
+from kombu.exceptions import ChannelError
 
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.core.models import Redispatch, TrialState
@@ -72,6 +79,40 @@ def send_again(app: Celery, coord: Coordinator, payload: Redispatch) -> None:
     )
 
 
+def release_stalled(app: Celery, coord: Coordinator, lease_seconds: float) -> int:
+    """One scan: send a window's worth of held trials of each stalled job. Returns the count.
+
+    Stalled: held trials, none of the job's running or waiting for a slot, no
+    release for two lease periods, and nothing in the broker's queue (where
+    the job's own trials would be, behind another job's).
+    """
+    stalled = coord.stalled_holds(2 * lease_seconds)
+    if not stalled or _queued(app) > 0:
+        return 0
+    sent = 0
+    for job, window in stalled.items():
+        if not coord.try_lock(f"release:{job}", lease_seconds):
+            continue
+        count = 0
+        while count < max(window, 1) and (payload := coord.next_waiting(job)) is not None:
+            send_again(app, coord, payload)
+            count += 1
+        log.warning("job %s: its held trials had nobody to send them; %d sent", job, count)
+        sent += count
+    return sent
+
+
+def _queued(app: Celery) -> int:
+    """Messages waiting in the default queue (trials go nowhere else)."""
+    with app.connection_for_read() as conn:
+        channel = cast(Any, conn.default_channel)
+        try:
+            _, count, _ = channel.queue_declare(queue=app.conf.task_default_queue, passive=True)
+        except ChannelError:  # a queue nobody pushed to, or emptied: Redis has no such list
+            return 0
+    return int(count)
+
+
 def start_watchdog(app: Celery, coord: Coordinator, lease_seconds: float) -> threading.Event:
     """Start the scanning thread; set the returned event to stop it."""
     stop = threading.Event()
@@ -80,6 +121,7 @@ def start_watchdog(app: Celery, coord: Coordinator, lease_seconds: float) -> thr
         while not stop.wait(max(lease_seconds / 4, 0.5)):
             try:
                 redispatch_orphans(app, coord, lease_seconds)
+                release_stalled(app, coord, lease_seconds)
             except Exception:  # the broker may be restarting; scan again later
                 log.warning("watchdog scan failed", exc_info=True)
 

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import uuid
+from dataclasses import dataclass
 from typing import Any, cast
 
 from celery import Celery, Signature, chord, group
 from celery.result import AsyncResult
 
-from sciencebench.coordination.protocol import Coordinator
-from sciencebench.core.models import JobSpec, TrialSpec, TrialState
+from sciencebench.coordination.history import estimates
+from sciencebench.coordination.protocol import Coordinator, Held
+from sciencebench.coordination.watchdog import send_again
+from sciencebench.core.models import JobSpec, Redispatch, TrialSpec, TrialState
 from sciencebench.core.wire import FINALIZE_JOB, RUN_TRIAL, finalize_shadow, trial_shadow
+from sciencebench.login.plan import expected_seconds, schedule
 
 # Broker operations buffered per Redis round trip while a chord's header is
 # published (each trial is one queue push and, with task events on, one
@@ -19,7 +25,16 @@ PUBLISH_BATCH_OPS = 2000
 
 
 def dispatch(app: Celery, coord: Coordinator, job: JobSpec, trials: list[TrialSpec]) -> AsyncResult[object]:
-    """chord(group(run_trial per trial), finalize_job): longest trials first.
+    """chord(group(run_trial per trial), finalize_job): longest expected trials first.
+
+    Trials are ordered by what their tasks measured before (the store's
+    history for these task versions and this agent), else by their timeouts
+    (`login.plan.order`). When a task has several trials, only the job's
+    `--n-concurrent` go to the broker now and the rest are held in the store
+    (`login.plan.schedule`, `Slots.hold`): each trial's end sends the one then
+    expected to run longest, measured by the job's first finished trial of its
+    task. Held trials are chord members like the rest (the chord's size counts
+    them); the watchdog sends them should every wake-up be lost.
 
     The chord is open (`JobControl.open_dispatch`) until its finalizer runs,
     so `retry --failed` knows whether the job's trials are still on their way.
@@ -33,6 +48,9 @@ def dispatch(app: Celery, coord: Coordinator, job: JobSpec, trials: list[TrialSp
         FINALIZE_JOB, args=(str(job.jobs_dir), job.job_name, job.job_key, dispatch_id), immutable=True,
         options={"shadow": finalize_shadow(job.job_name)},
     )  # fmt: skip
+    measured = estimates(coord, job)
+    plan = schedule(trials, measured, job.n_concurrent)
+    ordered = plan.send + plan.hold
     header = [
         app.signature(
             RUN_TRIAL,
@@ -44,12 +62,57 @@ def dispatch(app: Celery, coord: Coordinator, job: JobSpec, trials: list[TrialSp
                 "kwargsrepr": "{}",
             },
         )
-        for trial in trials
+        for trial in ordered
     ]
-    coord.set_states(job.job_key, [trial.key for trial in trials], TrialState.QUEUED)
-    if trials:
+    coord.set_states(job.job_key, [trial.key for trial in ordered], TrialState.QUEUED)
+    if ordered:
         coord.open_dispatch(job.job_key, dispatch_id)  # closed by its finalizer
-    return send_chord(app, header, finalize)
+    if not plan.hold:
+        return send_chord(app, header, finalize)
+    frozen = freeze_chord(app, finalize, len(header))
+    chord_body = json.loads(json.dumps(frozen.body))  # as a worker reads it from a message
+    held = []
+    for index in range(len(plan.send), len(ordered)):
+        trial = ordered[index]
+        payload = Redispatch(
+            task_id=str(header[index].options["task_id"]), trial=trial, chord=chord_body,
+            group_id=frozen.group_id, group_index=index,
+        )  # fmt: skip
+        held.append(Held(payload=payload, expected_sec=expected_seconds(trial, measured)))
+    coord.hold(job.job_key, held, [trial.key for trial in plan.send], job.n_concurrent)
+    try:
+        publish_header(app, frozen, header[: len(plan.send)])
+    except BaseException:
+        with contextlib.suppress(Exception):
+            coord.release_held(job.job_key)  # nothing is left to send them
+        raise
+    return frozen.result
+
+
+def release_held(app: Celery, coord: Coordinator, job: JobSpec) -> int:
+    """Send every held trial of the job now (e.g. once it is cancelled: they end at once); the count."""
+    payloads = coord.release_held(job.job_key)
+    for payload in payloads:
+        send_again(app, coord, payload)
+    return len(payloads)
+
+
+@dataclass(frozen=True)
+class FrozenChord:
+    """A chord whose body is frozen and whose size is stored: header messages may now be sent."""
+
+    group_id: str
+    body: Signature[Any]
+    result: AsyncResult[object]
+
+
+def freeze_chord(app: Celery, body: Signature[Any], size: int) -> FrozenChord:
+    """Freeze the chord body into a new group and store the chord's size (`size` header tasks)."""
+    group_id = str(uuid.uuid4())
+    body = body.clone()
+    result: AsyncResult[object] = body.freeze(str(uuid.uuid4()), group_id=group_id)
+    app.backend.set_chord_size(group_id, size)
+    return FrozenChord(group_id=group_id, body=body, result=result)
 
 
 def send_chord(app: Celery, header: list[Signature[Any]], body: Signature[Any]) -> AsyncResult[object]:
@@ -77,11 +140,14 @@ def send_chord(app: Celery, header: list[Signature[Any]], body: Signature[Any]) 
     if not header:
         empty: AsyncResult[object] = chord(group([], app=app))(body)  # Celery runs the body at once
         return empty
-    group_id = str(uuid.uuid4())
-    body = body.clone()
-    body_result: AsyncResult[object] = body.freeze(str(uuid.uuid4()), group_id=group_id)
+    frozen = freeze_chord(app, body, len(header))
+    publish_header(app, frozen, header)
+    return frozen.result
+
+
+def publish_header(app: Celery, frozen: FrozenChord, header: list[Signature[Any]]) -> None:
+    """Send header tasks of a frozen chord, each as its member at its index in `header` (see `send_chord`)."""
     amqp = app.amqp
-    app.backend.set_chord_size(group_id, len(header))
     with app.producer_or_acquire() as producer, producer.batch(max_size=PUBLISH_BATCH_OPS):
         for index, sig in enumerate(header):
             name = sig.task
@@ -104,14 +170,13 @@ def send_chord(app: Celery, header: list[Signature[Any]], body: Signature[Any]) 
             options = amqp.router.route(options, name, args, kwargs, cast(Any, task_type))
             message = amqp.create_task_message(
                 task_id, name, args, kwargs,
-                group_id=group_id, group_index=index, chord=body, shadow=shadow,
+                group_id=frozen.group_id, group_index=index, chord=frozen.body, shadow=shadow,
                 reply_to=app.thread_oid, create_sent_event=app.conf.task_send_sent_event,
                 **explicit, **options,
             )  # fmt: skip
             if index:  # the first message declares its queue, as `send_task` does; the rest need not
                 options.setdefault("declare", [])
             amqp.send_task_message(producer, name, message, **options)
-    return body_result
 
 
 _REFUSED_OPTIONS = ("countdown", "eta", "expires", "link", "link_error", "chain", "chord", "group_id")

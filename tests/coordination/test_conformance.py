@@ -7,6 +7,7 @@ cluster keeps.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,8 +16,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from sciencebench.coordination.history import SAMPLES
 from sciencebench.coordination.memory import MemoryCoordinator
-from sciencebench.coordination.protocol import Claim, Coordinator
+from sciencebench.coordination.protocol import Claim, Coordinator, Held
 from sciencebench.coordination.redis import RedisCoordinator
 from sciencebench.core.models import Redispatch, TrialSpec, TrialState, TrialStatus
 from tests.fixtures.services import RedisServer
@@ -311,6 +313,98 @@ def test_a_trial_waits_for_a_slot_once(coord: Coordinator) -> None:
     assert coord.next_waiting("j") is None
     coord.wait_for_slot("j", _payload("001"))  # it may wait again after being woken
     assert coord.next_waiting("j") == _payload("001")
+
+
+def _held(task_id: str, attempt: int, expected: float) -> Held:
+    return Held(payload=_payload(task_id, attempt), expected_sec=expected)
+
+
+def _record(task_id: str, attempt: int, harness: float | None, exception: str | None = None) -> str:
+    timings = {"pull": 9.0} if harness is None else {"pull": 9.0, "harness": harness}
+    return json.dumps({"job_id": str(JOB_ID), "job_name": "j", "task_id": task_id, "attempt": attempt,
+                       "exception_type": exception, "timings_sec": timings})  # fmt: skip
+
+
+def _keys(payloads: list[Redispatch | None]) -> list[str | None]:
+    return [p.trial.key if p else None for p in payloads]
+
+
+def test_held_trials_go_longest_expected_first_ties_in_given_order(coord: Coordinator) -> None:
+    coord.hold("j", [_held("001", 1, 5.0), _held("002", 1, 50.0), _held("003", 1, 5.0),
+                     _held("004", 1, 50.0)], [], window=2)  # fmt: skip
+    popped = [coord.next_waiting("j") for _ in range(5)]
+    assert _keys(popped) == ["002#1", "004#1", "001#1", "003#1", None]
+    assert popped[0] == _payload("002", 1)  # the payload as held
+
+
+def test_trials_waiting_for_a_slot_go_before_held_ones(coord: Coordinator) -> None:
+    coord.hold("j", [_held("001", 2, 50.0)], ["001#1"], window=1)
+    coord.wait_for_slot("j", _payload("003"))
+    assert _keys([coord.next_waiting("j") for _ in range(3)]) == ["003#1", "001#2", None]
+
+
+def test_a_finished_trial_measures_its_tasks_held_trials(coord: Coordinator) -> None:
+    # Timeouts say 100 s for every trial; the first attempts (sent) measure 3 s and 30 s.
+    held = [_held("003", 1, 100.0), _held("001", 2, 100.0), _held("002", 2, 100.0),
+            _held("001", 3, 100.0), _held("002", 3, 100.0)]  # fmt: skip
+    coord.hold("j", held, ["001#1", "002#1"], window=2)
+    coord.store_result("j", "001#1", _record("001", 1, harness=3.0))
+    # 002 is not measured yet: its timeouts' bound still puts it before 001's 3 s.
+    assert _keys([coord.next_waiting("j"), coord.next_waiting("j")]) == ["003#1", "002#2"]
+    coord.store_result("j", "002#1", _record("002", 1, harness=30.0))
+    assert _keys([coord.next_waiting("j") for _ in range(4)]) == ["002#3", "001#2", "001#3", None]
+
+
+def test_a_held_trial_sent_first_measures_the_rest_of_its_task(coord: Coordinator) -> None:
+    held = [_held("001", 1, 100.0), _held("002", 1, 100.0), _held("001", 2, 100.0), _held("002", 2, 100.0)]
+    coord.hold("j", held, [], window=1)
+    assert _keys([coord.next_waiting("j"), coord.next_waiting("j")]) == ["001#1", "002#1"]
+    coord.store_result("j", "001#1", _record("001", 1, harness=2.0))
+    coord.store_result("j", "002#1", _record("002", 1, harness=20.0))
+    assert _keys([coord.next_waiting("j") for _ in range(3)]) == ["002#2", "001#2", None]
+
+
+def test_cancelled_or_unmeasured_records_measure_nothing(coord: Coordinator) -> None:
+    held = [_held("001", 2, 100.0), _held("002", 2, 100.0), _held("003", 2, 50.0)]
+    coord.hold("j", held, ["001#1", "002#1", "003#1"], window=3)
+    coord.store_result("j", "001#1", _record("001", 1, harness=1.0, exception="Cancelled"))
+    coord.store_result("j", "002#1", _record("002", 1, harness=None, exception="PullError"))
+    coord.store_result("j", "003#1", _record("003", 1, harness=0.5))
+    assert _keys([coord.next_waiting("j") for _ in range(4)]) == ["001#2", "002#2", "003#2", None]
+
+
+def test_release_held_takes_every_held_trial_in_order(coord: Coordinator) -> None:
+    coord.hold("j", [_held("001", 2, 1.0), _held("002", 2, 9.0)], ["001#1", "002#1"], window=2)
+    assert _keys(list(coord.release_held("j"))) == ["002#2", "001#2"]
+    assert coord.release_held("j") == []
+    assert coord.next_waiting("j") is None
+
+
+def test_holds_are_stalled_only_with_nothing_running_waiting_or_released(coord: Coordinator) -> None:
+    coord.hold("j", [_held("001", 2, 1.0), _held("002", 2, 1.0)], ["001#1"], window=3)
+    assert coord.stalled_holds(0) == {}  # not a live job yet: its first trial was not claimed
+    assert coord.claim("j", "001#1", "a", 30) is Claim.CLAIMED
+    coord.set_running("j", "001#1", _payload("001"))
+    assert coord.stalled_holds(0) == {}  # a trial runs: its end sends the next one
+    assert coord.finish("j", "001#1", "a")
+    assert coord.stalled_holds(0) == {"j": 3}
+    assert coord.stalled_holds(60) == {}  # released lately (here: held lately)
+    coord.wait_for_slot("j", _payload("003"))
+    assert coord.stalled_holds(0) == {}
+    coord.next_waiting("j")
+    coord.release_held("j")
+    assert coord.stalled_holds(0) == {}
+
+
+def test_history_keeps_the_newest_samples_and_replaces_a_jobs_own(coord: Coordinator) -> None:
+    assert coord.durations(["a", "b"]) == {}
+    coord.add_durations("job1", {"a": [1.0, 2.0], "b": [5.0]})
+    coord.add_durations("job2", {"a": [3.0]})
+    assert coord.durations(["a", "b", "c"]) == {"a": [1.0, 2.0, 3.0], "b": [5.0]}
+    coord.add_durations("job1", {"a": [4.0]})  # job1 finalized again: its samples are replaced
+    assert coord.durations(["a"]) == {"a": [3.0, 4.0]}
+    coord.add_durations("job3", {"a": [float(n) for n in range(10, 10 + SAMPLES + 2)]})
+    assert coord.durations(["a"])["a"] == [float(n) for n in range(12, 12 + SAMPLES)]
 
 
 def test_a_dispatch_is_open_until_its_finalizer_closes_it(coord: Coordinator) -> None:

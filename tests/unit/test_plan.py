@@ -52,8 +52,9 @@ def test_trials_longest_expected_first(tmp_path: Path) -> None:
     assert all(t.attempt == 1 for t in trials)
 
 
-def test_ties_keep_selection_then_attempt_order(tmp_path: Path) -> None:
-    # selection.json order, not numeric order, decides among equals.
+def test_ties_go_by_attempt_then_selection_order(tmp_path: Path) -> None:
+    # Every task's first attempt before any second one; selection.json order, not
+    # numeric order, decides among equals.
     _, _, trials = _job_and_selection(
         tmp_path,
         ["007", "002", "005"],
@@ -62,8 +63,9 @@ def test_ties_keep_selection_then_attempt_order(tmp_path: Path) -> None:
     )
     assert [t.key for t in trials] == [
         "005#1", "005#2", "005#3",
-        "007#1", "007#2", "007#3",
-        "002#1", "002#2", "002#3",
+        "007#1", "002#1",
+        "007#2", "002#2",
+        "007#3", "002#3",
     ]  # fmt: skip
 
 
@@ -77,7 +79,7 @@ def test_attempt_expansion_fields(tmp_path: Path) -> None:
         verifier_timeout_multiplier=2.0,
     )
     assert len(trials) == 4
-    assert [t.key for t in trials] == ["002#1", "002#2", "005#1", "005#2"]
+    assert [t.key for t in trials] == ["002#1", "005#1", "002#2", "005#2"]
     for trial in trials:
         task = selection.tasks[trial.task_id]
         assert trial.job_name == "plan"
@@ -86,7 +88,7 @@ def test_attempt_expansion_fields(tmp_path: Path) -> None:
         assert trial.task_toml_sha256 == task_toml_sha256(task.directory)
         assert trial.expected_sec == 600 * 0.5 + 600 * 2.0 + 600 * 2.0
     assert trials[0].image_refs == [DEFAULT_AGENT_IMAGE]
-    assert trials[2].image_refs == [DEFAULT_AGENT_IMAGE, DEFAULT_VERIFIER_IMAGE]
+    assert trials[1].image_refs == [DEFAULT_AGENT_IMAGE, DEFAULT_VERIFIER_IMAGE]
     assert trials[0].label == "task_002 #1"
 
 
