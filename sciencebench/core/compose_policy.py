@@ -44,7 +44,7 @@ import yaml
 
 from sciencebench.core.envfile import PIER_COMPOSE_VARIABLES, harness_key_problem
 from sciencebench.core.images import check_image_ref
-from sciencebench.core.taskdir import compose_paths, read_regular
+from sciencebench.core.taskdir import TaskScan, compose_paths, read_regular
 
 AGENT_SERVICE = "main"
 # Bounds on what a compose file may make the checker walk (YAML aliases can multiply it).
@@ -458,25 +458,47 @@ def _entry_problems(task_dir: Path) -> list[str]:
     return [_one_line(problem) for problem in problems]
 
 
-def review_task(task_dir: Path, raw: Mapping[str, Any]) -> TaskReview:
+def _scanned_entry_problems(scan: TaskScan) -> list[str]:
+    """`_entry_problems` of a scanned task: the scan exists only when no entry is a symlink or special."""
+    return [
+        _one_line(f"{relative}/.env: compose would read it for interpolation; refused")
+        for relative in scan.dotenv
+    ]
+
+
+def _read_compose(path: Path) -> bytes | OSError:
+    """A compose file's bytes, or why it is refused (a symlink, not a regular file); other OSErrors raise."""
+    try:
+        return read_regular(path)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.EINVAL):
+            raise
+        return exc
+
+
+def review_task(task_dir: Path, raw: Mapping[str, Any], scan: TaskScan | None = None) -> TaskReview:
     """Check a task directory and its parsed task.toml `raw` against the policy (module docstring).
 
     The task directory is the one given (never derived from a symlink's
-    target); bind mounts may come only from inside it. Raises OSError when
-    a file cannot be read.
+    target); bind mounts may come only from inside it. `scan`: the task
+    directory as `core.taskdir.scan_task_dir` found it, used instead of
+    looking at each path again. Raises OSError when a file cannot be read.
     """
-    problems = _entry_problems(task_dir) + _env_key_problems(raw)
+    entries = _entry_problems(task_dir) if scan is None else _scanned_entry_problems(scan)
+    problems = entries + _env_key_problems(raw)
     own_env = set(((raw.get("environment") or {}).get("env") or {}) if isinstance(raw, Mapping) else ())
+    if scan is None:
+        files = [(path, _read_compose(path)) for path in compose_paths(task_dir)]
+    else:
+        files = [(task_dir / relative, data) for relative, data in scan.compose]
     needed: set[str] = set()
-    for path in compose_paths(task_dir):
+    for path, data in files:
         relative = path.relative_to(task_dir)
-        try:
-            text = read_regular(path).decode("utf-8")
-        except OSError as exc:
-            if exc.errno not in (errno.ELOOP, errno.EINVAL):
-                raise
-            problems.append(f"{relative}: {exc.strerror}")
+        if isinstance(data, OSError):
+            problems.append(f"{relative}: {data.strerror}")
             continue
+        try:
+            text = data.decode("utf-8")
         except UnicodeDecodeError:
             problems.append(f"{relative}: not UTF-8 text")
             continue

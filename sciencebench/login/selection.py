@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 
@@ -130,7 +131,10 @@ def load_selection(path: Path, task_id_filter: str | None = None) -> Selection:
     if not ids:
         raise SelectionError(f"--path {path}: not a materialized selection (no task_NNN/ directories)")
     root = path.resolve()
+    real_dirs = _real_dirs(path)
     for task_id in ids:
+        if f"task_{task_id}" in real_dirs:
+            continue  # a directory, not a symlink: it resolves to root / its name
         task_dir = path / f"task_{task_id}"
         if not task_dir.is_dir():
             raise SelectionError(f"{path}: task {task_id} is listed but task_{task_id}/ is missing")
@@ -148,12 +152,22 @@ def load_selection(path: Path, task_id_filter: str | None = None) -> Selection:
 
     tasks: dict[str, TaskSpec] = {}
     for task_id in ids:
-        tasks[task_id] = load_task(path / f"task_{task_id}", task_id)
+        name = f"task_{task_id}"
+        tasks[task_id] = load_task(path / name, task_id, root / name)
     if len(tasks) != len(ids):
         raise TaskSpecError(f"{path}: duplicate task ids in the selection")
     return Selection(
-        path=path.resolve(),
+        path=root,
         task_ids=ids,
         allow_restricted_licenses=restricted,
         tasks=tasks,
     )
+
+
+def _real_dirs(path: Path) -> set[str]:
+    """The real directories (not symlinks) in `path`, from one `os.scandir`; none if it cannot be listed."""
+    try:
+        with os.scandir(path) as listing:
+            return {entry.name for entry in listing if entry.is_dir(follow_symlinks=False)}
+    except OSError:
+        return set()

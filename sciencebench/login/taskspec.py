@@ -21,7 +21,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sciencebench.core.compose_policy import review_task
 from sciencebench.core.errors import TaskSpecError
 from sciencebench.core.images import ImageRef
-from sciencebench.core.taskdir import DEFINING_FILES, task_toml_sha256
+from sciencebench.core.taskdir import (
+    DEFINING_FILES,
+    TaskScan,
+    scan_task_dir,
+    scanned_sha256,
+    task_toml_sha256,
+)
 
 
 class _Section(BaseModel):
@@ -100,20 +106,28 @@ class TaskSpec(BaseModel):
         return [self.agent_image] + ([self.verifier_image] if self.verifier_image else [])
 
 
-def _required_files(task_dir: Path) -> list[str]:
+def _required_files(task_dir: Path, scan: TaskScan | None) -> list[str]:
     """What Pier needs to accept a task directory, plus the patch hook we need.
 
     Each must be a regular file: a pipe or a device would hang or mislead the reader.
     """
+    if scan is None:
+
+        def is_file(relative: str) -> bool:
+            return (task_dir / relative).is_file()
+    else:  # a scan exists only when the defining files are regular
+
+        def is_file(relative: str) -> bool:
+            return relative in DEFINING_FILES or relative in scan.files
+
     missing = []
-    if not (task_dir / "instruction.md").is_file():
+    if not is_file("instruction.md"):
         missing.append("instruction.md")
-    env_dir = task_dir / "environment"
-    if not ((env_dir / "Dockerfile").is_file() or (env_dir / "docker-compose.yaml").is_file()):
+    if not (is_file("environment/Dockerfile") or is_file("environment/docker-compose.yaml")):
         missing.append("environment/Dockerfile (or environment/docker-compose.yaml)")
-    if not (task_dir / "tests" / "test.sh").is_file():
+    if not is_file("tests/test.sh"):
         missing.append("tests/test.sh")
-    if not (task_dir / "pre_artifacts.sh").is_file():
+    if not is_file("pre_artifacts.sh"):
         missing.append("pre_artifacts.sh (rerun materialize.py with the current tools to regenerate it)")
     return missing
 
@@ -125,9 +139,16 @@ def _first_error(exc: ValidationError) -> str:
     return f"{where}: {message}" if where else message
 
 
-def _read_regular(path: Path) -> str:
-    """A regular file's text; TaskSpecError for anything else (pipes hang readers) or unreadable."""
+def _read_regular(path: Path, scanned: bytes | None = None) -> str:
+    """A regular file's text; TaskSpecError for anything else (pipes hang readers) or unreadable.
+
+    `scanned`: the file's bytes as `scan_task_dir` read them (it reads regular files only).
+    """
     try:
+        if scanned is not None:
+            # As `read_text` decodes: strict UTF-8, universal newlines.
+            text = scanned.decode("utf-8")
+            return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
         if not stat.S_ISREG(path.stat().st_mode):
             raise TaskSpecError(f"{path}: not a regular file")
         return path.read_text(encoding="utf-8")
@@ -138,13 +159,19 @@ def _read_regular(path: Path) -> str:
         raise TaskSpecError(f"{path}: unreadable ({reason})") from None
 
 
-def load_task(task_dir: Path, task_id: str) -> TaskSpec:
+def load_task(task_dir: Path, task_id: str, resolved: Path | None = None) -> TaskSpec:
     """Read and validate `<task_dir>/task.toml` and the files around it.
 
+    `resolved`: `task_dir.resolve()` when the caller knows it. An ordinary
+    task directory is read in one pass (`core.taskdir.scan_task_dir`): each
+    file once, its hash from the same bytes; an unusual one path by path.
+    Both make the same checks, in the same order, with the same results.
     Raises TaskSpecError naming the file and the first problem found.
     """
+    scan = scan_task_dir(task_dir)
+    scanned = dict(zip(DEFINING_FILES, scan.defining, strict=True)) if scan else {}
     toml_path = task_dir / "task.toml"
-    text = _read_regular(toml_path)
+    text = _read_regular(toml_path, scanned.get("task.toml"))
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -157,18 +184,19 @@ def load_task(task_dir: Path, task_id: str) -> TaskSpec:
         raise TaskSpecError(f"{toml_path}: {_first_error(exc)}") from None
 
     try:
-        review = review_task(task_dir, raw)
+        review = review_task(task_dir, raw, scan)
     except OSError as exc:
         raise TaskSpecError(f"task {task_id} ({task_dir}): unreadable ({exc.strerror})") from None
     if review.problems:
         raise TaskSpecError(f"task {task_id} ({task_dir}): {review.problems[0]}")
-    missing = _required_files(task_dir)
+    missing = _required_files(task_dir, scan)
     if missing:
         raise TaskSpecError(f"task {task_id} ({task_dir}): missing {missing[0]}")
     for name in DEFINING_FILES[1:]:
-        _read_regular(task_dir / name)  # readable, before anything hashes it
+        _read_regular(task_dir / name, scanned.get(name))  # readable, before anything hashes it
     try:
-        task_hash = task_toml_sha256(task_dir)
+        # The worker recomputes `task_toml_sha256` from the files; a scan hashes the same bytes.
+        task_hash = task_toml_sha256(task_dir) if scan is None else scanned_sha256(scan)
     except OSError as exc:
         raise TaskSpecError(f"task {task_id} ({task_dir}): unreadable ({exc.strerror})") from None
 
@@ -186,7 +214,7 @@ def load_task(task_dir: Path, task_id: str) -> TaskSpec:
         )
     return TaskSpec(
         task_id=task_id,
-        directory=task_dir.resolve(),
+        directory=resolved or task_dir.resolve(),
         agent_image=parsed.environment.docker_image,
         verifier_image=verifier_env.docker_image if verifier_env else None,
         verifier_mode=mode,
