@@ -406,6 +406,8 @@ _TEMPLATE = re.compile(r"\$\{([^}:]+)(?::-(.*))?\}")
 
 def _env_tables(raw: Any, where: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
     """Every `env` table of a task.toml (`[environment].env`, `[verifier].env`, steps, ...)."""
+    if isinstance(raw, str | int | float):
+        return  # most values: answered before the slower Mapping check
     if isinstance(raw, Mapping):
         for key, value in raw.items():
             here = f"{where}.{key}" if where else str(key)
@@ -420,19 +422,23 @@ def _env_tables(raw: Any, where: str = "") -> Iterator[tuple[str, Mapping[str, A
 
 def template_variables(raw: Any) -> set[str]:
     """`VAR` of every `${VAR}` / `${VAR:-default}` value of an `env` table anywhere in a task.toml."""
+    return _template_names(_env_tables(raw))
+
+
+def _template_names(tables: Iterable[tuple[str, Mapping[str, Any]]]) -> set[str]:
     return {
         match.group(1)
-        for _, table in _env_tables(raw)
+        for _, table in tables
         for value in table.values()
         if isinstance(value, str) and (match := _TEMPLATE.fullmatch(value))
     }
 
 
-def _env_key_problems(raw: Any) -> list[str]:
+def _env_key_problems(tables: Iterable[tuple[str, Mapping[str, Any]]]) -> list[str]:
     """Env table keys that would steer the harness (their values are never named)."""
     return [
         f"task.toml {where}: refused: {problem}"
-        for where, table in _env_tables(raw)
+        for where, table in tables
         for key in table
         if (problem := harness_key_problem(str(key)))
     ]
@@ -485,7 +491,8 @@ def review_task(task_dir: Path, raw: Mapping[str, Any], scan: TaskScan | None = 
     looking at each path again. Raises OSError when a file cannot be read.
     """
     entries = _entry_problems(task_dir) if scan is None else _scanned_entry_problems(scan)
-    problems = entries + _env_key_problems(raw)
+    tables = list(_env_tables(raw))
+    problems = entries + _env_key_problems(tables)
     own_env = set(((raw.get("environment") or {}).get("env") or {}) if isinstance(raw, Mapping) else ())
     if scan is None:
         files = [(path, _read_compose(path)) for path in compose_paths(task_dir)]
@@ -514,7 +521,7 @@ def review_task(task_dir: Path, raw: Mapping[str, Any], scan: TaskScan | None = 
             needed |= names - PIER_COMPOSE_VARIABLES - own_env
     return TaskReview(
         problems=tuple(problems),
-        template_variables=frozenset(template_variables(raw)),
+        template_variables=frozenset(_template_names(tables)),
         compose_variables=frozenset(needed),
     )
 
