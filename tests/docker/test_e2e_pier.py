@@ -21,6 +21,7 @@ import redis
 
 from sciencebench.login.selection import load_selection
 from sciencebench.worker.docker import images
+from sciencebench.worker.pier import naming
 from tests.fixtures.pier_results import check_pier_job_files
 from tests.fixtures.pier_viewer import check_job_as_pier_shows_it, check_trials_as_pier_shows_them, pier_view
 from tests.fixtures.services import VENV_BIN, RedisServer, Worker
@@ -33,11 +34,20 @@ def _rows(job_dir: Path) -> dict[str, dict[str, str]]:
         return {row["task_id"]: row for row in csv.DictReader(handle)}
 
 
-def _leftovers(client: docker.DockerClient) -> dict[str, list[str]]:
+def _leftovers(client: docker.DockerClient, trials: list[str]) -> dict[str, list[str]]:
+    """What the engine still holds that is named after one of these trials (their compose projects).
+
+    Scoped to the test's own trials: the engine may be shared with other work running beside the test.
+    """
+    projects = [naming.compose_project_name(trial) for trial in trials]
+
+    def ours(name: str) -> bool:
+        return any(project in name for project in projects)
+
     return {
-        "containers": [c.name for c in client.containers.list(all=True)],
-        "networks": [n.name for n in client.networks.list() if n.name not in ("bridge", "host", "none")],
-        "derived images": [t for i in client.images.list() for t in i.tags if t.endswith("-main:latest")],
+        "containers": [c.name for c in client.containers.list(all=True) if ours(c.name)],
+        "networks": [n.name for n in client.networks.list() if ours(n.name)],
+        "derived images": [t for i in client.images.list() for t in i.tags if ours(t)],
     }
 
 
@@ -102,7 +112,8 @@ def test_oracle_and_nop_through_workers(
         pulls = [json.loads(line) for line in (state_dir / "pulls.jsonl").read_text().splitlines()]
         pulled = sorted({p["ref"] for p in pulls})
         assert pulled == sorted(selection.image_refs)
-        assert _leftovers(docker_client) == {"containers": [], "networks": [], "derived images": []}
+        trials = [f"{row['task_id']}__{row['trial_id']}" for row in [*rows.values(), *nop_rows.values()]]
+        assert _leftovers(docker_client, trials) == {"containers": [], "networks": [], "derived images": []}
         for ref in selection.image_refs:  # pinned task images are kept (pulled by digest: untagged)
             docker_client.images.get(images.pinned_name(ref))
     finally:

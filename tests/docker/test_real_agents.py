@@ -504,12 +504,13 @@ def redis_dump(client: redis.Redis) -> bytes:
 
 def test_the_key_reaches_the_gateway_and_nothing_else_through_a_worker(
     lab: GatewayLab, baked: Baked, demo_selection: Path, tmp_path: Path, state_dir: Path,
-    redis_server: RedisServer,
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory,
 ) -> None:  # fmt: skip
     client = redis.Redis.from_url(redis_server.url)
     client.flushdb()
     env = agent_env(state_dir, SCIENCEBENCH_BROKER_URL=redis_server.url, SCIENCEBENCH_LEASE_SECONDS="10")
-    worker = Worker("agents", env, tmp_path, concurrency=1).start()
+    # The demo selection is the module's: the worker serves the whole test run's directory.
+    worker = Worker("agents", env, tmp_path, concurrency=1, serves=tmp_path_factory.getbasetemp()).start()
     flower = Flower.start(
         env, tmp_path, "admin", "flower-secret", "--task_runtime_metric_buckets=1,10,60,600,inf"
     )
