@@ -25,7 +25,7 @@ trial) directory, unpinned images. Compose interpolation (`$VAR`, `${VAR}`,
 defaults and the alternative-value forms (`${VAR:+x}`, `${VAR+x}`) are
 refused everywhere. A compose project directory may not hold a `.env` file
 (compose would read it for interpolation), and nothing in a task may be a
-symlink or a special file.
+symlink, a special file or a file with other hard links, at any depth.
 """
 
 from __future__ import annotations
@@ -438,15 +438,37 @@ def _env_key_problems(raw: Any) -> list[str]:
     ]
 
 
+def _tree_problems(task_dir: Path) -> Iterator[str]:
+    """Every entry of the task, at any depth, that is not a plain file or directory of its own.
+
+    Pier copies `environment/` into an agent build context with symlinks
+    followed (`shutil.copytree`) and hands `tests/` and `solution/` to the
+    container, all as the worker's user: a symlink anywhere (to a worker's
+    file, or to `/etc`), a hard link to a file outside the task, a FIFO or a
+    device would bring the worker's files or a hang into the trial.
+    Directories are walked without following symlinks.
+    """
+    pending = [task_dir]
+    while pending:
+        directory = pending.pop()
+        with os.scandir(directory) as entries:
+            found = sorted(entries, key=lambda entry: entry.name)
+        for entry in found:
+            relative = Path(entry.path).relative_to(task_dir)
+            info = entry.stat(follow_symlinks=False)
+            if stat.S_ISLNK(info.st_mode):
+                yield f"{relative} is a symlink; a task's files must be inside it"
+            elif stat.S_ISDIR(info.st_mode):
+                pending.append(Path(entry.path))
+            elif not stat.S_ISREG(info.st_mode):
+                yield f"{relative} is not a regular file or directory"
+            elif info.st_nlink > 1:
+                yield f"{relative} has other hard links; a task's files must be its own"
+
+
 def _entry_problems(task_dir: Path) -> list[str]:
-    """Symlinks and special files among a task's entries, and `.env` files compose would read."""
-    problems: list[str] = []
-    for entry in sorted(task_dir.iterdir()):
-        mode = entry.lstat().st_mode
-        if stat.S_ISLNK(mode):
-            problems.append(f"{entry.name} is a symlink; a task's files must be inside it")
-        elif not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-            problems.append(f"{entry.name} is not a regular file or directory")
+    """Symlinks, special and hard-linked files anywhere in a task, and `.env` files compose would read."""
+    problems = list(_tree_problems(task_dir))
     # The compose project directories Pier uses (a step's tests directory is one too).
     project_dirs = [task_dir / "environment", task_dir / "tests", *sorted(task_dir.glob("steps/*/tests"))]
     for directory in project_dirs:

@@ -319,6 +319,35 @@ def test_a_symlinked_step_tests_dir_is_refused(task: Path, tmp_path: Path) -> No
     assert any("steps/one/tests is (inside) a symlink" in p for p in review_task_dir(task).problems)
 
 
+@pytest.mark.parametrize(
+    ("relative", "says"),
+    [
+        # Pier copies environment/ with shutil.copytree (symlinks followed) into an agent build context.
+        ("environment/secret", "environment/secret is a symlink"),
+        ("environment/etc", "environment/etc is a symlink"),
+        ("environment/Dockerfile", "environment/Dockerfile is a symlink"),
+        ("tests/data/x", "tests/data/x is a symlink"),
+        ("solution/solve.sh", "solution/solve.sh is a symlink"),
+    ],
+)
+def test_a_symlink_anywhere_in_the_task_is_refused(task: Path, relative: str, says: str) -> None:
+    link = task / relative
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.unlink(missing_ok=True)
+    link.symlink_to("/etc" if relative.endswith("etc") else "/etc/hostname")
+    assert any(says in p for p in review_task_dir(task).problems), review_task_dir(task).problems
+
+
+def test_a_special_or_hardlinked_file_anywhere_in_the_task_is_refused(task: Path, tmp_path: Path) -> None:
+    os.mkfifo(task / "tests" / "fifo")
+    outside = tmp_path / "outside"
+    outside.write_text("the worker's")
+    os.link(outside, task / "environment" / "data" / "linked")
+    problems = review_task_dir(task).problems
+    assert any("tests/fifo is not a regular file or directory" in p for p in problems), problems
+    assert any("environment/data/linked has other hard links" in p for p in problems), problems
+
+
 # --- the task hash -------------------------------------------------------------------------------
 
 
