@@ -480,6 +480,31 @@ def _entry_problems(task_dir: Path) -> list[str]:
     return [_one_line(problem) for problem in problems]
 
 
+def _own_env(raw: Any) -> set[str]:
+    """The env keys every environment of the task sets itself (its compose processes get them from there).
+
+    The agent's `[environment]`, and each `[verifier.environment]` and
+    `[steps.verifier.environment]` a separate verifier runs in instead: a
+    name only one of them sets comes, in the others, from Pier's own
+    environment, so it must be declared like any other.
+    """
+    if not isinstance(raw, Mapping):
+        return set()
+
+    def env_of(table: Any) -> set[str]:
+        env = table.get("env") if isinstance(table, Mapping) else None
+        return {str(key) for key in env} if isinstance(env, Mapping) else set()
+
+    def verifier_environment(owner: Any) -> Any:
+        verifier = owner.get("verifier") if isinstance(owner, Mapping) else None
+        return verifier.get("environment") if isinstance(verifier, Mapping) else None
+
+    steps = raw.get("steps")
+    owners = [raw, *(steps if isinstance(steps, list) else [])]
+    tables = [raw.get("environment"), *(t for t in map(verifier_environment, owners) if t is not None)]
+    return set.intersection(*(env_of(table) for table in tables))
+
+
 def review_task(task_dir: Path, raw: Mapping[str, Any]) -> TaskReview:
     """Check a task directory and its parsed task.toml `raw` against the policy (module docstring).
 
@@ -488,7 +513,7 @@ def review_task(task_dir: Path, raw: Mapping[str, Any]) -> TaskReview:
     a file cannot be read.
     """
     problems = _entry_problems(task_dir) + _env_key_problems(raw)
-    own_env = set(((raw.get("environment") or {}).get("env") or {}) if isinstance(raw, Mapping) else ())
+    own_env = _own_env(raw)
     needed: set[str] = set()
     for path in compose_paths(task_dir):
         relative = path.relative_to(task_dir)
@@ -510,7 +535,9 @@ def review_task(task_dir: Path, raw: Mapping[str, Any]) -> TaskReview:
         found = compose_problems(compose, path.parent, [task_dir])
         problems += [f"{relative}: refused by the network policy: {problem}" for problem in found]
         if not found:
-            names = set().union(*(interpolation(text)[0] for text in _strings(compose)))
+            # The policy environment gives compose every name the file's text interpolates,
+            # comments and mapping keys included (a bare `environment: [NAME]` copies it).
+            names = set().union(interpolation(text)[0], *(interpolation(s)[0] for s in _strings(compose)))
             needed |= names - PIER_COMPOSE_VARIABLES - own_env
     return TaskReview(
         problems=tuple(problems),

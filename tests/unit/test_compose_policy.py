@@ -296,6 +296,35 @@ def test_review_collects_the_variables_a_task_takes_from_the_job(task: Path) -> 
     assert review.compose_variables == {"OPENAI_API_KEY"}  # not the task's own, not Pier's
 
 
+def test_review_counts_every_name_the_compose_process_would_be_given(task: Path) -> None:
+    # The policy environment gives `docker compose` every name its files' text interpolates
+    # (`interpolation` over the raw text, comments and keys included); a bare `environment`
+    # entry then copies that value into the container. So each such name must be declared.
+    (task / "environment" / "docker-compose.yaml").write_text(
+        "# ${OPERATOR_KEY}\n"
+        "services: {main: {environment: [OPERATOR_KEY, '${OPENAI_API_KEY}'], x-k: {'${KEY_NAME}': 1}}}\n"
+    )
+    review = review_task_dir(task)
+    assert review.problems == ()
+    assert review.compose_variables == {"OPERATOR_KEY", "OPENAI_API_KEY", "KEY_NAME"}
+
+
+def test_a_name_only_the_agent_environment_sets_is_declared_for_the_verifiers_compose(tmp_path: Path) -> None:
+    # The separate verifier's compose process gets [verifier.environment].env, not [environment].env:
+    # there the name would come from Pier's own environment.
+    task = make_task(tmp_path, "002", verifier_image=PINNED)
+    toml = task / "task.toml"
+    toml.write_text(toml.read_text().replace("cpus = 1\n", 'cpus = 1\nenv = { OWN = "1" }\n', 1))
+    assert tomllib.loads(toml.read_text())["environment"]["env"] == {"OWN": "1"}
+    (task / "tests" / "docker-compose.yaml").write_text("services: {main: {environment: {K: '${OWN}'}}}\n")
+    assert review_task_dir(task).compose_variables == {"OWN"}
+    # Set by both, it is the task's own either way.
+    toml.write_text(
+        toml.read_text().replace("[verifier.environment]\n", '[verifier.environment]\nenv = { OWN = "2" }\n')
+    )
+    assert review_task_dir(task).compose_variables == set()
+
+
 def test_review_names_env_table_keys_never_values(task: Path) -> None:
     raw = tomllib.loads((task / "task.toml").read_text())
     raw["verifier"]["env"] = {"LD_PRELOAD": "/secret/value.so"}
