@@ -147,6 +147,8 @@ _FREE_KEYS = frozenset({
 _NAMESPACE_KEYS = frozenset({"pid", "ipc", "uts", "userns_mode", "cgroup"})
 _PULL_POLICIES = frozenset({"build", "missing", "never", "if_not_present"})
 _BUILD_KEYS = frozenset({"context", "dockerfile", "args", "target", "labels"})
+# Contexts compose treats as remote without a scheme (compose-go `isRemoteContext`); `:` covers the rest.
+_REMOTE_CONTEXT_PREFIXES = ("github.com/", "git@")
 _VOLUME_KEYS = frozenset({"type", "source", "target", "read_only", "bind", "volume", "tmpfs", "consistency"})
 _VOLUME_OPTIONS = {"bind": frozenset({"create_host_path"}), "volume": frozenset({"nocopy", "subpath"}),
                    "tmpfs": frozenset({"size", "mode"})}  # fmt: skip
@@ -198,7 +200,12 @@ def _build_problems(where: str, build: Any, ctx: _Context) -> list[str]:
     if not isinstance(build, Mapping):
         return [f"{where}: build must be a path or a mapping"]
     problems = [f"{where}: build key {key!r}" for key in build if key not in _BUILD_KEYS]
-    context = PurePosixPath(str(build.get("context", ".")))
+    raw_context = str(build.get("context", "."))
+    if ":" in raw_context or raw_context.startswith(_REMOTE_CONTEXT_PREFIXES):
+        # Compose passes a URL, a Git reference, `docker-image://` or `service:` on untouched;
+        # the Engine's builder would fetch it with the host's network.
+        return [*problems, f"{where}: build context {raw_context!r} is not a local directory"]
+    context = PurePosixPath(raw_context)
     resolved = Path(context if context.is_absolute() else ctx.project_dir / context).resolve()
     # Rendered, Pier's own agent build context lives in the trial directory.
     allowed = (ctx.project_dir, *ctx.roots) if ctx.rendered else (ctx.project_dir,)
