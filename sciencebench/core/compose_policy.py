@@ -26,6 +26,7 @@ defaults and the alternative-value forms (`${VAR:+x}`, `${VAR+x}`) are
 refused everywhere. A compose project directory may not hold a `.env` file
 (compose would read it for interpolation), and nothing in a task may be a
 symlink, a special file or a file with other hard links, at any depth.
+No task.toml artifact path may hold `..` (Pier writes artifacts on the worker).
 """
 
 from __future__ import annotations
@@ -473,6 +474,29 @@ def _tree_problems(task_dir: Path) -> Iterator[str]:
                 yield f"{relative} has other hard links; a task's files must be its own"
 
 
+def _artifact_problems(raw: Any) -> list[str]:
+    """Artifacts Pier would write outside the trial's artifacts directory on the worker.
+
+    Pier downloads each one to `<trial>/artifacts/<destination>`, the
+    destination defaulting to the source's last name, with `..` kept; so
+    neither may hold a `..` part. Applies to the task's and each step's list.
+    """
+    if not isinstance(raw, Mapping):
+        return []
+    steps = raw.get("steps")
+    numbered = enumerate(steps if isinstance(steps, list) else [])
+    owners = [("", raw), *((f"steps[{i}].", step) for i, step in numbered)]
+    problems: list[str] = []
+    for prefix, owner in owners:
+        artifacts = owner.get("artifacts") if isinstance(owner, Mapping) else None
+        for position, artifact in enumerate(artifacts if isinstance(artifacts, list) else []):
+            entry = artifact if isinstance(artifact, Mapping) else {"source": artifact}
+            paths = [entry.get("source"), *([entry["destination"]] if "destination" in entry else [])]
+            if not all(isinstance(path, str) and ".." not in PurePosixPath(path).parts for path in paths):
+                problems.append(f"task.toml {prefix}artifacts[{position}]: a path with '..' or not a string")
+    return problems
+
+
 def _entry_problems(task_dir: Path) -> list[str]:
     """Symlinks, special and hard-linked files anywhere in a task, and `.env` files compose would read."""
     problems = list(_tree_problems(task_dir))
@@ -519,7 +543,7 @@ def review_task(task_dir: Path, raw: Mapping[str, Any]) -> TaskReview:
     target); bind mounts may come only from inside it. Raises OSError when
     a file cannot be read.
     """
-    problems = _entry_problems(task_dir) + _env_key_problems(raw)
+    problems = _entry_problems(task_dir) + _env_key_problems(raw) + _artifact_problems(raw)
     own_env = _own_env(raw)
     needed: set[str] = set()
     for path in compose_paths(task_dir):

@@ -384,6 +384,34 @@ def test_a_special_or_hardlinked_file_anywhere_in_the_task_is_refused(task: Path
     assert any("environment/data/linked has other hard links" in p for p in problems), problems
 
 
+@pytest.mark.parametrize(
+    "artifacts",
+    [
+        # Pier writes an artifact to `<trial>/artifacts/<destination>` (or the source's name) on the worker.
+        [{"source": "/logs/x", "destination": "../../../../root/.bashrc"}],
+        [{"source": "/logs/x", "destination": "/ok/../../../../etc/cron.d/x"}],
+        [{"source": "/logs/.."}],
+        [{"source": "/logs/x", "destination": 3}],
+    ],
+)
+def test_an_artifact_written_outside_the_trial_is_refused(task: Path, artifacts: list[Any]) -> None:
+    raw = tomllib.loads((task / "task.toml").read_text())
+    problems = review_task(task, {**raw, "artifacts": artifacts}).problems
+    assert any("artifacts" in p for p in problems), problems
+    steps = [{"name": "one", "artifacts": artifacts}]
+    assert any("steps[0].artifacts" in p for p in review_task(task, {**raw, "steps": steps}).problems)
+
+
+def test_artifacts_inside_the_trial_pass(task: Path) -> None:
+    raw = tomllib.loads((task / "task.toml").read_text())
+    artifacts = [
+        "/logs/artifacts/model.patch",
+        {"source": "/app/out", "destination": "out/app"},
+        {"source": "/"},
+    ]
+    assert review_task(task, {**raw, "artifacts": artifacts}).problems == ()
+
+
 # --- the task hash -------------------------------------------------------------------------------
 
 
