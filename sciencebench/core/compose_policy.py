@@ -155,13 +155,14 @@ _VOLUME_OPTIONS = {"bind": frozenset({"create_host_path"}), "volume": frozenset(
                    "tmpfs": frozenset({"size", "mode"})}  # fmt: skip
 _RESOURCE_KEYS = frozenset({"cpus", "memory", "pids"})
 _RESERVED_LABELS = ("com.docker.", "org.sciencebench.")
+_VOLUME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _NO_NEW_PRIVILEGES = frozenset({"no-new-privileges", "no-new-privileges:true", "no-new-privileges=true"})
 
 
 def _inside(source: str, ctx: _Context) -> bool:
     """Whether a bind source lies under one of the roots (symlinks resolved as they are now)."""
-    if source.startswith("~") or ".." in PurePosixPath(source).parts:
-        return False
+    if source.startswith("~") or ".." in PurePosixPath(source).parts or ":" in source or "\\" in source:
+        return False  # `~`, `..`, and Windows paths, which compose keeps as written
     path = PurePosixPath(source)
     candidate = Path(path if path.is_absolute() else ctx.project_dir / path).resolve()
     return any(candidate.is_relative_to(root.resolve()) for root in ctx.roots)
@@ -175,7 +176,8 @@ def _volume_problems(where: str, volume: Any, ctx: _Context) -> list[str]:
         _, _, mode = rest.partition(":")
         if mode and mode not in ("ro", "rw"):
             return [f"{where}: volume mode {mode!r} (only ro or rw)"]
-        is_bind = source.startswith(("/", ".", "~")) or "/" in source
+        # compose makes a Windows path (`c:...`, a UNC `\\host\...`) a bind too; a volume is a name.
+        is_bind = not _VOLUME_NAME.fullmatch(source)
         volume = {"type": "bind" if is_bind else "volume", "source": source}
     if not isinstance(volume, Mapping):
         return [f"{where}: a volume must be a string or a mapping"]

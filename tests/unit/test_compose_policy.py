@@ -137,6 +137,15 @@ REFUSED = {
         "bind: {propagation: rshared}}]}}",
         "option 'propagation'",
     ),
+    # compose makes these binds (Windows paths: a UNC name, a drive) and leaves them as written.
+    "bind_unc_short": (
+        "services: {main: {volumes: ['\\\\\\\\.\\\\pipe\\\\docker_engine:/h']}}",
+        "bind mount of",
+    ),
+    "bind_drive_long": (
+        "services: {main: {volumes: [{type: bind, source: 'c:/etc', target: /h}]}}",
+        "bind mount of",
+    ),
     "bind_selinux_relabel": ("services: {main: {volumes: ['./data:/d:z']}}", "volume mode 'z'"),
     "volume_driver_opts": (
         "services: {main: {}}\nvolumes: {v: {driver_opts: {type: none, o: bind, device: /}}}",
