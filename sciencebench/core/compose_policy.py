@@ -396,6 +396,25 @@ def _interpolation_problems(compose: Mapping[str, Any]) -> list[str]:
 # --- a whole task ----------------------------------------------------------------------
 
 
+class _ComposeLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error.
+
+    PyYAML keeps the last value where compose refuses the file; merged keys
+    (`<<`) may still be overridden once.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[str] = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                if key_node.value in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key_node.value[:40]!r} given twice", key_node.start_mark
+                    )
+                seen.add(key_node.value)
+        return super().construct_mapping(node, deep=deep)
+
+
 @dataclass(frozen=True)
 class TaskReview:
     """What checking a task's files found: refusals (first one first) and the variables it needs.
@@ -561,7 +580,7 @@ def review_task(task_dir: Path, raw: Mapping[str, Any]) -> TaskReview:
             problems.append(f"{relative}: not UTF-8 text")
             continue
         try:
-            compose = yaml.safe_load(text) or {}
+            compose = yaml.load(text, Loader=_ComposeLoader) or {}  # noqa: S506 (a SafeLoader)
         except (yaml.YAMLError, RecursionError):
             problems.append(f"{relative}: not valid YAML")
             continue

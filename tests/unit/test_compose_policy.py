@@ -207,6 +207,27 @@ def test_a_bind_mount_through_a_symlink_is_judged_by_its_target(task: Path) -> N
     assert any("outside" in p for p in _problems(task, "services: {main: {volumes: ['./root:/h']}}"))
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        # PyYAML keeps the last value, compose refuses the file: the check must not judge another model.
+        "services:\n  main:\n    privileged: true\n    privileged: false\n",
+        "services:\n  main: {}\nservices:\n  main: {}\n",
+        "x-a: &a {pid: host}\nservices:\n  main:\n    <<: *a\n    pid: private\n    pid: private\n",
+    ],
+)
+def test_a_key_given_twice_is_refused(task: Path, text: str) -> None:
+    (task / "environment" / "docker-compose.yaml").write_text(text)
+    problems = review_task_dir(task).problems
+    assert any("not valid YAML" in p or "given twice" in p for p in problems), problems
+
+
+def test_a_merged_key_may_be_overridden_once(task: Path) -> None:
+    text = "x-a: &a {pid: private, init: true}\nservices:\n  main:\n    <<: *a\n    init: false\n"
+    (task / "environment" / "docker-compose.yaml").write_text(text)
+    assert review_task_dir(task).problems == ()
+
+
 def test_problems_are_one_line_each(task: Path) -> None:
     problems = _problems(task, 'services: {main: {"evil\\nkey": 1}}')
     assert problems and all("\n" not in p for p in problems)
