@@ -26,7 +26,8 @@ defaults and the alternative-value forms (`${VAR:+x}`, `${VAR+x}`) are
 refused everywhere. A compose project directory may not hold a `.env` file
 (compose would read it for interpolation), and nothing in a task may be a
 symlink, a special file or a file with other hard links, at any depth.
-No task.toml artifact path may hold `..` (Pier writes artifacts on the worker).
+No task.toml artifact path may hold `..`, and a step name must be one plain name
+(Pier joins both onto paths on the worker).
 """
 
 from __future__ import annotations
@@ -518,6 +519,30 @@ def _artifact_problems(raw: Any) -> list[str]:
     return problems
 
 
+_STEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _step_problems(raw: Any) -> list[str]:
+    """Step names that are not one plain name.
+
+    Pier joins a step's name onto the task's `steps/` (the tests, solution
+    and instruction it reads and uploads) and onto the trial's `steps/`
+    (where it moves what the containers wrote), unchecked: `../x` or `/x`
+    would reach another job's directories.
+    """
+    steps = raw.get("steps") if isinstance(raw, Mapping) else None
+    return [
+        f"task.toml steps[{position}].name: not one plain name (letters, digits, '.', '_', '-')"
+        for position, step in enumerate(steps if isinstance(steps, list) else [])
+        if not (
+            isinstance(step, Mapping)
+            and isinstance(name := step.get("name"), str)
+            and _STEP_NAME.fullmatch(name)
+            and ".." not in name
+        )
+    ]
+
+
 def _entry_problems(task_dir: Path) -> list[str]:
     """Symlinks, special and hard-linked files anywhere in a task, and `.env` files compose would read."""
     problems = list(_tree_problems(task_dir))
@@ -564,7 +589,9 @@ def review_task(task_dir: Path, raw: Mapping[str, Any]) -> TaskReview:
     target); bind mounts may come only from inside it. Raises OSError when
     a file cannot be read.
     """
-    problems = _entry_problems(task_dir) + _env_key_problems(raw) + _artifact_problems(raw)
+    problems = (
+        _entry_problems(task_dir) + _env_key_problems(raw) + _artifact_problems(raw) + _step_problems(raw)
+    )
     own_env = _own_env(raw)
     needed: set[str] = set()
     for path in compose_paths(task_dir):

@@ -442,6 +442,21 @@ def test_artifacts_inside_the_trial_pass(task: Path) -> None:
     assert review_task(task, {**raw, "artifacts": artifacts}).problems == ()
 
 
+@pytest.mark.parametrize("name", ["../../../other-job/task_001__x", "/etc", "a/b", "..", ".", "", 3])
+def test_a_step_name_that_is_not_one_plain_name_is_refused(task: Path, name: Any) -> None:
+    # Pier joins it onto the task's steps/ (tests, solution, instruction it reads and uploads)
+    # and the trial's steps/ (where it moves what the containers wrote) without a check.
+    raw = tomllib.loads((task / "task.toml").read_text())
+    problems = review_task(task, {**raw, "steps": [{"name": "ok"}, {"name": name}]}).problems
+    assert any("task.toml steps[1].name" in p for p in problems), problems
+
+
+def test_plain_step_names_pass(task: Path) -> None:
+    raw = tomllib.loads((task / "task.toml").read_text())
+    steps = [{"name": "one"}, {"name": "step_2.fix-it"}]
+    assert review_task(task, {**raw, "steps": steps}).problems == ()
+
+
 # --- the task hash -------------------------------------------------------------------------------
 
 
