@@ -25,7 +25,9 @@ trial) directory, unpinned images. Compose interpolation (`$VAR`, `${VAR}`,
 defaults and the alternative-value forms (`${VAR:+x}`, `${VAR+x}`) are
 refused everywhere. A compose project directory may not hold a `.env` file
 (compose would read it for interpolation), and nothing in a task may be a
-symlink or a special file.
+symlink or a special file, at any depth.
+No task.toml artifact path may hold `..`, and a step name must be one plain name
+(Pier joins both onto paths on the worker).
 """
 
 from __future__ import annotations
@@ -147,18 +149,21 @@ _FREE_KEYS = frozenset({
 _NAMESPACE_KEYS = frozenset({"pid", "ipc", "uts", "userns_mode", "cgroup"})
 _PULL_POLICIES = frozenset({"build", "missing", "never", "if_not_present"})
 _BUILD_KEYS = frozenset({"context", "dockerfile", "args", "target", "labels"})
+# Contexts compose treats as remote without a scheme (compose-go `isRemoteContext`); `:` covers the rest.
+_REMOTE_CONTEXT_PREFIXES = ("github.com/", "git@")
 _VOLUME_KEYS = frozenset({"type", "source", "target", "read_only", "bind", "volume", "tmpfs", "consistency"})
 _VOLUME_OPTIONS = {"bind": frozenset({"create_host_path"}), "volume": frozenset({"nocopy", "subpath"}),
                    "tmpfs": frozenset({"size", "mode"})}  # fmt: skip
 _RESOURCE_KEYS = frozenset({"cpus", "memory", "pids"})
 _RESERVED_LABELS = ("com.docker.", "org.sciencebench.")
+_VOLUME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _NO_NEW_PRIVILEGES = frozenset({"no-new-privileges", "no-new-privileges:true", "no-new-privileges=true"})
 
 
 def _inside(source: str, ctx: _Context) -> bool:
     """Whether a bind source lies under one of the roots (symlinks resolved as they are now)."""
-    if source.startswith("~") or ".." in PurePosixPath(source).parts:
-        return False
+    if source.startswith("~") or ".." in PurePosixPath(source).parts or ":" in source or "\\" in source:
+        return False  # `~`, `..`, and Windows paths, which compose keeps as written
     path = PurePosixPath(source)
     candidate = Path(path if path.is_absolute() else ctx.project_dir / path).resolve()
     return any(candidate.is_relative_to(root.resolve()) for root in ctx.roots)
@@ -172,7 +177,8 @@ def _volume_problems(where: str, volume: Any, ctx: _Context) -> list[str]:
         _, _, mode = rest.partition(":")
         if mode and mode not in ("ro", "rw"):
             return [f"{where}: volume mode {mode!r} (only ro or rw)"]
-        is_bind = source.startswith(("/", ".", "~")) or "/" in source
+        # compose makes a Windows path (`c:...`, a UNC `\\host\...`) a bind too; a volume is a name.
+        is_bind = not _VOLUME_NAME.fullmatch(source)
         volume = {"type": "bind" if is_bind else "volume", "source": source}
     if not isinstance(volume, Mapping):
         return [f"{where}: a volume must be a string or a mapping"]
@@ -198,7 +204,12 @@ def _build_problems(where: str, build: Any, ctx: _Context) -> list[str]:
     if not isinstance(build, Mapping):
         return [f"{where}: build must be a path or a mapping"]
     problems = [f"{where}: build key {key!r}" for key in build if key not in _BUILD_KEYS]
-    context = PurePosixPath(str(build.get("context", ".")))
+    raw_context = str(build.get("context", "."))
+    if ":" in raw_context or raw_context.startswith(_REMOTE_CONTEXT_PREFIXES):
+        # Compose passes a URL, a Git reference, `docker-image://` or `service:` on untouched;
+        # the Engine's builder would fetch it with the host's network.
+        return [*problems, f"{where}: build context {raw_context!r} is not a local directory"]
+    context = PurePosixPath(raw_context)
     resolved = Path(context if context.is_absolute() else ctx.project_dir / context).resolve()
     # Rendered, Pier's own agent build context lives in the trial directory.
     allowed = (ctx.project_dir, *ctx.roots) if ctx.rendered else (ctx.project_dir,)
@@ -386,6 +397,25 @@ def _interpolation_problems(compose: Mapping[str, Any]) -> list[str]:
 # --- a whole task ----------------------------------------------------------------------
 
 
+class _ComposeLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error.
+
+    PyYAML keeps the last value where compose refuses the file; merged keys
+    (`<<`) may still be overridden once.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[str] = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                if key_node.value in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key_node.value[:40]!r} given twice", key_node.start_mark
+                    )
+                seen.add(key_node.value)
+        return super().construct_mapping(node, deep=deep)
+
+
 @dataclass(frozen=True)
 class TaskReview:
     """What checking a task's files found: refusals (first one first) and the variables it needs.
@@ -444,15 +474,84 @@ def _env_key_problems(tables: Iterable[tuple[str, Mapping[str, Any]]]) -> list[s
     ]
 
 
-def _entry_problems(task_dir: Path) -> list[str]:
-    """Symlinks and special files among a task's entries, and `.env` files compose would read."""
+def _tree_problems(task_dir: Path) -> Iterator[str]:
+    """Every entry of the task, at any depth, that is not a plain file or directory of its own.
+
+    Pier copies `environment/` into an agent build context with symlinks
+    followed (`shutil.copytree`) and hands `tests/` and `solution/` to the
+    container, all as the worker's user: a symlink anywhere (to a worker's
+    file, or to `/etc`), a FIFO or a device would bring the worker's files or
+    a hang into the trial. Hard links are left alone: the kernel's
+    protected_hardlinks lets a submitter link only files they own, whose
+    bytes they could copy into the task anyway.
+    Directories are walked without following symlinks.
+    """
+    pending = [task_dir]
+    while pending:
+        directory = pending.pop()
+        with os.scandir(directory) as entries:
+            found = sorted(entries, key=lambda entry: entry.name)
+        for entry in found:
+            relative = Path(entry.path).relative_to(task_dir)
+            info = entry.stat(follow_symlinks=False)
+            if stat.S_ISLNK(info.st_mode):
+                yield f"{relative} is a symlink; a task's files must be inside it"
+            elif stat.S_ISDIR(info.st_mode):
+                pending.append(Path(entry.path))
+            elif not stat.S_ISREG(info.st_mode):
+                yield f"{relative} is not a regular file or directory"
+
+
+def _artifact_problems(raw: Any) -> list[str]:
+    """Artifacts Pier would write outside the trial's artifacts directory on the worker.
+
+    Pier downloads each one to `<trial>/artifacts/<destination>`, the
+    destination defaulting to the source's last name, with `..` kept; so
+    neither may hold a `..` part. Applies to the task's and each step's list.
+    """
+    if not isinstance(raw, Mapping):
+        return []
+    steps = raw.get("steps")
+    numbered = enumerate(steps if isinstance(steps, list) else [])
+    owners = [("", raw), *((f"steps[{i}].", step) for i, step in numbered)]
     problems: list[str] = []
-    for entry in sorted(task_dir.iterdir()):
-        mode = entry.lstat().st_mode
-        if stat.S_ISLNK(mode):
-            problems.append(f"{entry.name} is a symlink; a task's files must be inside it")
-        elif not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-            problems.append(f"{entry.name} is not a regular file or directory")
+    for prefix, owner in owners:
+        artifacts = owner.get("artifacts") if isinstance(owner, Mapping) else None
+        for position, artifact in enumerate(artifacts if isinstance(artifacts, list) else []):
+            entry = artifact if isinstance(artifact, Mapping) else {"source": artifact}
+            paths = [entry.get("source"), *([entry["destination"]] if "destination" in entry else [])]
+            if not all(isinstance(path, str) and ".." not in PurePosixPath(path).parts for path in paths):
+                problems.append(f"task.toml {prefix}artifacts[{position}]: a path with '..' or not a string")
+    return problems
+
+
+_STEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _step_problems(raw: Any) -> list[str]:
+    """Step names that are not one plain name.
+
+    Pier joins a step's name onto the task's `steps/` (the tests, solution
+    and instruction it reads and uploads) and onto the trial's `steps/`
+    (where it moves what the containers wrote), unchecked: `../x` or `/x`
+    would reach another job's directories.
+    """
+    steps = raw.get("steps") if isinstance(raw, Mapping) else None
+    return [
+        f"task.toml steps[{position}].name: not one plain name (letters, digits, '.', '_', '-')"
+        for position, step in enumerate(steps if isinstance(steps, list) else [])
+        if not (
+            isinstance(step, Mapping)
+            and isinstance(name := step.get("name"), str)
+            and _STEP_NAME.fullmatch(name)
+            and ".." not in name
+        )
+    ]
+
+
+def _entry_problems(task_dir: Path) -> list[str]:
+    """Symlinks and special files anywhere in a task, and `.env` files compose would read."""
+    problems = list(_tree_problems(task_dir))
     # The compose project directories Pier uses (a step's tests directory is one too).
     project_dirs = [task_dir / "environment", task_dir / "tests", *sorted(task_dir.glob("steps/*/tests"))]
     for directory in project_dirs:
@@ -464,12 +563,15 @@ def _entry_problems(task_dir: Path) -> list[str]:
     return [_one_line(problem) for problem in problems]
 
 
-def _scanned_entry_problems(scan: TaskScan) -> list[str]:
-    """`_entry_problems` of a scanned task: the scan exists only when no entry is a symlink or special."""
-    return [
-        _one_line(f"{relative}/.env: compose would read it for interpolation; refused")
-        for relative in scan.dotenv
-    ]
+def _scanned_entry_problems(task_dir: Path, scan: TaskScan) -> list[str]:
+    """`_entry_problems` of a scanned task.
+
+    The scan exists only when no entry it looked at is a symlink or special:
+    what is left are the deeper entries and the `.env` files it found.
+    """
+    problems = list(_tree_problems(task_dir))
+    problems += [f"{where}/.env: compose would read it for interpolation; refused" for where in scan.dotenv]
+    return [_one_line(problem) for problem in problems]
 
 
 def _read_compose(path: Path) -> bytes | OSError:
@@ -482,6 +584,31 @@ def _read_compose(path: Path) -> bytes | OSError:
         return exc
 
 
+def _own_env(raw: Any) -> set[str]:
+    """The env keys every environment of the task sets itself (its compose processes get them from there).
+
+    The agent's `[environment]`, and each `[verifier.environment]` and
+    `[steps.verifier.environment]` a separate verifier runs in instead: a
+    name only one of them sets comes, in the others, from Pier's own
+    environment, so it must be declared like any other.
+    """
+    if not isinstance(raw, Mapping):
+        return set()
+
+    def env_of(table: Any) -> set[str]:
+        env = table.get("env") if isinstance(table, Mapping) else None
+        return {str(key) for key in env} if isinstance(env, Mapping) else set()
+
+    def verifier_environment(owner: Any) -> Any:
+        verifier = owner.get("verifier") if isinstance(owner, Mapping) else None
+        return verifier.get("environment") if isinstance(verifier, Mapping) else None
+
+    steps = raw.get("steps")
+    owners = [raw, *(steps if isinstance(steps, list) else [])]
+    tables = [raw.get("environment"), *(t for t in map(verifier_environment, owners) if t is not None)]
+    return set.intersection(*(env_of(table) for table in tables))
+
+
 def review_task(task_dir: Path, raw: Mapping[str, Any], scan: TaskScan | None = None) -> TaskReview:
     """Check a task directory and its parsed task.toml `raw` against the policy (module docstring).
 
@@ -490,10 +617,10 @@ def review_task(task_dir: Path, raw: Mapping[str, Any], scan: TaskScan | None = 
     directory as `core.taskdir.scan_task_dir` found it, used instead of
     looking at each path again. Raises OSError when a file cannot be read.
     """
-    entries = _entry_problems(task_dir) if scan is None else _scanned_entry_problems(scan)
+    entries = _entry_problems(task_dir) if scan is None else _scanned_entry_problems(task_dir, scan)
     tables = list(_env_tables(raw))
-    problems = entries + _env_key_problems(tables)
-    own_env = set(((raw.get("environment") or {}).get("env") or {}) if isinstance(raw, Mapping) else ())
+    problems = entries + _env_key_problems(tables) + _artifact_problems(raw) + _step_problems(raw)
+    own_env = _own_env(raw)
     if scan is None:
         files = [(path, _read_compose(path)) for path in compose_paths(task_dir)]
     else:
@@ -510,14 +637,16 @@ def review_task(task_dir: Path, raw: Mapping[str, Any], scan: TaskScan | None = 
             problems.append(f"{relative}: not UTF-8 text")
             continue
         try:
-            compose = yaml.safe_load(text) or {}
+            compose = yaml.load(text, Loader=_ComposeLoader) or {}  # noqa: S506 (a SafeLoader)
         except (yaml.YAMLError, RecursionError):
             problems.append(f"{relative}: not valid YAML")
             continue
         found = compose_problems(compose, path.parent, [task_dir])
         problems += [f"{relative}: refused by the network policy: {problem}" for problem in found]
         if not found:
-            names = set().union(*(interpolation(text)[0] for text in _strings(compose)))
+            # The policy environment gives compose every name the file's text interpolates,
+            # comments and mapping keys included (a bare `environment: [NAME]` copies it).
+            names = set().union(interpolation(text)[0], *(interpolation(s)[0] for s in _strings(compose)))
             needed |= names - PIER_COMPOSE_VARIABLES - own_env
     return TaskReview(
         problems=tuple(problems),

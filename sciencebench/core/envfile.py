@@ -114,9 +114,10 @@ _KEY_RULES = (
             "XAI_OAUTH_AUTH_FILE", "XAI_OAUTH_TOKEN_DIR", "GITHUB_COPILOT_ACCESS_TOKEN_FILE",
             "GITHUB_COPILOT_TOKEN_DIR", "TIKTOKEN_CACHE_DIR", "CUSTOM_TIKTOKEN_CACHE_DIR", "HF_HOME",
             "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "CONFIG_FILE_PATH", "WORKER_CONFIG",
-            "PROMETHEUS_MULTIPROC_DIR",
+            "PROMETHEUS_MULTIPROC_DIR", "DATA_GYM_CACHE_DIR", "NETRC",
         }),
-        suffixes=("_AUTH_JSON_PATH",),
+        # A token read from a file is sent on (botocore's container provider, huggingface_hub).
+        suffixes=("_AUTH_JSON_PATH", "_TOKEN_FILE", "_TOKEN_PATH"),
     ),
     _KeyRule("proxies would route the harness's own traffic", suffixes=("_PROXY",)),
 )

@@ -96,6 +96,12 @@ REFUSED = {
     "build_dockerfile_up": ("services: {main: {build: {context: ., dockerfile: ../../x}}}", "dockerfile"),
     "build_context_var": ("services: {main: {build: {context: '${CONTEXT_DIR}'}}}", "build may not use"),
     "build_additional": ("services: {main: {build: {additional_contexts: {h: /}}}}", "additional_contexts"),
+    # compose keeps these as they are (not a path): the Engine's builder fetches them on the host's network.
+    "build_ctx_http": ("services: {main: {build: 'http://169.254.169.254/latest/x.tar'}}", "not a local"),
+    "build_ctx_git": ("services: {main: {build: {context: 'git@127.0.0.1:x/y.git'}}}", "not a local"),
+    "build_ctx_github": ("services: {main: {build: {context: github.com/x/y}}}", "not a local"),
+    "build_ctx_image": ("services: {main: {build: {context: 'docker-image://alpine'}}}", "not a local"),
+    "build_ctx_service": ("services: {main: {build: {context: 'service:other'}}}", "not a local"),
     "pid_host": ("services: {main: {pid: host}}", "pid: 'host'"),
     "pid_container": ("services: {main: {pid: 'container:sciencebench-worker'}}", "only private namespaces"),
     "ipc_container": ("services: {main: {ipc: 'container:x'}}", "only private namespaces"),
@@ -130,6 +136,15 @@ REFUSED = {
         "services: {main: {volumes: [{type: bind, source: ./data, target: /d, "
         "bind: {propagation: rshared}}]}}",
         "option 'propagation'",
+    ),
+    # compose makes these binds (Windows paths: a UNC name, a drive) and leaves them as written.
+    "bind_unc_short": (
+        "services: {main: {volumes: ['\\\\\\\\.\\\\pipe\\\\docker_engine:/h']}}",
+        "bind mount of",
+    ),
+    "bind_drive_long": (
+        "services: {main: {volumes: [{type: bind, source: 'c:/etc', target: /h}]}}",
+        "bind mount of",
     ),
     "bind_selinux_relabel": ("services: {main: {volumes: ['./data:/d:z']}}", "volume mode 'z'"),
     "volume_driver_opts": (
@@ -192,6 +207,27 @@ def test_a_bind_mount_through_a_symlink_is_judged_by_its_target(task: Path) -> N
     assert any("outside" in p for p in _problems(task, "services: {main: {volumes: ['./root:/h']}}"))
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        # PyYAML keeps the last value, compose refuses the file: the check must not judge another model.
+        "services:\n  main:\n    privileged: true\n    privileged: false\n",
+        "services:\n  main: {}\nservices:\n  main: {}\n",
+        "x-a: &a {pid: host}\nservices:\n  main:\n    <<: *a\n    pid: private\n    pid: private\n",
+    ],
+)
+def test_a_key_given_twice_is_refused(task: Path, text: str) -> None:
+    (task / "environment" / "docker-compose.yaml").write_text(text)
+    problems = review_task_dir(task).problems
+    assert any("not valid YAML" in p or "given twice" in p for p in problems), problems
+
+
+def test_a_merged_key_may_be_overridden_once(task: Path) -> None:
+    text = "x-a: &a {pid: private, init: true}\nservices:\n  main:\n    <<: *a\n    init: false\n"
+    (task / "environment" / "docker-compose.yaml").write_text(text)
+    assert review_task_dir(task).problems == ()
+
+
 def test_problems_are_one_line_each(task: Path) -> None:
     problems = _problems(task, 'services: {main: {"evil\\nkey": 1}}')
     assert problems and all("\n" not in p for p in problems)
@@ -251,6 +287,7 @@ def test_a_rendered_model_of_a_confined_task_passes(task: Path, tmp_path: Path) 
         ({"security_opt": ["seccomp=unconfined"]}, "security_opt"),
         ({"volumes": [{"type": "bind", "source": "/", "target": "/h"}]}, "bind mount of '/'"),
         ({"build": {"context": "/", "dockerfile": "Dockerfile"}}, "build context '/'"),
+        ({"build": {"context": "https://127.0.0.1:4000/ctx.tar", "dockerfile": "Dockerfile"}}, "not a local"),
         ({"env_file": ["/etc/sciencebench/worker.env"]}, "'env_file'"),
         ({"image": "ubuntu:latest"}, "not pinned"),
     ],
@@ -296,6 +333,35 @@ def test_review_collects_the_variables_a_task_takes_from_the_job(task: Path) -> 
     assert review.compose_variables == {"OPENAI_API_KEY"}  # not the task's own, not Pier's
 
 
+def test_review_counts_every_name_the_compose_process_would_be_given(task: Path) -> None:
+    # The policy environment gives `docker compose` every name its files' text interpolates
+    # (`interpolation` over the raw text, comments and keys included); a bare `environment`
+    # entry then copies that value into the container. So each such name must be declared.
+    (task / "environment" / "docker-compose.yaml").write_text(
+        "# ${OPERATOR_KEY}\n"
+        "services: {main: {environment: [OPERATOR_KEY, '${OPENAI_API_KEY}'], x-k: {'${KEY_NAME}': 1}}}\n"
+    )
+    review = review_task_dir(task)
+    assert review.problems == ()
+    assert review.compose_variables == {"OPERATOR_KEY", "OPENAI_API_KEY", "KEY_NAME"}
+
+
+def test_a_name_only_the_agent_environment_sets_is_declared_for_the_verifiers_compose(tmp_path: Path) -> None:
+    # The separate verifier's compose process gets [verifier.environment].env, not [environment].env:
+    # there the name would come from Pier's own environment.
+    task = make_task(tmp_path, "002", verifier_image=PINNED)
+    toml = task / "task.toml"
+    toml.write_text(toml.read_text().replace("cpus = 1\n", 'cpus = 1\nenv = { OWN = "1" }\n', 1))
+    assert tomllib.loads(toml.read_text())["environment"]["env"] == {"OWN": "1"}
+    (task / "tests" / "docker-compose.yaml").write_text("services: {main: {environment: {K: '${OWN}'}}}\n")
+    assert review_task_dir(task).compose_variables == {"OWN"}
+    # Set by both, it is the task's own either way.
+    toml.write_text(
+        toml.read_text().replace("[verifier.environment]\n", '[verifier.environment]\nenv = { OWN = "2" }\n')
+    )
+    assert review_task_dir(task).compose_variables == set()
+
+
 def test_review_names_env_table_keys_never_values(task: Path) -> None:
     raw = tomllib.loads((task / "task.toml").read_text())
     raw["verifier"]["env"] = {"LD_PRELOAD": "/secret/value.so"}
@@ -317,6 +383,81 @@ def test_a_symlinked_step_tests_dir_is_refused(task: Path, tmp_path: Path) -> No
     (tmp_path / "elsewhere").mkdir()
     (task / "steps" / "one" / "tests").symlink_to(tmp_path / "elsewhere")
     assert any("steps/one/tests is (inside) a symlink" in p for p in review_task_dir(task).problems)
+
+
+@pytest.mark.parametrize(
+    ("relative", "says"),
+    [
+        # Pier copies environment/ with shutil.copytree (symlinks followed) into an agent build context.
+        ("environment/secret", "environment/secret is a symlink"),
+        ("environment/etc", "environment/etc is a symlink"),
+        ("environment/Dockerfile", "environment/Dockerfile is a symlink"),
+        ("tests/data/x", "tests/data/x is a symlink"),
+        ("solution/solve.sh", "solution/solve.sh is a symlink"),
+    ],
+)
+def test_a_symlink_anywhere_in_the_task_is_refused(task: Path, relative: str, says: str) -> None:
+    link = task / relative
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.unlink(missing_ok=True)
+    link.symlink_to("/etc" if relative.endswith("etc") else "/etc/hostname")
+    assert any(says in p for p in review_task_dir(task).problems), review_task_dir(task).problems
+
+
+def test_a_special_file_anywhere_in_the_task_is_refused(task: Path, tmp_path: Path) -> None:
+    (task / "environment" / "data").mkdir(parents=True, exist_ok=True)
+    os.mkfifo(task / "environment" / "data" / "fifo")
+    problems = review_task_dir(task).problems
+    assert any("environment/data/fifo is not a regular file or directory" in p for p in problems), problems
+
+
+def test_a_hard_linked_file_is_the_tasks_own(task: Path, tmp_path: Path) -> None:
+    # A materialized selection may share files by hard link; the submitter can only link files they own.
+    os.link(task / "instruction.md", tmp_path / "shared-instruction.md")
+    assert review_task_dir(task).problems == ()
+
+
+@pytest.mark.parametrize(
+    "artifacts",
+    [
+        # Pier writes an artifact to `<trial>/artifacts/<destination>` (or the source's name) on the worker.
+        [{"source": "/logs/x", "destination": "../../../../root/.bashrc"}],
+        [{"source": "/logs/x", "destination": "/ok/../../../../etc/cron.d/x"}],
+        [{"source": "/logs/.."}],
+        [{"source": "/logs/x", "destination": 3}],
+    ],
+)
+def test_an_artifact_written_outside_the_trial_is_refused(task: Path, artifacts: list[Any]) -> None:
+    raw = tomllib.loads((task / "task.toml").read_text())
+    problems = review_task(task, {**raw, "artifacts": artifacts}).problems
+    assert any("artifacts" in p for p in problems), problems
+    steps = [{"name": "one", "artifacts": artifacts}]
+    assert any("steps[0].artifacts" in p for p in review_task(task, {**raw, "steps": steps}).problems)
+
+
+def test_artifacts_inside_the_trial_pass(task: Path) -> None:
+    raw = tomllib.loads((task / "task.toml").read_text())
+    artifacts = [
+        "/logs/artifacts/model.patch",
+        {"source": "/app/out", "destination": "out/app"},
+        {"source": "/"},
+    ]
+    assert review_task(task, {**raw, "artifacts": artifacts}).problems == ()
+
+
+@pytest.mark.parametrize("name", ["../../../other-job/task_001__x", "/etc", "a/b", "..", ".", "", 3])
+def test_a_step_name_that_is_not_one_plain_name_is_refused(task: Path, name: Any) -> None:
+    # Pier joins it onto the task's steps/ (tests, solution, instruction it reads and uploads)
+    # and the trial's steps/ (where it moves what the containers wrote) without a check.
+    raw = tomllib.loads((task / "task.toml").read_text())
+    problems = review_task(task, {**raw, "steps": [{"name": "ok"}, {"name": name}]}).problems
+    assert any("task.toml steps[1].name" in p for p in problems), problems
+
+
+def test_plain_step_names_pass(task: Path) -> None:
+    raw = tomllib.loads((task / "task.toml").read_text())
+    steps = [{"name": "one"}, {"name": "step_2.fix-it"}]
+    assert review_task(task, {**raw, "steps": steps}).problems == ()
 
 
 # --- the task hash -------------------------------------------------------------------------------

@@ -48,6 +48,9 @@ GROUPS = {
         "AWS_SHARED_CREDENTIALS_FILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AZURE_FEDERATED_TOKEN_FILE",
         "GCS_PATH_SERVICE_ACCOUNT", "CHATGPT_AUTH_FILE", "GITHUB_COPILOT_TOKEN_DIR", "TIKTOKEN_CACHE_DIR",
         "HF_HOME",
+        # tiktoken's other cache variable; botocore sends this file to a URL the job names;
+        # huggingface_hub sends this file to HF_ENDPOINT; requests and httpx read this netrc.
+        "DATA_GYM_CACHE_DIR", "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", "HF_TOKEN_PATH", "NETRC",
     ],
     "proxies": ["HTTP_PROXY", "https_proxy", "NO_PROXY", "ALL_PROXY"],
 }  # fmt: skip

@@ -382,7 +382,7 @@ def test_a_symlinked_compose_file_is_refused(tmp_path: Path) -> None:
     (selection / "task_001" / "tests" / "docker-compose.yaml").symlink_to(elsewhere)
     result = _submit(tmp_path, selection, "--dry-run")
     assert result.exit_code == 2
-    assert "tests/docker-compose.yaml: a symlink" in result.stderr
+    assert "tests/docker-compose.yaml is a symlink" in result.stderr
 
 
 def test_a_fifo_compose_file_is_refused_without_hanging(tmp_path: Path) -> None:
@@ -390,7 +390,7 @@ def test_a_fifo_compose_file_is_refused_without_hanging(tmp_path: Path) -> None:
     os.mkfifo(selection / "task_001" / "environment" / "docker-compose.yaml")
     result = _submit(tmp_path, selection, "--dry-run")
     assert result.exit_code == 2
-    assert "environment/docker-compose.yaml: not a regular file" in result.stderr
+    assert "environment/docker-compose.yaml is not a regular file" in result.stderr
 
 
 @pytest.mark.parametrize("where", ["environment", "tests"])
