@@ -270,7 +270,7 @@ def cancel(job_name: str, jobs_dir: Path) -> None:
     coord.ping()
     coord.cancel(job.job_key)
     forget_agent_env(job)  # no trial starts any more; running ones hold their values already
-    release_held(create_app(settings), coord, job)  # trials held back end at once too
+    release_held(create_app(settings), coord, job, settings.lease_seconds)  # held trials end at once too
     out.print(f"job {job.job_name} cancelled; the finalizer writes its summary once trials stop")
 
 

@@ -21,6 +21,7 @@ from sciencebench.coordination.protocol import (
     Start,
     Unfit,
     job_key,
+    parking_token,
 )
 from sciencebench.core.models import Redispatch, TrialState, TrialStatus
 
@@ -112,7 +113,7 @@ class MemoryCoordinator(Coordinator):
     def park(self, job: str, key: str, token: str, ttl_sec: float) -> bool:
         with self._lock:
             name = job_key(job, "lease", key)
-            if self._get(name) not in (None, token):
+            if self._get(name) not in (None, token) or self._get(job_key(job, "counted", key)):
                 return False
             self._values.setdefault(JOBS_KEY, set()).add(job)
             self._values[name] = token
@@ -151,11 +152,16 @@ class MemoryCoordinator(Coordinator):
             return True
 
     @override
-    def start(self, job: str, key: str, owner: str, ttl_sec: float, cap: int, parked: str = "") -> Start:
+    def start(
+        self, job: str, key: str, owner: str, ttl_sec: float, cap: int, parked: str = "",
+        running: Redispatch | None = None,
+    ) -> Start:  # fmt: skip
         with self._lock:  # one step, as the script over Redis
             claim = self.claim(job, key, owner, ttl_sec, parked=parked)
             if claim is not Claim.CLAIMED:
                 return Start(claim=claim)
+            if running is not None:
+                self.set_running(job, key, running)
             if self.is_cancelled(job):
                 return Start(claim=claim, cancelled=True)
             return Start(claim=claim, slot=self.acquire_slot(job, key, cap, ttl_sec))
@@ -231,8 +237,20 @@ class MemoryCoordinator(Coordinator):
             waiting: dict[str, Redispatch] = self._values.setdefault(job_key(job, "waiting"), {})
             waiting[payload.trial.key] = payload  # a dict keeps the first place of a key
 
+    def _guard(self, job: str, payload: Redispatch, guard_sec: float | None) -> None:
+        """As `_GUARD` over Redis: a running entry and a parked lease for a held trial handed out."""
+        if guard_sec is None:
+            return
+        key = payload.trial.key
+        self.set_running(job, key, payload)
+        name = job_key(job, "lease", key)
+        if self._get(name) is None:
+            self._values[name] = parking_token(payload.task_id)
+            self._expiry[name] = time.monotonic() + max(guard_sec, 0.001)
+        self._values.setdefault(JOBS_KEY, set()).add(job)
+
     @override
-    def next_waiting(self, job: str) -> Redispatch | None:
+    def next_waiting(self, job: str, guard_sec: float) -> Redispatch | None:
         with self._lock:
             waiting: dict[str, Redispatch] = self._get(job_key(job, "waiting")) or {}
             if waiting:
@@ -262,6 +280,7 @@ class MemoryCoordinator(Coordinator):
             held.at = time.time()
             if not held.expected:
                 self._values.pop(job_key(job, "held"), None)
+            self._guard(job, payload, guard_sec)
             return payload
 
     @override
@@ -279,13 +298,16 @@ class MemoryCoordinator(Coordinator):
             state.probe |= {key for key in sent if key.partition("#")[0] in state.tasks}
 
     @override
-    def release_held(self, job: str) -> list[Redispatch]:
+    def release_held(self, job: str, guard_sec: float | None) -> list[Redispatch]:
         with self._lock:
             held: _Held | None = self._values.pop(job_key(job, "held"), None)
             if held is None:
                 return []
             order = sorted(held.expected, key=lambda m: (-held.expected[m], m))
-            return [held.payloads[member] for member in order]
+            payloads = [held.payloads[member] for member in order]
+            for payload in payloads:
+                self._guard(job, payload, guard_sec)
+            return payloads
 
     @override
     def stalled_holds(self, idle_sec: float) -> dict[str, int]:

@@ -64,6 +64,11 @@ def job_key(job: str, *parts: str) -> str:
     return ":".join((PREFIX, job, *parts))
 
 
+def parking_token(task_id: str) -> str:
+    """The token a trial's lease is parked under while its message is on the way: the message may take it."""
+    return f"parked:{task_id}"
+
+
 class Claim(StrEnum):
     """What `Leases.claim` found."""
 
@@ -143,7 +148,8 @@ class Leases(Protocol):
 
         When the park lapses after `ttl_sec` the watchdog sends the trial again
         (its running entry names the message); only a message whose parking
-        token is `token` may claim it before. False when a live process holds the lease.
+        token is `token` may claim it before. False when a live process holds the lease, or when
+        the chord counted the trial already (a late copy: handing it back would revive a finished job).
         """
         ...
 
@@ -167,10 +173,17 @@ class Leases(Protocol):
         """
         ...
 
-    def start(self, job: str, key: str, owner: str, ttl_sec: float, cap: int, parked: str = "") -> Start:
+    def start(
+        self, job: str, key: str, owner: str, ttl_sec: float, cap: int, parked: str = "",
+        running: Redispatch | None = None,
+    ) -> Start:  # fmt: skip
         """`claim`; when claimed, also read the cancel flag and, unless cancelled, take a slot of `cap`.
 
-        One step (one round trip over Redis): what a trial does first on a worker.
+        One step (one round trip over Redis): what a trial does first on a
+        worker. When claimed, `running` (the message's payload, naming
+        `owner`) is the trial's running entry from that same step on, so a
+        worker that dies right after the claim leaves an orphan the watchdog
+        sends again; the caller ends with `finish`, which clears it.
         """
         ...
 
@@ -232,14 +245,18 @@ class Slots(Protocol):
         """
         ...
 
-    def next_waiting(self, job: str) -> Redispatch | None:
+    def next_waiting(self, job: str, guard_sec: float) -> Redispatch | None:
         """The trial to send now that one of the job's trials ended, taken off its queue; None if none.
 
         The job's longest-waiting trial parked for a slot, else the held trial
         (see `hold`) expected to run longest. Before choosing, a held trial
         whose task has a finished trial in this job (one sent before it) is
         expected to run what that trial measured (`coordination.history.measured_seconds`).
-        One atomic step: two ending trials never take the same one.
+        One atomic step: two ending trials never take the same one. A held
+        trial taken gets, in the same step, a running entry and a lease
+        parked for `guard_sec` under its message's token (`parking_token`):
+        should its sender die before the message is out, the watchdog sends
+        it once the park lapses. (A trial parked for a slot has both already.)
         """
         ...
 
@@ -253,8 +270,13 @@ class Slots(Protocol):
         """
         ...
 
-    def release_held(self, job: str) -> list[Redispatch]:
-        """Take every held trial of the job, longest expected first (to send them all, or to drop them)."""
+    def release_held(self, job: str, guard_sec: float | None) -> list[Redispatch]:
+        """Take every held trial of the job, longest expected first.
+
+        To send them all (`guard_sec`: each gets a running entry and a parked
+        lease, as in `next_waiting`, so an interrupted sender loses none), or
+        to drop them (None: a dispatch that failed before its messages went out).
+        """
         ...
 
     def stalled_holds(self, idle_sec: float) -> dict[str, int]:

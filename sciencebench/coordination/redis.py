@@ -49,8 +49,12 @@ redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('sadd', KEYS[3], ARGV[3])
 return 'claimed'
 """
-# Park a lease under a token unless a live process holds it.
+# Park a lease under a token unless the chord counted the trial (KEYS[3]) or a
+# live process holds it.
 _PARK = """
+if redis.call('exists', KEYS[3]) == 1 then
+  return 0
+end
 local holder = redis.call('get', KEYS[1])
 if holder and holder ~= ARGV[1] then
   return 0
@@ -142,15 +146,32 @@ local function measured(record)
   return timings['harness']
 end
 """
+# A held trial handed out (payload, trial key) while its message is on the way:
+# a running entry (KEYS[n]) and a lease (ARGV[p] .. key) parked under its
+# message's token for ARGV[g] ms unless someone holds it; the job is scanned by
+# the watchdog (JOBS). No guard when ARGV[g] is empty.
+_GUARD = """
+local function guard(running, jobs, job, lease_prefix, guard_ms, payload, key)
+  if guard_ms == '' then
+    return
+  end
+  redis.call('hset', running, key, payload)
+  redis.call('set', lease_prefix .. key, 'parked:' .. cjson.decode(payload)['task_id'], 'PX', guard_ms, 'NX')
+  redis.call('sadd', jobs, job)
+end
+"""
 # The next trial to send as one ended: the oldest waiting for a slot (KEYS[1]
 # list of keys, KEYS[2] hash key -> payload), else the held trial expected to
 # run longest (KEYS[3] zset member -> -seconds, KEYS[4] payloads). First,
 # probed trials (KEYS[6], sent trials of tasks with held ones) that have a
 # record (key ARGV[1] .. K) measure their task: its held trials (KEYS[5] task
 # -> members) are expected to take that long. KEYS[7] notes the release time.
+# A held trial taken is guarded (`_GUARD`: KEYS[8] running, KEYS[9] jobs,
+# ARGV[2] job, ARGV[3] lease prefix, ARGV[4] ms).
 # The records are read by name, which a single Redis (not a cluster) allows.
 _NEXT_WAITING = (
     _MEASURED
+    + _GUARD
     + """
 while true do
   local key = redis.call('lpop', KEYS[1])
@@ -191,6 +212,7 @@ while true do
   if payload then
     redis.call('hdel', KEYS[4], popped[1])
     local key = string.match(popped[1], '/(.*)$')
+    guard(KEYS[8], KEYS[9], ARGV[2], ARGV[3], ARGV[4], payload, key)
     if redis.call('hexists', KEYS[5], string.match(key, '^(.*)#')) == 1 then
       redis.call('sadd', KEYS[6], key)
     end
@@ -205,18 +227,24 @@ end
 """
 )
 # Every held trial's payload, longest expected first; the job holds nothing after.
-_RELEASE_HELD = """
+# Each is guarded (`_GUARD`: KEYS[6] running, KEYS[7] jobs, ARGV[1] job, ARGV[2]
+# lease prefix, ARGV[3] ms) unless they are dropped (ARGV[3] empty).
+_RELEASE_HELD = (
+    _GUARD
+    + """
 local members = redis.call('zrange', KEYS[1], 0, -1)
 local payloads = {}
 for _, member in ipairs(members) do
   local payload = redis.call('hget', KEYS[2], member)
   if payload then
+    guard(KEYS[6], KEYS[7], ARGV[1], ARGV[2], ARGV[3], payload, string.match(member, '/(.*)$'))
     table.insert(payloads, payload)
   end
 end
 redis.call('del', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
 return payloads
 """
+)
 # Add a job's measured seconds (ARGV[3], ARGV[4]: key, JSON list; ...) to the
 # history hash (KEYS[1]): entries [seconds, job] of this job (ARGV[1]) are
 # replaced, and only the newest ARGV[2] are kept.
@@ -281,6 +309,9 @@ if holder and (ARGV[4] == '' or holder ~= ARGV[4]) then
 end
 redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('sadd', KEYS[3], ARGV[3])
+if ARGV[7] ~= '' then
+  redis.call('hset', KEYS[6], ARGV[5], ARGV[7])
+end
 if redis.call('exists', KEYS[4]) == 1 then
   return {'claimed', 1, 0}
 end
@@ -296,6 +327,11 @@ def _held_keys(job: str) -> tuple[str, str, str, str, str]:
     """A job's held trials: zset, payloads, tasks, probe, meta (see `coordination.protocol`)."""
     return (job_key(job, "held"), job_key(job, "held", "payloads"), job_key(job, "held", "tasks"),
             job_key(job, "held", "probe"), job_key(job, "held", "meta"))  # fmt: skip
+
+
+def _guard_ms(guard_sec: float) -> int:
+    """A guard's park in milliseconds (at least 1: SET PX refuses 0)."""
+    return max(int(guard_sec * 1000), 1)
 
 
 def _chunks[T](items: list[T], size: int) -> list[list[T]]:
@@ -401,8 +437,8 @@ class RedisCoordinator(Coordinator):
 
     @override
     def park(self, job: str, key: str, token: str, ttl_sec: float) -> bool:
-        """Hold the lease under `token` unless a live process holds it."""
-        keys = [job_key(job, "lease", key), JOBS_KEY]
+        """Hold the lease under `token` unless a live process holds it or the chord counted the trial."""
+        keys = [job_key(job, "lease", key), JOBS_KEY, job_key(job, "counted", key)]
         args: list[int | str] = [token, int(ttl_sec * 1000), job]
         return bool(self.patiently(lambda: self._park_script(keys=keys, args=args)))
 
@@ -424,11 +460,15 @@ class RedisCoordinator(Coordinator):
         return bool(self.patiently(lambda: self._commit_script(keys=keys, args=args)))
 
     @override
-    def start(self, job: str, key: str, owner: str, ttl_sec: float, cap: int, parked: str = "") -> Start:
-        """Claim, then the cancel flag and a slot, in one script (see `Leases.start`)."""
+    def start(
+        self, job: str, key: str, owner: str, ttl_sec: float, cap: int, parked: str = "",
+        running: Redispatch | None = None,
+    ) -> Start:  # fmt: skip
+        """Claim (with the running entry), then the cancel flag and a slot, in one script (`Leases.start`)."""
         keys = [job_key(job, "lease", key), job_key(job, "result", key), JOBS_KEY,
-                job_key(job, "cancelled"), job_key(job, "slots")]  # fmt: skip
-        args: list[int | str] = [owner, int(ttl_sec * 1000), job, parked, key, cap]
+                job_key(job, "cancelled"), job_key(job, "slots"), job_key(job, "running")]  # fmt: skip
+        entry = running.model_dump_json() if running is not None else ""
+        args: list[int | str] = [owner, int(ttl_sec * 1000), job, parked, key, cap, entry]
         claim, cancelled, slot = self.patiently(lambda: self._start_script(keys=keys, args=args))
         return Start(claim=Claim(str(claim)), cancelled=bool(cancelled), slot=bool(slot))
 
@@ -521,10 +561,16 @@ class RedisCoordinator(Coordinator):
         self.patiently(lambda: self._wait_script(keys=keys, args=args))
 
     @override
-    def next_waiting(self, job: str) -> Redispatch | None:
-        """The longest-waiting parked trial, else the longest expected held one, or None (one script)."""
-        keys = [job_key(job, "waiting"), job_key(job, "waiting", "payloads"), *_held_keys(job)]
-        args = [job_key(job, "result", "")]
+    def next_waiting(self, job: str, guard_sec: float) -> Redispatch | None:
+        """The longest-waiting parked trial, else the longest expected held one (guarded); one script."""
+        keys = [job_key(job, "waiting"), job_key(job, "waiting", "payloads"), *_held_keys(job),
+                job_key(job, "running"), JOBS_KEY]  # fmt: skip
+        args: list[str | int] = [
+            job_key(job, "result", ""),
+            job,
+            job_key(job, "lease", ""),
+            _guard_ms(guard_sec),
+        ]
         value = self.patiently(lambda: self._next_waiting_script(keys=keys, args=args))
         return Redispatch.model_validate_json(str(value)) if value is not None else None
 
@@ -560,9 +606,11 @@ class RedisCoordinator(Coordinator):
         self.patiently(store)
 
     @override
-    def release_held(self, job: str) -> list[Redispatch]:
-        """Every held trial, longest expected first; the job holds nothing after (one script)."""
-        values = self.patiently(lambda: self._release_held_script(keys=list(_held_keys(job))))
+    def release_held(self, job: str, guard_sec: float | None) -> list[Redispatch]:
+        """Every held trial, longest expected first, guarded unless dropped; the job holds none after."""
+        keys = [*_held_keys(job), job_key(job, "running"), JOBS_KEY]
+        args = [job, job_key(job, "lease", ""), "" if guard_sec is None else _guard_ms(guard_sec)]
+        values = self.patiently(lambda: self._release_held_script(keys=keys, args=args))
         return [Redispatch.model_validate_json(str(value)) for value in values]
 
     @override

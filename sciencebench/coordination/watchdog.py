@@ -16,6 +16,7 @@ two lease periods gets its window's worth sent (`release_stalled`).
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from typing import Any, cast
@@ -94,7 +95,7 @@ def release_stalled(app: Celery, coord: Coordinator, lease_seconds: float) -> in
         if not coord.try_lock(f"release:{job}", lease_seconds):
             continue
         count = 0
-        while count < max(window, 1) and (payload := coord.next_waiting(job)) is not None:
+        while count < max(window, 1) and (payload := coord.next_waiting(job, lease_seconds)) is not None:
             send_again(app, coord, payload)
             count += 1
         log.warning("job %s: its held trials had nobody to send them; %d sent", job, count)
@@ -118,7 +119,9 @@ def start_watchdog(app: Celery, coord: Coordinator, lease_seconds: float) -> thr
     stop = threading.Event()
 
     def loop() -> None:
-        while not stop.wait(max(lease_seconds / 4, 0.5)):
+        # Jittered: a trial sent again goes to whichever idle host's consumer asks first, and with
+        # fixed periods the same idle host (one that cannot serve the job, say) could win every time.
+        while not stop.wait(max(lease_seconds / 4, 0.5) * random.uniform(0.75, 1.25)):  # noqa: S311
             try:
                 redispatch_orphans(app, coord, lease_seconds)
                 release_stalled(app, coord, lease_seconds)

@@ -84,14 +84,19 @@ def dispatch(app: Celery, coord: Coordinator, job: JobSpec, trials: list[TrialSp
         publish_header(app, frozen, header[: len(plan.send)])
     except BaseException:
         with contextlib.suppress(Exception):
-            coord.release_held(job.job_key)  # nothing is left to send them
+            coord.release_held(job.job_key, None)  # dropped: nothing is left to send them
         raise
     return frozen.result
 
 
-def release_held(app: Celery, coord: Coordinator, job: JobSpec) -> int:
-    """Send every held trial of the job now (e.g. once it is cancelled: they end at once); the count."""
-    payloads = coord.release_held(job.job_key)
+def release_held(app: Celery, coord: Coordinator, job: JobSpec, lease_seconds: float) -> int:
+    """Send every held trial of the job now (e.g. once it is cancelled: they end at once); the count.
+
+    Each is taken with a running entry and a lease parked for `lease_seconds`:
+    those this process could not send (interrupted, the broker gone) the
+    watchdog sends once their park lapses.
+    """
+    payloads = coord.release_held(job.job_key, lease_seconds)
     for payload in payloads:
         send_again(app, coord, payload)
     return len(payloads)

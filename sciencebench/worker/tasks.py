@@ -23,6 +23,7 @@ from celery.exceptions import Ignore, Reject
 from celery.signals import task_success
 from pydantic import ValidationError
 
+from sciencebench.coordination.protocol import parking_token
 from sciencebench.coordination.records import finish_job
 from sciencebench.coordination.watchdog import send_again
 from sciencebench.core.errors import SciencebenchError
@@ -31,7 +32,7 @@ from sciencebench.core.settings import RESULT_EXPIRES_SEC
 from sciencebench.core.wire import FINALIZE_JOB, PREWARM_IMAGES, RUN_TRIAL
 from sciencebench.worker.admission import verified_paths_of
 from sciencebench.worker.context import WorkerContext, worker_context
-from sciencebench.worker.trial import Answer, Duplicate, HandBack, handle, parking_token
+from sciencebench.worker.trial import Answer, Duplicate, HandBack, handle
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ def _hand_back(task: Task[Any, Any], ctx: WorkerContext, redispatch: Redispatch,
     spec, coord = redispatch.trial, ctx.coord
     try:
         if not coord.park(spec.job_key, spec.key, parking_token(redispatch.task_id), outcome.park_sec):
-            return  # a live copy holds the trial: nothing to hand back
+            return  # a live copy holds the trial, or the chord counted it: nothing to hand back
         coord.set_running(spec.job_key, spec.key, redispatch)
         if outcome.for_slot:
             coord.wait_for_slot(spec.job_key, redispatch)
@@ -89,11 +90,12 @@ def _wake_one_waiting(task: Task[Any, Any], ctx: WorkerContext, spec: TrialSpec)
     """Send again the job's longest-waiting trial that still waits for a slot, if any.
 
     Never raises: the trial's own answer must reach the chord. A trial that
-    is lost here is still parked; the watchdog sends it when the park lapses.
+    is lost here is still parked (a held one: parked as it was taken); the
+    watchdog sends it when the park lapses.
     """
     coord, job = ctx.coord, spec.job_key
     try:
-        while (waiting := coord.next_waiting(job)) is not None:
+        while (waiting := coord.next_waiting(job, ctx.settings.lease_seconds)) is not None:
             if coord.get_result(job, waiting.trial.key) is None:  # not answered meanwhile
                 send_again(task.app, coord, waiting)
                 return

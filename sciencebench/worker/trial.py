@@ -23,6 +23,7 @@ traceback.
 from __future__ import annotations
 
 import logging
+import random
 import shutil
 import time
 import traceback
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from sciencebench.coordination.heartbeat import Heartbeat
-from sciencebench.coordination.protocol import Claim
+from sciencebench.coordination.protocol import Claim, parking_token
 from sciencebench.core.errors import PreflightError, RefusedError, TrialError, UnfitError
 from sciencebench.core.models import Redispatch, TrialRecord, TrialSpec, TrialState, TrialStatus, TryRecord
 from sciencebench.core.paths import write_atomic
@@ -106,7 +107,11 @@ def _handle(spec: TrialSpec, ctx: WorkerContext, redispatch: Redispatch | None, 
 
     parked = parking_token(redispatch.task_id) if redispatch is not None else ""
     lease, cap = ctx.settings.lease_seconds, admitted.job.n_concurrent
-    start = coord.start(job, key, ctx.owner, lease, cap, parked=parked)
+    # From the claim on, the trial's running entry names this process: should it die before the
+    # trial ends, the watchdog sends the trial again once the lease lapses.
+    host = ctx.settings.hostname
+    running = redispatch.model_copy(update={"owner": ctx.owner, "host": host}) if redispatch else None
+    start = coord.start(job, key, ctx.owner, lease, cap, parked=parked, running=running)
     claim = start.claim
     if claim is Claim.ANSWERED:
         # Redelivered after completion: answer once for the chord, then ignore.
@@ -126,12 +131,13 @@ def _handle(spec: TrialSpec, ctx: WorkerContext, redispatch: Redispatch | None, 
         try:
             return _commit(spec, ctx, admitted, record, tries=[])
         finally:
-            coord.release(job, key, ctx.owner)
+            coord.finish(job, key, ctx.owner)
     slot = start.slot
     while not slot:
         if redispatch is not None:
-            # Waiting would hold a worker process: give the lease up and come back later.
-            coord.release(job, key, ctx.owner)
+            # Waiting would hold a worker process: give the lease (and the running entry) up and come back
+            # later; the hand-back parks the lease and sets the running entry again.
+            coord.finish(job, key, ctx.owner)
             coord.set_state(job, key, TrialState.WAITING, ctx.settings.hostname)
             return HandBack(
                 "waiting for a slot of the job's --n-concurrent",
@@ -151,9 +157,7 @@ def _run_claimed(
     heartbeat.holds_slot = True
     heartbeat.start()
     try:
-        host = ctx.settings.hostname
-        running = redispatch.model_copy(update={"owner": ctx.owner, "host": host}) if redispatch else None
-        coord.run_started(job, key, running, host)
+        coord.run_started(job, key, None, ctx.settings.hostname)  # the running entry came with the claim
         tries = _run_tries(spec, ctx, admitted, heartbeat, started)
         if heartbeat.lost.is_set():
             log.warning("%s: lease lost while it ran; its result is discarded", spec.label)
@@ -321,11 +325,9 @@ def _publish_unleased(spec: TrialSpec, ctx: WorkerContext, record: TrialRecord) 
     return Answer(record)
 
 
-def parking_token(task_id: str) -> str:
-    """The token a handed-back trial's lease is parked under: its message may take it over."""
-    return f"parked:{task_id}"
-
-
 def backoff(ctx: WorkerContext) -> float:
-    """How long a handed-back trial stays parked: a quarter lease, between 1 s and 5 s."""
-    return min(max(ctx.settings.lease_seconds / 4, 1.0), 5.0)
+    """How long a handed-back trial stays parked: a quarter lease, between 1 s and 5 s, plus up to half again.
+
+    The jitter keeps hand-backs from falling into step with the hosts' polling.
+    """
+    return min(max(ctx.settings.lease_seconds / 4, 1.0), 5.0) * random.uniform(1.0, 1.5)  # noqa: S311

@@ -167,6 +167,14 @@ def test_a_parked_lease_is_taken_over_only_by_its_message(coord: Coordinator) ->
     assert not coord.park("j", "001#1", "parked:m1", 30)  # a live holder is never parked over
 
 
+def test_a_counted_trial_is_not_parked_again(coord: Coordinator) -> None:
+    # A late copy handed back after the finalizer ran must not bring the job back to the watchdog's scan.
+    assert coord.store_result("j", "001#1", '{"a": 1}')
+    coord.mark_counted("j", "001#1")
+    assert not coord.park("j", "001#1", "parked:m1", 30)
+    assert not coord.is_leased("j", "001#1")
+
+
 def test_a_parked_trial_whose_copy_is_lost_is_an_orphan(coord: Coordinator) -> None:
     assert coord.park("j", "001#1", "parked:m1", TTL)
     coord.set_running("j", "001#1", _payload("001"))
@@ -293,13 +301,13 @@ def test_an_unrefreshed_slot_expires(coord: Coordinator) -> None:
 
 
 def test_trials_waiting_for_a_slot_are_woken_in_order(coord: Coordinator) -> None:
-    assert coord.next_waiting("j") is None
+    assert coord.next_waiting("j", 30) is None
     coord.wait_for_slot("j", _payload("001"))
     coord.wait_for_slot("j", _payload("002"))
     coord.wait_for_slot("other", _payload("003"))
-    assert coord.next_waiting("j") == _payload("001")
-    assert coord.next_waiting("j") == _payload("002")
-    assert coord.next_waiting("j") is None
+    assert coord.next_waiting("j", 30) == _payload("001")
+    assert coord.next_waiting("j", 30) == _payload("002")
+    assert coord.next_waiting("j", 30) is None
 
 
 def test_a_trial_waits_for_a_slot_once(coord: Coordinator) -> None:
@@ -308,11 +316,11 @@ def test_a_trial_waits_for_a_slot_once(coord: Coordinator) -> None:
     coord.wait_for_slot("j", _payload("002"))
     newer = _payload("001").model_copy(update={"host": "h2"})
     coord.wait_for_slot("j", newer)
-    assert coord.next_waiting("j") == newer  # its first place, its latest payload
-    assert coord.next_waiting("j") == _payload("002")
-    assert coord.next_waiting("j") is None
+    assert coord.next_waiting("j", 30) == newer  # its first place, its latest payload
+    assert coord.next_waiting("j", 30) == _payload("002")
+    assert coord.next_waiting("j", 30) is None
     coord.wait_for_slot("j", _payload("001"))  # it may wait again after being woken
-    assert coord.next_waiting("j") == _payload("001")
+    assert coord.next_waiting("j", 30) == _payload("001")
 
 
 def _held(task_id: str, attempt: int, expected: float) -> Held:
@@ -332,7 +340,7 @@ def _keys(payloads: list[Redispatch | None]) -> list[str | None]:
 def test_held_trials_go_longest_expected_first_ties_in_given_order(coord: Coordinator) -> None:
     coord.hold("j", [_held("001", 1, 5.0), _held("002", 1, 50.0), _held("003", 1, 5.0),
                      _held("004", 1, 50.0)], [], window=2)  # fmt: skip
-    popped = [coord.next_waiting("j") for _ in range(5)]
+    popped = [coord.next_waiting("j", 30) for _ in range(5)]
     assert _keys(popped) == ["002#1", "004#1", "001#1", "003#1", None]
     assert popped[0] == _payload("002", 1)  # the payload as held
 
@@ -340,7 +348,7 @@ def test_held_trials_go_longest_expected_first_ties_in_given_order(coord: Coordi
 def test_trials_waiting_for_a_slot_go_before_held_ones(coord: Coordinator) -> None:
     coord.hold("j", [_held("001", 2, 50.0)], ["001#1"], window=1)
     coord.wait_for_slot("j", _payload("003"))
-    assert _keys([coord.next_waiting("j") for _ in range(3)]) == ["003#1", "001#2", None]
+    assert _keys([coord.next_waiting("j", 30) for _ in range(3)]) == ["003#1", "001#2", None]
 
 
 def test_a_finished_trial_measures_its_tasks_held_trials(coord: Coordinator) -> None:
@@ -350,18 +358,18 @@ def test_a_finished_trial_measures_its_tasks_held_trials(coord: Coordinator) -> 
     coord.hold("j", held, ["001#1", "002#1"], window=2)
     coord.store_result("j", "001#1", _record("001", 1, harness=3.0))
     # 002 is not measured yet: its timeouts' bound still puts it before 001's 3 s.
-    assert _keys([coord.next_waiting("j"), coord.next_waiting("j")]) == ["003#1", "002#2"]
+    assert _keys([coord.next_waiting("j", 30), coord.next_waiting("j", 30)]) == ["003#1", "002#2"]
     coord.store_result("j", "002#1", _record("002", 1, harness=30.0))
-    assert _keys([coord.next_waiting("j") for _ in range(4)]) == ["002#3", "001#2", "001#3", None]
+    assert _keys([coord.next_waiting("j", 30) for _ in range(4)]) == ["002#3", "001#2", "001#3", None]
 
 
 def test_a_held_trial_sent_first_measures_the_rest_of_its_task(coord: Coordinator) -> None:
     held = [_held("001", 1, 100.0), _held("002", 1, 100.0), _held("001", 2, 100.0), _held("002", 2, 100.0)]
     coord.hold("j", held, [], window=1)
-    assert _keys([coord.next_waiting("j"), coord.next_waiting("j")]) == ["001#1", "002#1"]
+    assert _keys([coord.next_waiting("j", 30), coord.next_waiting("j", 30)]) == ["001#1", "002#1"]
     coord.store_result("j", "001#1", _record("001", 1, harness=2.0))
     coord.store_result("j", "002#1", _record("002", 1, harness=20.0))
-    assert _keys([coord.next_waiting("j") for _ in range(3)]) == ["002#2", "001#2", None]
+    assert _keys([coord.next_waiting("j", 30) for _ in range(3)]) == ["002#2", "001#2", None]
 
 
 def test_cancelled_or_unmeasured_records_measure_nothing(coord: Coordinator) -> None:
@@ -370,14 +378,52 @@ def test_cancelled_or_unmeasured_records_measure_nothing(coord: Coordinator) -> 
     coord.store_result("j", "001#1", _record("001", 1, harness=1.0, exception="Cancelled"))
     coord.store_result("j", "002#1", _record("002", 1, harness=None, exception="PullError"))
     coord.store_result("j", "003#1", _record("003", 1, harness=0.5))
-    assert _keys([coord.next_waiting("j") for _ in range(4)]) == ["001#2", "002#2", "003#2", None]
+    assert _keys([coord.next_waiting("j", 30) for _ in range(4)]) == ["001#2", "002#2", "003#2", None]
 
 
 def test_release_held_takes_every_held_trial_in_order(coord: Coordinator) -> None:
     coord.hold("j", [_held("001", 2, 1.0), _held("002", 2, 9.0)], ["001#1", "002#1"], window=2)
-    assert _keys(list(coord.release_held("j"))) == ["002#2", "001#2"]
-    assert coord.release_held("j") == []
-    assert coord.next_waiting("j") is None
+    assert _keys(list(coord.release_held("j", 30))) == ["002#2", "001#2"]
+    assert coord.release_held("j", 30) == []
+    assert coord.next_waiting("j", 30) is None
+
+
+def test_a_held_trial_taken_is_guarded_until_its_message_is_claimed(coord: Coordinator) -> None:
+    # Its sender may die between taking it and sending it: nothing but the guard would know the trial.
+    coord.hold("j", [_held("001", 2, 5.0), _held("002", 2, 9.0)], ["001#1"], window=1)
+    taken = coord.next_waiting("j", TTL)
+    assert taken == _payload("002", 2)
+    assert coord.is_leased("j", "002#2")  # parked under its message's token...
+    assert coord.orphaned() == []
+    assert coord.claim("j", "002#2", "w", 30, parked="parked:celery-other") is Claim.HELD
+    time.sleep(TTL * 1.5)  # ...the message never came: the watchdog finds an orphan to send again
+    assert [(job, key, payload) for job, key, payload in coord.orphaned()] == [("j", "002#2", taken)]
+    # Had it come, it takes the parked lease over, and its end clears the guard.
+    assert coord.release_held("j", 30) == [_payload("001", 2)]
+    assert coord.claim("j", "001#2", "w", 30, parked="parked:celery-001") is Claim.CLAIMED
+    assert coord.finish("j", "001#2", "w")
+    assert not coord.is_leased("j", "001#2")
+    assert [key for _, key, _ in coord.orphaned()] == ["002#2"]
+
+
+def test_held_trials_dropped_leave_nothing_behind(coord: Coordinator) -> None:
+    coord.hold("j", [_held("001", 2, 5.0)], ["001#1"], window=1)
+    assert coord.release_held("j", None) == [_payload("001", 2)]
+    assert not coord.is_leased("j", "001#2")
+    assert coord.orphaned() == []
+
+
+def test_start_writes_the_running_entry_with_the_claim(coord: Coordinator) -> None:
+    entry = _payload().model_copy(update={"owner": "a"})
+    assert coord.start("j", "001#1", "a", TTL, cap=1, running=entry).slot
+    # A second trial claimed without a slot still has its entry: the claim and the entry are one step.
+    second = _payload("002").model_copy(update={"owner": "b"})
+    assert not coord.start("j", "002#1", "b", TTL, cap=1, running=second).slot
+    assert coord.orphaned() == []
+    time.sleep(TTL * 1.5)  # both holders died right after their claims
+    assert sorted(key for _, key, _ in coord.orphaned()) == ["001#1", "002#1"]
+    assert coord.start("j", "003#1", "c", 30, cap=1).claim is Claim.CLAIMED  # no entry asked for
+    assert "003#1" not in [key for _, key, _ in coord.orphaned()]
 
 
 def test_holds_are_stalled_only_with_nothing_running_waiting_or_released(coord: Coordinator) -> None:
@@ -391,8 +437,8 @@ def test_holds_are_stalled_only_with_nothing_running_waiting_or_released(coord: 
     assert coord.stalled_holds(60) == {}  # released lately (here: held lately)
     coord.wait_for_slot("j", _payload("003"))
     assert coord.stalled_holds(0) == {}
-    coord.next_waiting("j")
-    coord.release_held("j")
+    coord.next_waiting("j", 30)
+    coord.release_held("j", 30)
     assert coord.stalled_holds(0) == {}
 
 

@@ -197,7 +197,7 @@ def test_dispatch_orders_by_history_and_holds_later_attempts(tmp_path: Path) -> 
     app = Celery(broker="memory://", backend="cache+memory://")
     dispatch(app, coord, job, prepared.trials)
     assert _sent(app) == ["task_002 #1", "task_002 #2"]  # the window: the longest measured first
-    held = coord.release_held(job.job_key)
+    held = coord.release_held(job.job_key, 30.0)
     assert [p.trial.key for p in held] == ["004#1", "004#2", "003#1", "003#2", "001#1", "001#2"]
     # Each held trial is the chord member it would have been: its own index, the same group and body.
     assert [p.group_index for p in held] == [2, 3, 4, 5, 6, 7]
@@ -214,7 +214,7 @@ def test_dispatch_sends_everything_with_one_attempt(tmp_path: Path) -> None:
     app = Celery(broker="memory://", backend="cache+memory://")
     dispatch(app, coord, job, prepared.trials)
     assert _sent(app) == ["task_002 #1", "task_004 #1", "task_003 #1", "task_001 #1"]
-    assert coord.release_held(job.job_key) == []
+    assert coord.release_held(job.job_key, 30.0) == []
 
 
 def test_the_watchdog_sends_held_trials_nobody_else_will(tmp_path: Path) -> None:
@@ -231,5 +231,5 @@ def test_the_watchdog_sends_held_trials_nobody_else_will(tmp_path: Path) -> None
     assert release_stalled(app, coord, lease_seconds=0.0) == 2  # a window's worth
     assert release_stalled(app, coord, lease_seconds=0.0) == 0  # they wait in the broker's queue
     assert _sent(app) == ["task_003 #1", "task_004 #1"]
-    coord.set_running(job.job_key, "003#1", coord.release_held(job.job_key)[0])
+    coord.set_running(job.job_key, "003#1", coord.release_held(job.job_key, 30.0)[0])
     assert release_stalled(app, coord, lease_seconds=0.0) == 0  # nothing held any more
