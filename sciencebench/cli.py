@@ -281,7 +281,8 @@ def cancel(job_name: str, jobs_dir: Path) -> None:
 @click.option("--wait", is_flag=True, help="Follow the retry until it ends.")
 @click.option("--force", is_flag=True,
               help="Send them even though the job's trials have not all answered yet (a trial's message "
-              "was lost for good); the earlier --wait may then never return.")  # fmt: skip
+              "was lost for good); the earlier --wait may then never return, and neither may this one's "
+              "if a message of the earlier dispatch is still queued (cancel the job first).")  # fmt: skip
 @_handle_errors
 def retry(job_name: str, jobs_dir: Path, failed: bool, wait: bool, force: bool) -> None:
     """Re-run a job's errored trials, and those with no record, into the same job directory.
@@ -311,6 +312,9 @@ def retry(job_name: str, jobs_dir: Path, failed: bool, wait: bool, force: bool) 
         out.print(f"job {job.job_name}: no errored or missing trials")
         return
     coord.uncancel(job.job_key)
+    # Trials an earlier dispatch still holds back have no record: they are among `trials`. Its chord is
+    # given up (--force), so its held copies go; two copies of one trial would each answer one chord.
+    coord.release_held(job.job_key, None)
     for trial in trials:
         coord.clear_result(job.job_key, trial.key)
     final = dispatch(create_app(settings), coord, job, trials)
