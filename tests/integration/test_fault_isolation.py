@@ -209,10 +209,26 @@ def test_a_host_that_cannot_see_the_jobs_dir_hands_trials_back(cluster: Cluster)
     ).start()
     cluster.workers.append(blind)
     blind.wait_ready()
-    cluster.start_workers(1)
+    (good,) = cluster.start_workers(1)
     path = cluster.selection({f"{i:03d}": {"sleep_sec": 0.5, "reward": 1.0} for i in range(1, 5)})
-    done = cluster.submit(path, "shared")
-    assert done.returncode == 0, done.stderr
+    # The good host stops taking messages for a moment (still live by its last heartbeat): every trial
+    # comes to the blind host first, which must hand it back rather than swallow it.
+    assert good.proc is not None
+    coord = RedisCoordinator(cluster.env["SCIENCEBENCH_BROKER_URL"])
+    _wait_for(
+        lambda: any(name.startswith(f"{good.name}@") for name in coord.hosts()),
+        30,
+        "the good host's heartbeat",
+    )
+    os.killpg(good.proc.pid, signal.SIGSTOP)
+    with subprocess.Popen(cluster.submit_argv(path, "shared"), env=cluster.env, cwd=cluster.root,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as submit:  # fmt: skip
+        try:
+            _wait_for(lambda: "handed back" in blind.log_path.read_text(errors="replace"), 30, "a hand-back")
+        finally:
+            os.killpg(good.proc.pid, signal.SIGCONT)
+        stdout, stderr = submit.communicate(timeout=300)
+    assert submit.returncode == 0, stdout + stderr
     records = _records(cluster, "shared")
     assert len(records) == 4 and not any(r["worker"].startswith("blind@") for r in records.values())
     status = cluster.cli("status", "shared", "--jobs-dir", str(cluster.jobs_dir))
