@@ -56,6 +56,9 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     # what heartbeats, pauses, unfit marks and records say.
     nodename = host_format(default_nodename(hostname or ""))
     settings = settings.model_copy(update={"hostname": nodename})
+    # Live before its first trial: a host that cannot serve a job hands trials back only while
+    # another live host may (`worker.trial._unfit`), and the keeper's first beat is a quarter lease away.
+    coord.beat(nodename)
     # Forked pool processes build their context from these, not from the environment alone.
     use_settings(settings)
     pier_bin = settings.pier_bin
