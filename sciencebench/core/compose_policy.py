@@ -35,7 +35,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import stat
 import tomllib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -486,20 +485,20 @@ def _tree_problems(task_dir: Path) -> Iterator[str]:
     bytes they could copy into the task anyway.
     Directories are walked without following symlinks.
     """
-    pending = [task_dir]
+    root = os.fspath(task_dir)
+    pending = [root]
     while pending:
-        directory = pending.pop()
-        with os.scandir(directory) as entries:
+        with os.scandir(pending.pop()) as entries:
             found = sorted(entries, key=lambda entry: entry.name)
+        # The listing's entry types answer without a stat of each entry (one where the file system
+        # does not report types); the relative name is made only for a problem.
         for entry in found:
-            relative = Path(entry.path).relative_to(task_dir)
-            info = entry.stat(follow_symlinks=False)
-            if stat.S_ISLNK(info.st_mode):
-                yield f"{relative} is a symlink; a task's files must be inside it"
-            elif stat.S_ISDIR(info.st_mode):
-                pending.append(Path(entry.path))
-            elif not stat.S_ISREG(info.st_mode):
-                yield f"{relative} is not a regular file or directory"
+            if entry.is_symlink():
+                yield f"{entry.path[len(root) + 1 :]} is a symlink; a task's files must be inside it"
+            elif entry.is_dir(follow_symlinks=False):
+                pending.append(entry.path)
+            elif not entry.is_file(follow_symlinks=False):
+                yield f"{entry.path[len(root) + 1 :]} is not a regular file or directory"
 
 
 def _artifact_problems(raw: Any) -> list[str]:
