@@ -25,6 +25,7 @@ from sciencebench.core.images import DEFAULT_PLATFORM
 from sciencebench.core.models import JobSpec, trial_label
 from sciencebench.core.paths import DEFAULT_JOBS_DIR, JobPaths
 from sciencebench.core.settings import Settings
+from sciencebench.core.sizes import parse_size
 from sciencebench.login import options
 from sciencebench.login.options import SubmitOptions
 
@@ -252,6 +253,8 @@ def status(job_name: str, jobs_dir: Path) -> None:
         elif health.paused:
             out.print(f"paused host {host}: {health.reason} (seen {silent:.0f}s ago)", markup=False,
                       soft_wrap=True)  # fmt: skip
+        if silent <= 2 * lease and health.images:
+            out.print(f"host {host}: {health.images}", markup=False, soft_wrap=True)
 
 
 @main.command()
@@ -419,10 +422,14 @@ def _print_counts(paths: JobPaths, result: dict[str, Any], rows: list[dict[str, 
 @click.option("--env-file-root", "env_file_roots", multiple=True, type=click.Path(path_type=Path),
               help="A directory of env files this worker reads; repeatable "
               "[env: SCIENCEBENCH_ENV_FILE_ROOTS].")  # fmt: skip
+@click.option("--image-budget", metavar="SIZE",
+              help="Disk the task images this host pulls may take, e.g. 200G: least recently used "
+              "images not in use are evicted before a pull would exceed it [env: SCIENCEBENCH_IMAGE_BUDGET; "
+              "default: no budget].")  # fmt: skip
 @_handle_errors
 def worker(concurrency: int, hostname: str | None, queues: str | None, loglevel: str, platform: str,
            pier_bin: str | None, jobs_roots: tuple[Path, ...], selection_roots: tuple[Path, ...],
-           env_file_roots: tuple[Path, ...]) -> None:  # fmt: skip
+           env_file_roots: tuple[Path, ...], image_budget: str | None) -> None:  # fmt: skip
     """Run a Celery worker that executes trials on this host.
 
     The worker runs its own Pier and serves only the jobs directories,
@@ -440,9 +447,20 @@ def worker(concurrency: int, hostname: str | None, queues: str | None, loglevel:
         jobs_roots=tuple(p.absolute() for p in jobs_roots),
         selection_roots=tuple(p.absolute() for p in selection_roots),
         env_file_roots=tuple(p.absolute() for p in env_file_roots),
+        image_budget=_size_option("--image-budget", image_budget),
     )
     run_worker(concurrency=concurrency, hostname=hostname, queues=queues, loglevel=loglevel,
                platform=platform, settings=settings)  # fmt: skip
+
+
+def _size_option(name: str, value: str | None) -> int | None:
+    """Bytes of a size option (`200G`), None when not given; InputError for a bad one."""
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise InputError(f"{name}: {exc}") from None
 
 
 @main.command()

@@ -51,6 +51,7 @@ class MemoryCoordinator(Coordinator):
         self._expiry: dict[str, float] = {}
         self._seen: dict[str, float] = {}
         self._paused: dict[str, str] = {}
+        self._images: dict[str, str] = {}
 
     def _get(self, name: str) -> Any:
         expiry = self._expiry.get(name)
@@ -423,16 +424,27 @@ class MemoryCoordinator(Coordinator):
             self._paused.pop(host, None)
 
     @override
+    def report_images(self, host: str, line: str) -> None:
+        with self._lock:
+            self._images[host] = line
+
+    @override
     def forget_host(self, host: str) -> None:
         with self._lock:
             self._seen.pop(host, None)
             self._paused.pop(host, None)
+            self._images.pop(host, None)
 
     @override
     def hosts(self) -> dict[str, HostStatus]:
         with self._lock:
             return {
-                host: HostStatus(seen_at=seen, paused=host in self._paused, reason=self._paused.get(host, ""))
+                host: HostStatus(
+                    seen_at=seen,
+                    paused=host in self._paused,
+                    reason=self._paused.get(host, ""),
+                    images=self._images.get(host, ""),
+                )
                 for host, seen in self._seen.items()
             }
 

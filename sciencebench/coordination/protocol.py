@@ -56,6 +56,7 @@ PREFIX = "sciencebench"
 JOBS_KEY = f"{PREFIX}:jobs"
 HOSTS_KEY = f"{PREFIX}:hosts"
 PAUSED_KEY = f"{PREFIX}:hosts:paused"
+IMAGES_KEY = f"{PREFIX}:hosts:images"
 HISTORY_KEY = f"{PREFIX}:history"
 
 
@@ -97,6 +98,8 @@ class HostStatus(BaseModel):
     seen_at: float
     paused: bool = False
     reason: str = ""
+    # What its task images take of its image budget, with its evictions (`worker --image-budget`).
+    images: str = ""
 
 
 @dataclass(frozen=True)
@@ -361,6 +364,10 @@ class Board(Protocol):
 
     def resume_host(self, host: str) -> None:
         """The host is healthy again and takes trials."""
+        ...
+
+    def report_images(self, host: str, line: str) -> None:
+        """One line on what the host's task images take of its image budget (shown by `status`)."""
         ...
 
     def forget_host(self, host: str) -> None:

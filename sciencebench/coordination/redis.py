@@ -21,6 +21,7 @@ from sciencebench.coordination.history import SAMPLES
 from sciencebench.coordination.protocol import (
     HISTORY_KEY,
     HOSTS_KEY,
+    IMAGES_KEY,
     JOBS_KEY,
     PAUSED_KEY,
     PREFIX,
@@ -771,16 +772,25 @@ class RedisCoordinator(Coordinator):
         self.patiently(lambda: self._redis.hdel(PAUSED_KEY, host))
 
     @override
+    def report_images(self, host: str, line: str) -> None:
+        """The host's image-budget line."""
+        self.patiently(lambda: self._redis.hset(IMAGES_KEY, host, line))
+
+    @override
     def forget_host(self, host: str) -> None:
         """A worker host stopped on purpose."""
-        self.patiently(lambda: self._redis.hdel(HOSTS_KEY, host))
-        self.patiently(lambda: self._redis.hdel(PAUSED_KEY, host))
+        self.patiently(lambda: [self._redis.hdel(key, host) for key in (HOSTS_KEY, PAUSED_KEY, IMAGES_KEY)])
 
     @override
     def hosts(self) -> dict[str, HostStatus]:
         """Every worker host that beat and was not forgotten."""
-        paused = self._hash(PAUSED_KEY)
+        paused, images = self._hash(PAUSED_KEY), self._hash(IMAGES_KEY)
         return {
-            host: HostStatus(seen_at=float(seen), paused=host in paused, reason=paused.get(host, ""))
+            host: HostStatus(
+                seen_at=float(seen),
+                paused=host in paused,
+                reason=paused.get(host, ""),
+                images=images.get(host, ""),
+            )
             for host, seen in self._hash(HOSTS_KEY).items()
         }

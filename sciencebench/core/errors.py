@@ -19,6 +19,7 @@ escape a Celery task (the chord finalizer must always run).
         ├── WorkspaceError          task dir unreadable / jobs dir unwritable
         ├── SecretsMismatchError    env file changed since submit
         ├── PullError               image pull or digest verification failed
+        │   └── NoRoomError         the image budget cannot fit the trial's images now (handed back)
         ├── PolicyError             network policy refused or inspection failed
         ├── HarnessError            Pier crashed, timed out or was cancelled
         └── CollectError            Pier produced no usable trial directory
@@ -98,6 +99,16 @@ class PullError(TrialError):
 
     stage = "pull"
     retryable = True
+
+
+class NoRoomError(PullError):
+    """This host's image budget cannot fit the trial's images while its other trials run.
+
+    Not the job's fault nor the host's: the trial goes back to the queue (another
+    host may have room, or this one will when its trials end); the host is not paused.
+    """
+
+    retryable = False
 
 
 class PolicyError(TrialError):

@@ -8,6 +8,7 @@ references and `os/arch[/variant]` platform strings.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Annotated, NamedTuple
 
 from pydantic import AfterValidator
@@ -73,6 +74,25 @@ def normalize_repository(name: str) -> str:
 
 # Where the benchmark's images run, and what a job asks for unless told otherwise.
 DEFAULT_PLATFORM = "linux/amd64"
+
+
+def repo_digest_name(ref: str) -> str:
+    """`repository@sha256:...` of a pinned ref: tag dropped, registry normalized (as RepoDigests list it).
+
+    Raises ValueError for a ref that is not pinned.
+    """
+    check_image_ref(ref)
+    return f"{normalize_repository(image_repository(ref))}@{image_digest(ref)}"
+
+
+def repo_digests_contain(repo_digests: Iterable[str], ref: str) -> bool:
+    """True when `repo_digests` (an image's RepoDigests) holds the pinned `ref`; ValueError if not pinned."""
+    want = repo_digest_name(ref)
+    for entry in repo_digests:
+        name, sep, digest = entry.rpartition("@")
+        if sep and f"{normalize_repository(name)}@{digest}" == want:
+            return True
+    return False
 
 
 class Platform(NamedTuple):

@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sciencebench.core.errors import SettingsError
 from sciencebench.core.gateways import public_url
+from sciencebench.core.sizes import parse_size
 
 ENV_PREFIX = "SCIENCEBENCH_"
 DEFAULT_BROKER_URL = "redis://localhost:6379/0"
@@ -53,6 +54,8 @@ class Settings(BaseSettings):
     pier_bin: str = Field(default="pier", min_length=1)
     # The digest-pinned inference-proxy image of the network policy (worker hosts).
     proxy_image: str = ""
+    # Bytes the task images a worker host pulled may take (`50G`; 0: no budget); see worker/docker/budget.py.
+    image_budget: int = Field(default=0, ge=0)
     # Names of further variables of the worker's environment that Pier gets (colon-separated);
     # everything else of the worker's environment stays out of Pier's (see worker/pier/process.py).
     pier_env: Annotated[tuple[str, ...], NoDecode] = ()
@@ -97,6 +100,11 @@ class Settings(BaseSettings):
     def _state_dir(cls, value: Any) -> Any:
         # " " is as unset as "": the worker and Pier's plugin (state_dir_from_env) must agree.
         return (value.strip() or DEFAULT_STATE_DIR) if isinstance(value, str) else value
+
+    @field_validator("image_budget", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        return parse_size(value) if isinstance(value, str) else value
 
     @field_validator("warm_pier", mode="before")
     @classmethod

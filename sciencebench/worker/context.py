@@ -46,6 +46,10 @@ class HostRuntime(Protocol):
         """Make every pinned image present for `platform`; raise PullError otherwise."""
         ...
 
+    def images_held(self, refs: list[str]) -> AbstractContextManager[None]:
+        """Hold while a try needs these images: the host's image budget never evicts them."""
+        ...
+
     def live_trial(self, task_dir_name: str) -> AbstractContextManager[None]:
         """Hold while Pier runs a trial of this task directory (a leftover sweep spares it)."""
         ...

@@ -21,13 +21,13 @@ from celery.utils.nodenames import default_nodename, host_format
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.coordination.redis import RedisCoordinator
 from sciencebench.coordination.watchdog import start_watchdog
-from sciencebench.core.errors import InputError, PreflightError
+from sciencebench.core.errors import InputError, PreflightError, PullError
 from sciencebench.core.settings import Settings
 from sciencebench.worker import preflight
 from sciencebench.worker.app import app
 from sciencebench.worker.context import use_settings
 from sciencebench.worker.pier import process
-from sciencebench.worker.runtime import prepare_host
+from sciencebench.worker.runtime import images_report, prepare_host
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,14 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     app.worker_main(argv)
 
 
+def _report_images(coord: Coordinator, settings: Settings) -> None:
+    """Tell the store what the host's task images take of its budget (best effort)."""
+    try:
+        coord.report_images(settings.hostname, images_report(settings))
+    except PullError as exc:
+        log.warning("cannot report the image budget: %s", exc)
+
+
 def keep_host(app: Celery, coord: Coordinator, settings: Settings, stop: threading.Event) -> None:
     """Beat every quarter lease and own this host's consumer of the trial queue.
 
@@ -118,6 +126,8 @@ def keep_host(app: Celery, coord: Coordinator, settings: Settings, stop: threadi
         ticks += 1
         try:
             coord.beat(hostname)
+            if settings.image_budget and (ticks == 1 or ticks % reaffirm_every == 0):
+                _report_images(coord, settings)
             status = coord.hosts().get(hostname)
             if status is None or not status.paused:
                 backoff, next_check = interval, 0.0

@@ -15,14 +15,15 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from sciencebench.coordination.redis import RedisCoordinator
-from sciencebench.core.errors import BrokerUnavailableError, PreflightError, RefusedError
+from sciencebench.core.errors import BrokerUnavailableError, PreflightError, PullError, RefusedError
 from sciencebench.core.models import JobSpec
 from sciencebench.core.settings import Settings
 from sciencebench.worker import preflight
+from sciencebench.worker.docker.budget import ImageBudget, hold_images
 from sciencebench.worker.docker.cleanup import cleanup_matching, sweep_leftovers
-from sciencebench.worker.docker.engine import ClientPerProcess
+from sciencebench.worker.docker.engine import ClientPerProcess, connect
 from sciencebench.worker.docker.hostlocks import hold_live_trial, owner_id
-from sciencebench.worker.docker.images import ImagePuller
+from sciencebench.worker.docker.images import ImagePuller, pull_log_path
 from sciencebench.worker.pier.naming import pier_trial_prefix, projects_of_trial
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ class DockerRuntime:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.puller = ImagePuller(state=settings.state_dir)
+        self.puller = ImagePuller(state=settings.state_dir, image_budget=settings.image_budget)
         self._report: preflight.HostReport | None = None
         self._checked_at = -PREFLIGHT_TTL_SEC
         self._client = ClientPerProcess()
@@ -80,6 +81,10 @@ class DockerRuntime:
         """Make every pinned image present for `platform` (pulled at most once per host)."""
         self.puller.ensure(refs, platform, skip_pull)
 
+    def images_held(self, refs: list[str]) -> AbstractContextManager[None]:
+        """Hold from before the pull to after the cleanup: no eviction on this host removes these images."""
+        return hold_images(refs, self.settings.state_dir)
+
     def live_trial(self, task_dir_name: str) -> AbstractContextManager[None]:
         """Hold while Pier runs: a sweep by any worker of this host spares the trial."""
         return hold_live_trial(pier_trial_prefix(task_dir_name), state=self.settings.state_dir)
@@ -93,6 +98,21 @@ class DockerRuntime:
         report = cleanup_matching(projects_of_trial(trial_name), client)
         for error in report.errors:
             log.warning("cleanup of %s: %s", trial_name, error)
+
+
+def images_report(settings: Settings) -> str:
+    """The host's image-budget line for `status` ("" without a budget); PullError when the engine fails."""
+    if settings.image_budget <= 0:
+        return ""
+    budget = ImageBudget(settings.image_budget, settings.state_dir, pull_log_path(settings.state_dir))
+    try:
+        client = connect()
+    except PreflightError as exc:
+        raise PullError(str(exc)) from None
+    try:
+        return budget.summary(client)
+    finally:
+        client.close()
 
 
 def prepare_host(platform: str, settings: Settings) -> None:

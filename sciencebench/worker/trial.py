@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 
 from sciencebench.coordination.heartbeat import Heartbeat
 from sciencebench.coordination.protocol import Claim, parking_token
-from sciencebench.core.errors import PreflightError, RefusedError, TrialError, UnfitError
+from sciencebench.core.errors import NoRoomError, PreflightError, RefusedError, TrialError, UnfitError
 from sciencebench.core.models import Redispatch, TrialRecord, TrialSpec, TrialState, TrialStatus, TryRecord
 from sciencebench.core.paths import write_atomic
 from sciencebench.worker.admission import Admitted, admit, verified_paths
@@ -169,6 +169,12 @@ def _run_claimed(
         record = trial_record(spec, ctx, started, exception_type=PreflightError.__name__,
                               exception_message=str(fault), stage="preflight")  # fmt: skip
         return _commit(spec, ctx, admitted, record, tries=[])
+    except NoRoomError as exc:
+        if redispatch is not None:  # another host may have room, or this one once its trials end
+            return HandBack(f"no room for its images: {exc}", park_sec=backoff(ctx) * 2)
+        record = trial_record(spec, ctx, started, exception_type=NoRoomError.__name__,
+                              exception_message=str(exc), stage=NoRoomError.stage)  # fmt: skip
+        return _commit(spec, ctx, admitted, record, tries=[])
     except Exception as exc:  # e.g. the store gone for good: a record, committed only if still ours
         log.exception("%s: unexpected failure", spec.label)
         record = trial_record(
@@ -198,7 +204,11 @@ def _run_tries(
     while True:
         number = len(tries) + 1
         try:
-            attempt = run_try(spec, job, ctx, admitted.paths, heartbeat, started, number)
+            # The host's image budget evicts none of the trial's images while a try needs them.
+            with ctx.runtime.images_held(spec.image_refs):
+                attempt = run_try(spec, job, ctx, admitted.paths, heartbeat, started, number)
+        except NoRoomError:
+            raise  # not this trial's failure: it goes back to the queue
         except TrialError as exc:
             record = trial_record(spec, ctx, started, exception_type=type(exc).__name__,
                                   exception_message=str(exc), stage=exc.stage)  # fmt: skip

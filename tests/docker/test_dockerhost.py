@@ -31,10 +31,10 @@ import docker
 import pytest
 
 from sciencebench.core import versions
-from sciencebench.core.errors import PreflightError, PullError
+from sciencebench.core.errors import NoRoomError, PreflightError, PullError
 from sciencebench.core.settings import STATE_DIR_ENV
 from sciencebench.worker import preflight
-from sciencebench.worker.docker import cleanup, engine, hostlocks, images, labels
+from sciencebench.worker.docker import budget, cleanup, engine, hostlocks, images, labels
 from sciencebench.worker.pier import naming
 
 pytestmark = pytest.mark.docker
@@ -337,6 +337,76 @@ def test_concurrent_trials_share_one_pull_per_image(
         f"pull seconds {[r.seconds for r in log]}; callers that waited on the lock "
         f"{sum(w > 0.01 for w in waits)}/{len(waits)}, max wait {max(waits):.2f}s"
     )
+
+
+# --- the image budget -----------------------------------------------------------
+
+MIB = 1 << 20
+
+
+def _held_sizes(client: docker.DockerClient, refs: list[str]) -> int:
+    return sum(int(client.images.get(ref).attrs["Size"]) for ref in refs if _present(client, ref))
+
+
+def test_budget_evicts_the_least_recently_used_free_image(
+    client: docker.DockerClient, published: Published, state: Path
+) -> None:
+    small, middle, large = (published.unique(f"budget-{n}m-{_uid()}", size=n * MIB) for n in (4, 8, 12))
+    puller = images.ImagePuller(image_budget=21 * MIB)  # fits the two larger ones, not all three
+    for ref in (small, middle):  # two trials, one after the other
+        with budget.hold_images([ref], state):
+            puller.ensure([ref], PLATFORM, skip_pull=False)
+    assert _present(client, small) and _present(client, middle)
+
+    with budget.hold_images([large], state):
+        puller.ensure([large], PLATFORM, skip_pull=False)
+        # `small` was used least recently and nothing holds it: it went, and only it.
+        assert not _present(client, small)
+        assert _present(client, middle) and _present(client, large)
+        assert _held_sizes(client, [small, middle, large]) <= 21 * MIB
+    evictions = budget.read_evictions(images.pull_log_path(state))
+    assert [(e.event, e.ref) for e in evictions] == [("evicted", small)]
+    assert evictions[0].size >= 4 * MIB
+    assert "task images" in puller.budget.summary(client) and "1 evicted" in puller.budget.summary(client)
+
+    # Needed again: pulled again (its size known from the log now), evicting the least recent, `middle`.
+    with budget.hold_images([small], state):
+        puller.ensure([small], PLATFORM, skip_pull=False)
+    assert _present(client, small) and not _present(client, middle) and _present(client, large)
+    assert images.pull_counts(state)[small.split("@")[1]] == 2
+
+
+def test_budget_never_evicts_an_image_a_trial_holds(
+    client: docker.DockerClient, published: Published, state: Path
+) -> None:
+    first, second, third = (published.unique(f"held-{n}-{_uid()}", size=8 * MIB) for n in range(3))
+    with budget.hold_images([first], state), budget.hold_images([second], state):  # two running trials
+        images.ImagePuller(image_budget=20 * MIB).ensure([first, second], PLATFORM, skip_pull=False)
+        with budget.hold_images([third], state):
+            # Its size is unknown before its first pull here: it runs, over the budget by its own image.
+            images.ImagePuller(image_budget=20 * MIB).ensure([third], PLATFORM, skip_pull=False)
+        assert _present(client, first) and _present(client, second) and _present(client, third)
+        client.images.remove(third)
+        with budget.hold_images([third], state), pytest.raises(NoRoomError, match="exceed its image budget"):
+            # Now its size is known: it cannot fit beside the two held images, so it goes back to the queue.
+            images.ImagePuller(image_budget=20 * MIB).ensure([third], PLATFORM, skip_pull=False)
+        assert _present(client, first) and _present(client, second) and not _present(client, third)
+    # The trials ended: now the third fits by evicting the least recently used.
+    with budget.hold_images([third], state):
+        images.ImagePuller(image_budget=20 * MIB).ensure([third], PLATFORM, skip_pull=False)
+    assert _present(client, third) and _present(client, first) != _present(client, second)
+    assert len(budget.read_evictions(images.pull_log_path(state))) == 1
+
+
+def test_budget_leaves_images_it_did_not_pull_alone(
+    client: docker.DockerClient, base_image: str, published: Published, state: Path
+) -> None:
+    client.images.pull(base_image.split("@")[0], tag=base_image.split("@")[1])  # present, not in the pull log
+    big = published.unique(f"alone-{_uid()}", size=6 * MIB)
+    with budget.hold_images([big], state):
+        images.ImagePuller(image_budget=1 * MIB).ensure([big], PLATFORM, skip_pull=False)  # over: runs anyway
+    assert _present(client, base_image) and _present(client, big)
+    assert budget.read_evictions(images.pull_log_path(state)) == []
 
 
 # --- cleanup ------------------------------------------------------------------

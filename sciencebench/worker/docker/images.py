@@ -12,7 +12,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,14 +23,15 @@ import docker.auth
 import docker.errors
 from docker.credentials.errors import StoreError
 
-from sciencebench.core.errors import PreflightError, PullError
+from sciencebench.core.errors import NoRoomError, PreflightError, PullError
 from sciencebench.core.images import (
-    check_image_ref,
     image_digest,
     image_repository,
-    normalize_repository,
     platform_matches,
+    repo_digest_name,
+    repo_digests_contain,
 )
+from sciencebench.worker.docker.budget import ImageBudget, expected_sizes
 from sciencebench.worker.docker.engine import ENGINE_ERRORS, ClientPerProcess, connect, one_line
 from sciencebench.worker.docker.hostlocks import host_lock, open_state_file, state_dir
 
@@ -42,20 +43,9 @@ def pinned_name(ref: str) -> str:
     `normalize_repository`). Raises PullError for a ref that is not pinned.
     """
     try:
-        check_image_ref(ref)
+        return repo_digest_name(ref)
     except ValueError as exc:
         raise PullError(str(exc)) from None
-    return f"{normalize_repository(image_repository(ref))}@{image_digest(ref)}"
-
-
-def repo_digests_contain(repo_digests: Iterable[str], ref: str) -> bool:
-    """True when `repo_digests` (an image's RepoDigests) holds the pinned `ref`."""
-    want = pinned_name(ref)
-    for entry in repo_digests:
-        name, sep, digest = entry.rpartition("@")
-        if sep and f"{normalize_repository(name)}@{digest}" == want:
-            return True
-    return False
 
 
 def registry_auth(registry: str) -> dict[str, Any] | None:
@@ -112,6 +102,7 @@ class PullRecord:
     seconds: float
     pid: int
     finished_at: str
+    size: int = 0
 
 
 def pull_log_path(state: Path | None = None) -> Path:
@@ -125,7 +116,8 @@ def read_pull_log(state: Path | None = None) -> list[PullRecord]:
         text = pull_log_path(state).read_text(encoding="utf-8")
     except FileNotFoundError:
         return []
-    return [PullRecord(**json.loads(line)) for line in text.splitlines() if line.strip()]
+    entries = (json.loads(line) for line in text.splitlines() if line.strip())
+    return [PullRecord(**entry) for entry in entries if "event" not in entry]  # evictions: see budget
 
 
 def pull_counts(state: Path | None = None) -> dict[str, int]:
@@ -155,6 +147,10 @@ class ImagePuller:
 
     Credentials come only from this host's Docker config (`registry_auth`);
     there is deliberately no way to pass any in.
+
+    With an `image_budget` (bytes), the task images this host pulled are kept
+    within it (`budget.ImageBudget`): least recently used free images are
+    evicted before a pull, and again after it for the image's real size.
     """
 
     def __init__(
@@ -162,8 +158,10 @@ class ImagePuller:
         state: Path | None = None,
         client_factory: Callable[[], docker.DockerClient] | None = None,
         lock_timeout_sec: float = 3 * 3600.0,
+        image_budget: int = 0,
     ) -> None:
         self._state = state or state_dir()
+        self.budget = ImageBudget(image_budget, self._state, pull_log_path(self._state))
         self._client = ClientPerProcess(client_factory or connect)
         self._lock_timeout_sec = lock_timeout_sec
         self._guard = threading.Lock()
@@ -195,8 +193,9 @@ class ImagePuller:
         An image counts as present when the engine has it with the pinned
         `repo@sha256:...` among its RepoDigests and built for `platform`.
         Present images are never pulled again (one seen present in the last
-        `PRESENT_TTL_SEC` is not even looked up). Otherwise it is pulled by
-        digest for `platform` (under the per-image host lock), and verified:
+        `PRESENT_TTL_SEC` is not even looked up, unless the host has an image
+        budget: another process may have evicted it since). Otherwise it is
+        pulled by digest for `platform` (under the per-image host lock), and verified:
         RepoDigests must then hold the pinned digest. Duplicate refs are
         handled once.
 
@@ -213,11 +212,9 @@ class ImagePuller:
             pinned_name(ref)  # validate every ref before touching anything
         statuses: list[ImageStatus] = []
         now = time.monotonic()
-        fresh = [
-            ref
-            for ref in dict.fromkeys(refs)
-            if now - self._present.get((ref, platform), -1e9) < PRESENT_TTL_SEC
-        ]
+        # With a budget, an image seen present may have been evicted since by another process.
+        ttl = PRESENT_TTL_SEC if self.budget.budget <= 0 else 0.0
+        fresh = [ref for ref in dict.fromkeys(refs) if now - self._present.get((ref, platform), -1e9) < ttl]
         statuses += [ImageStatus(ref, 0.0, 0.0, False) for ref in fresh]
         missing = [ref for ref in dict.fromkeys(refs) if ref not in fresh]
         if not missing:
@@ -240,11 +237,40 @@ class ImagePuller:
             with host_lock(lock_path, self._lock_timeout_sec, f"pulling {ref}") as waited:
                 pulled = False
                 if self._absence(client, ref, platform) is not None:  # check after lock
-                    self._pull(client, ref, platform)
+                    self._pull_within_budget(client, ref, platform, refs)
                     pulled = True
             statuses.append(ImageStatus(ref, time.monotonic() - started, waited, pulled))
             self._present[(ref, platform)] = time.monotonic()
         return statuses
+
+    def _pull_within_budget(
+        self, client: docker.DockerClient, ref: str, platform: str, mine: list[str]
+    ) -> None:
+        """Pull `ref`, evicting free task images before (its size as last pulled) and after (its real size).
+
+        A pull the disk cannot take although the budget said yes (other data
+        on the disk) evicts every free task image and tries once more; when it
+        fails again, or the budget cannot fit the image, NoRoomError.
+        """
+        if self.budget.budget <= 0:
+            self._pull(client, ref, platform)
+            return
+        self.budget.make_room(client, expected_sizes([ref], pull_log_path(self._state)), mine)
+        try:
+            self._pull(client, ref, platform)
+        except PullError as exc:
+            if "no space left on device" not in str(exc).lower():
+                raise
+            self.budget.make_room(client, {ref: self.budget.budget}, mine)  # everything free goes
+            try:
+                self._pull(client, ref, platform)
+            except PullError as again:
+                if "no space left on device" in str(again).lower():
+                    raise NoRoomError(
+                        f"no space for {ref} on this host even after evicting: {again}"
+                    ) from None
+                raise
+        self.budget.make_room(client, {}, mine, strict=False)
 
     def _absence(self, client: docker.DockerClient, ref: str, platform: str) -> str | None:
         """None when `ref` is present for `platform`, else why not (a phrase)."""
@@ -287,9 +313,13 @@ class ImagePuller:
             raise PullError(f"pulled {ref} for {platform}, but the image {problem}")
         with self._guard:
             self._pulls += 1
+        try:
+            size = int(client.images.get(pinned_name(ref)).attrs.get("Size") or 0)
+        except ENGINE_ERRORS:
+            size = 0
         record = PullRecord(
             ref=ref, digest=digest, platform=platform, seconds=round(seconds, 3),
-            pid=os.getpid(), finished_at=datetime.now(UTC).isoformat(),
+            pid=os.getpid(), finished_at=datetime.now(UTC).isoformat(), size=size,
         )  # fmt: skip
         _append_line(pull_log_path(self._state), json.dumps(record.__dict__, sort_keys=True))
 
