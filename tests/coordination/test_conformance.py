@@ -537,6 +537,20 @@ def test_hosts_beat_pause_and_resume_on_the_stores_clock(coord: Coordinator) -> 
     assert set(coord.hosts()) == {"w2@b"}
 
 
+def test_a_hosts_image_budget_line_is_kept_until_it_is_forgotten(coord: Coordinator) -> None:
+    coord.beat("w1@a")
+    coord.beat("w2@b")
+    assert coord.hosts()["w1@a"].images == ""
+    coord.report_images("w1@a", "task images 1.0 GiB of 2.0 GiB (3 images)")
+    coord.report_images("w1@a", "task images 1.5 GiB of 2.0 GiB (4 images); 1 evicted")  # the latest wins
+    hosts = coord.hosts()
+    assert hosts["w1@a"].images == "task images 1.5 GiB of 2.0 GiB (4 images); 1 evicted"
+    assert hosts["w2@b"].images == ""
+    coord.forget_host("w1@a")
+    coord.beat("w1@a")  # back after a restart: nothing of before
+    assert coord.hosts()["w1@a"].images == ""
+
+
 def test_patiently_returns_what_the_call_returns(coord: Coordinator) -> None:
     assert coord.patiently(lambda: 42) == 42
     assert coord.recovered_at == float("-inf")

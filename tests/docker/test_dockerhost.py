@@ -10,17 +10,14 @@ and each test removes what it created, registry manifests included.
 from __future__ import annotations
 
 import importlib
-import io
 import json
 import os
 import random
 import string
 import subprocess
 import sys
-import tarfile
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +33,8 @@ from sciencebench.core.settings import STATE_DIR_ENV
 from sciencebench.worker import preflight
 from sciencebench.worker.docker import budget, cleanup, engine, hostlocks, images, labels
 from sciencebench.worker.pier import naming
+from tests.fixtures.registry import Published
+from tests.fixtures.registry import docker_cli as _docker
 
 pytestmark = pytest.mark.docker
 
@@ -92,69 +91,6 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _uid() -> str:
     return uuid.uuid4().hex[:8]
-
-
-def _docker(*args: str, stdin: bytes | None = None, check: bool = True) -> str:
-    result = subprocess.run(["docker", *args], input=stdin, capture_output=True, timeout=300, check=False)
-    if check and result.returncode != 0:
-        raise AssertionError(f"docker {' '.join(args)} failed: {result.stderr.decode(errors='replace')}")
-    return result.stdout.decode()
-
-
-# --- images in the loopback registry ------------------------------------------
-
-
-class Published:
-    """Images a test pushed to the loopback registry; removed locally and remotely after."""
-
-    def __init__(self, registry: str) -> None:
-        self.registry = registry
-        self.refs: list[str] = []
-
-    def _push(self, tagged: str) -> str:
-        repo = tagged.rsplit(":", 1)[0]
-        _docker("push", "-q", tagged)
-        digests = json.loads(_docker("image", "inspect", "--format", "{{json .RepoDigests}}", tagged))
-        ref = next(d for d in digests if d.startswith(f"{repo}@"))
-        self.refs.append(ref)
-        return ref
-
-    def unique(self, name: str, size: int = 2 << 20) -> str:
-        """A new image with its own random layer; pushed, then removed locally."""
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            payload = os.urandom(size)
-            info = tarfile.TarInfo("payload.bin")
-            info.size = len(payload)
-            tar.addfile(info, io.BytesIO(payload))
-        tagged = f"{self.registry}/sciencebench-test/{name}:t"
-        _docker("import", "--change", 'CMD ["true"]', "-", tagged, stdin=buf.getvalue())
-        ref = self._push(tagged)
-        _docker("rmi", tagged)
-        return ref
-
-    def retag(self, source: str, name: str) -> str:
-        """`source` published again under a new repository; the new name removed locally."""
-        tagged = f"{self.registry}/sciencebench-test/{name}:t"
-        _docker("tag", source, tagged)
-        ref = self._push(tagged)
-        _docker("rmi", tagged)  # untags only: `source` keeps the layers
-        return ref
-
-    def push_existing(self, tagged: str) -> str:
-        return self._push(tagged)
-
-    def cleanup(self) -> None:
-        for ref in self.refs:
-            _docker("rmi", ref, check=False)
-            repo, digest = ref.split("@")
-            name = repo.split("/", 1)[1]
-            assert name.startswith("sciencebench-test/"), name  # never delete fixture images
-            request = urllib.request.Request(
-                f"http://{self.registry}/v2/{name}/manifests/{digest}", method="DELETE"
-            )
-            with urllib.request.urlopen(request, timeout=30) as response:  # loopback only
-                assert response.status == 202
 
 
 @pytest.fixture
