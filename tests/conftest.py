@@ -18,6 +18,22 @@ from tests.fixtures.services import RedisServer
 os.environ.setdefault("SCIENCEBENCH_AGENT_INSTALL", "pier")
 
 
+TIERS = ("unit", "integration", "docker")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test carries exactly one tier marker, so `-m <tier>` selects each test exactly once."""
+    wrong = []
+    for item in items:
+        tiers = sorted({mark.name for mark in item.iter_markers() if mark.name in TIERS})
+        if len(tiers) != 1:
+            wrong.append(f"{item.nodeid}: {', '.join(tiers) or 'no tier marker'}")
+    if wrong:
+        raise pytest.UsageError(
+            f"every test needs exactly one of the tier markers {', '.join(TIERS)}:\n  " + "\n  ".join(wrong)
+        )
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path_factory.mktemp("redis"))

@@ -51,6 +51,7 @@ CANCELLED = "Cancelled"
 NOT_RETRIED = frozenset({
     "AgentTimeoutError", "VerifierTimeoutError", "RewardFileNotFoundError", "RewardFileEmptyError",
     "VerifierOutputParseError", "CancelledError", CANCELLED, "PolicyRefused", "PolicyViolation",
+    "AgentImageMismatch",
 })  # fmt: skip
 
 

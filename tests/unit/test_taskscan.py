@@ -20,6 +20,8 @@ from sciencebench.login import taskspec
 from sciencebench.login.taskspec import TaskSpec, load_task
 from tests.fixtures.selection import DEFAULT_AGENT_IMAGE, make_task
 
+pytestmark = pytest.mark.unit
+
 COMPOSE = f"services:\n  main:\n    image: {DEFAULT_AGENT_IMAGE}\n    environment:\n      FOO: ${{BAR}}\n"
 
 
