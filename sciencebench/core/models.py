@@ -135,9 +135,23 @@ class JobSpec(RunOptions):
         """The job's key in the coordination store: its submit's id."""
         return str(self.job_id)
 
+    @property
+    def trials_per_task(self) -> int:
+        """`--n-attempts` for each `--model` (at least one): every model is a trial of its own."""
+        return self.n_attempts * max(len(self.agent.models), 1)
+
+    def trial_model(self, attempt: int) -> str | None:
+        """The model of a task's trial `attempt` (None without `--model`).
+
+        Attempts are numbered across models, each model's in a block: with
+        `--model a --model b --n-attempts 2`, attempts 1-2 run `a`, 3-4 run `b`.
+        """
+        models = self.agent.models
+        return models[(attempt - 1) // self.n_attempts] if models else None
+
     def trial_keys(self) -> list[str]:
         """Every trial key of the job (`002#1`), in task then attempt order."""
-        return [trial_key(t, a) for t in self.task_ids for a in range(1, self.n_attempts + 1)]
+        return [trial_key(t, a) for t in self.task_ids for a in range(1, self.trials_per_task + 1)]
 
 
 def trial_key(task_id: str, attempt: int) -> str:
@@ -165,6 +179,8 @@ class TrialSpec(BaseModel):
     task_toml_sha256: str
     image_refs: list[str]
     expected_sec: float = Field(ge=0, allow_inf_nan=False)
+    # The one `--model` this trial's Pier runs (JobSpec.trial_model), None without one.
+    model: str | None = None
 
     @property
     def key(self) -> str:
@@ -208,6 +224,7 @@ class TrialRecord(BaseModel):
     job_name: str
     task_id: str
     attempt: int
+    model: str | None = None
     trial_dir: str | None = None
     rewards: dict[str, float] | None = None
     exception_type: str | None = None

@@ -69,8 +69,8 @@ def render_argv(
         argv += ["--agent-import-path", job.agent.agent_import_path]
     elif job.agent.agent:
         argv += ["--agent", job.agent.agent]
-    for model in job.agent.models:
-        argv += ["--model", model]
+    if trial.model is not None:  # one model per trial, each its own Pier run (JobSpec.trial_model)
+        argv += ["--model", trial.model]
     for key, value in job.agent.agent_kwargs.items():
         argv += ["--ak", f"{key}={value}"]
     for name in job.agent.agent_env_names:

@@ -183,9 +183,14 @@ def _record_name(record: TrialRecord) -> str:
     return record.trial_dir or f"task_{record.task_id}#{record.attempt}"
 
 
+def _pier_model_name(model: str) -> str:
+    """The name Pier gives a `--model` route in a trial's `model_info` (the provider prefix dropped)."""
+    return model.split("/", 1)[-1]
+
+
 def _fallback_trial(job: JobSpec) -> PierTrial:
     """Agent, model and dataset for the trials of a job none of whose trials left a result."""
-    model = job.agent.models[0].split("/", 1)[-1] if job.agent.models else None
+    model = _pier_model_name(job.agent.models[0]) if job.agent.models else None
     return PierTrial("", "", job.agent.harness, model, None, None, None)
 
 
@@ -195,8 +200,9 @@ def pier_trials(
     """One PierTrial per record: its trial's `result.json` (`results`, in order; None: none) or the record.
 
     A record's exception counts when Pier's result has none (sciencebench
-    stopped the trial); a record without a usable result takes the agent,
-    model and dataset of the job's other trials, and its task's name.
+    stopped the trial); a record without a usable result takes the agent
+    and dataset of the job's other trials, its own model (as Pier names it)
+    and its task's name.
     """
     parsed = [None if data is None else parse_trial_result(data) for data in results]
     template = next((p for p in parsed if p is not None), None) or _fallback_trial(job)
@@ -208,6 +214,7 @@ def pier_trials(
                 template,
                 trial_name=_record_name(record),
                 task_name=task_names.get(record.task_id, f"task_{record.task_id}"),
+                model_name=_pier_model_name(record.model) if record.model else template.model_name,
                 rewards=dict(record.rewards) if record.rewards is not None else None,
                 exception_type=record.exception_type,
                 tokens=NO_TOKENS,
@@ -336,7 +343,7 @@ def job_result(
     `id` is the submit's `job_id`; the job started when its first trial did
     (its submit while none has) and finished when every trial has a record.
     """
-    n_total = len(job.task_ids) * job.n_attempts
+    n_total = len(job.task_ids) * job.trials_per_task  # as Pier: tasks x agents (one per model) x attempts
     started = min((r.started_at for r in records if r.started_at), default=None)
     finished = max((r.finished_at for r in records if r.finished_at), default=None)
     return {

@@ -42,6 +42,8 @@ SUMMARY_COLUMNS = [
     "failure_class",
     "verifier_dir",
 ]
+# After the original's columns, for a job of several `--model`s: the model of each trial.
+MODEL_COLUMN = "model"
 MISSING_PATCH = "MissingPatch"
 CONFIG_JSON = "config.json"  # Pier's name for a job's JobConfig
 
@@ -56,7 +58,10 @@ class Summary:
 
 
 def load_records(paths: JobPaths) -> list[TrialRecord]:
-    """Every recorded trial of a job, in task then attempt order. Raises ValueError on a bad record."""
+    """Every recorded trial of a job, in task then attempt order (models in `--model` order).
+
+    Raises ValueError on a bad record.
+    """
     if not paths.trials_dir.is_dir():
         return []
     records = []
@@ -122,8 +127,11 @@ def _count(section: Any, field: str) -> Any:
     return section.get(field, "") if isinstance(section, dict) else ""
 
 
-def summary_row(paths: JobPaths, record: TrialRecord) -> dict[str, Any]:
-    """One trial's row in the original runner's columns (its `verifier/reward.json` when readable)."""
+def summary_row(paths: JobPaths, record: TrialRecord, with_model: bool = False) -> dict[str, Any]:
+    """One trial's row in the original runner's columns (its `verifier/reward.json` when readable).
+
+    `with_model` adds the trial's model (`MODEL_COLUMN`) after them.
+    """
     trial_dir = f"{paths.job_dir}{os.sep}{record.trial_dir}" if record.trial_dir else None
     detail = _read_json(f"{trial_dir}{os.sep}verifier{os.sep}reward.json") if trial_dir else None
     if not isinstance(detail, dict):
@@ -139,12 +147,14 @@ def summary_row(paths: JobPaths, record: TrialRecord) -> dict[str, Any]:
         "private_collected": _count(detail.get("private"), "collected"),
         "failure_class": failure_class(record),
         "verifier_dir": f"{trial_dir}{os.sep}verifier" if trial_dir else "",
-    }
+    } | ({MODEL_COLUMN: record.model or ""} if with_model else {})
 
 
-def summary_rows(paths: JobPaths, records: Sequence[TrialRecord]) -> list[dict[str, Any]]:
-    """One row per trial, in the original runner's columns."""
-    return [summary_row(paths, record) for record in records]
+def summary_rows(
+    paths: JobPaths, records: Sequence[TrialRecord], with_model: bool = False
+) -> list[dict[str, Any]]:
+    """One row per trial, in the original runner's columns (and the model's, `with_model`)."""
+    return [summary_row(paths, record, with_model) for record in records]
 
 
 def _summary_json(job: JobSpec, rows: list[dict[str, Any]], now: datetime) -> str:
@@ -165,7 +175,8 @@ def write_summary(job: JobSpec, now: datetime | None = None) -> Summary:
     now = now or datetime.now(UTC)
     paths = JobPaths(job.jobs_dir, job.job_name)
     records = load_records(paths)
-    rows = [summary_row(paths, record) for record in records]
+    with_model = len(job.agent.models) > 1
+    rows = summary_rows(paths, records, with_model)
     job_dir = str(paths.job_dir)
     # One trial's result.json in memory at a time: with rollout details, one can be megabytes.
     results = (
@@ -176,7 +187,8 @@ def write_summary(job: JobSpec, now: datetime | None = None) -> Summary:
     config = job_config(job)
 
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=SUMMARY_COLUMNS, lineterminator="\n")
+    columns = [*SUMMARY_COLUMNS, MODEL_COLUMN] if with_model else SUMMARY_COLUMNS
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
     write_atomic(paths.result_json, json.dumps(result, indent=4) + "\n")

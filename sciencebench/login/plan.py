@@ -33,7 +33,7 @@ def expected_trial_seconds(
 
 
 def expand(selection: Selection, job: JobSpec, toml_hashes: dict[str, str]) -> list[TrialSpec]:
-    """Selection x attempts -> trial specs, longest expected first (`order` without history).
+    """Selection x models x attempts -> trial specs, longest expected first (`order` without history).
 
     Sending long trials first shortens the tail of a job: the last trial to
     start is a short one. Ties go by attempt, then selection order: every
@@ -49,7 +49,7 @@ def expand(selection: Selection, job: JobSpec, toml_hashes: dict[str, str]) -> l
             job.agent_timeout_multiplier,
             job.verifier_timeout_multiplier,
         )
-        for attempt in range(1, job.n_attempts + 1):
+        for attempt in range(1, job.trials_per_task + 1):
             trials.append(
                 TrialSpec(
                     job_id=job.job_id,
@@ -61,6 +61,7 @@ def expand(selection: Selection, job: JobSpec, toml_hashes: dict[str, str]) -> l
                     task_toml_sha256=toml_hashes[task_id],
                     image_refs=trial_image_refs(task.image_refs, job.agent_images.get(task_id)),
                     expected_sec=expected,
+                    model=job.trial_model(attempt),
                 )
             )
     return order(trials, {})

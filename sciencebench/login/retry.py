@@ -20,7 +20,7 @@ def failed_trials(job: JobSpec) -> list[TrialSpec]:
     wanted = {
         (task_id, attempt)
         for task_id in job.task_ids
-        for attempt in range(1, job.n_attempts + 1)
+        for attempt in range(1, job.trials_per_task + 1)
         if (task_id, attempt) not in records or records[(task_id, attempt)].errored
     }
     if not wanted:

@@ -76,6 +76,7 @@ def trial_record(spec: TrialSpec, ctx: WorkerContext, started: datetime, **field
         job_name=spec.job_name,
         task_id=spec.task_id,
         attempt=spec.attempt,
+        model=spec.model,
         worker=ctx.settings.hostname,
         started_at=started,
         finished_at=datetime.now(UTC),

@@ -86,3 +86,48 @@ def test_job_level_files_are_piers(cluster: Cluster) -> None:
         assert viewer.get(f"/api/jobs/{job_dir.name}")["id"] == str(spec.job_id)
         assert viewer.get(f"/api/jobs/{job_dir.name}/config")["n_attempts"] == 2
     assert entry["n_errored_trials"] == 4
+
+
+def test_every_model_of_a_job_is_its_own_trial(cluster: Cluster) -> None:
+    """`--model a --model b --n-attempts 2` on 2 tasks: 8 trials, as the original runs them."""
+    cluster.start_workers(1, concurrency=2)
+    path = cluster.selection({"001": {"reward": 1.0}, "002": {"reward": 0.0}})
+    dry = cluster.cli("submit", "--path", str(path), "--agent", "nop", "--jobs-dir", str(cluster.jobs_dir),
+                      "--job-name", "models-dry", "--model", "openai/a", "--model", "b", "--n-attempts", "2",
+                      "--dry-run")  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    assert "8 trial(s) of 2 task(s)" in dry.stdout
+    done = cluster.submit(
+        path, "models", "--model", "openai/a", "--model", "b", "--n-attempts", "2", "--n-concurrent", "2"
+    )
+    assert done.returncode == 0, done.stderr
+    job_dir = cluster.jobs_dir / "models"
+
+    # Each Pier run ran one model: four runs of each, two per task.
+    runs = cluster.pier_runs()
+    models = sorted((r["task"], r["argv"][r["argv"].index("--model") + 1]) for r in runs)
+    assert all(r["argv"].count("--model") == 1 for r in runs)
+    assert models == sorted([(f"task_{t}", m) for t in ("001", "002") for m in ("openai/a", "b")] * 2)
+
+    # Eight rows, each with its model after the original's columns.
+    rows = summary_rows(job_dir)
+    assert len(rows) == 8
+    assert list(rows[0]) == [
+        "task_id", "trial_id", "reward", "public_passed", "public_collected", "private_passed",
+        "private_collected", "failure_class", "verifier_dir", "model",
+    ]  # fmt: skip
+    assert sorted((r["task_id"], r["model"]) for r in rows) == models
+
+    # Pier's statistics per model, as `pier run -m a -m b` keeps them; pier view lists both.
+    result = JobResult.model_validate_json((job_dir / "result.json").read_bytes())
+    assert result.n_total_trials == 8
+    assert sorted(result.stats.evals) == ["nop__a__adhoc", "nop__b__adhoc"]
+    for evals in result.stats.evals.values():
+        assert evals.n_trials == 4
+        assert evals.metrics == [{"mean": 0.5}]
+        assert evals.pass_at_k == {2: 0.5}  # task 001 passes, 002 never
+    config = JobConfig.model_validate_json((job_dir / "config.json").read_bytes())
+    assert [a.model_name for a in config.agents] == ["openai/a", "b"]
+    with pier_view(cluster.jobs_dir, cluster.env, cluster.root / "pier-view.log") as viewer:
+        entry = check_job_as_pier_shows_it(viewer, job_dir, ["nop"])
+    assert sorted(entry["evals"]) == ["nop__a__adhoc", "nop__b__adhoc"]

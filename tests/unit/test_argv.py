@@ -201,7 +201,9 @@ def test_models_kwargs_and_agent_env_templates(tmp_path: Path) -> None:
     argv = _argv(prepared)
     opts = _options(argv)
     assert opts["--agent"] == ["mini-swe-agent"]
-    assert opts["--model"] == ["openai/a", "openai/b"]
+    # One model per trial, each its own Pier run: the original's trial count, a timeout each.
+    per_trial = [(t.task_id, _options(_argv(prepared, i))["--model"]) for i, t in enumerate(prepared.trials)]
+    assert sorted(per_trial) == [(t, [m]) for t in prepared.job.task_ids for m in ("openai/a", "openai/b")]
     assert opts["--ak"] == ["max_steps=50", "cost_limit=0"]
     # Names only: Pier resolves ${NAME} from its own process environment.
     assert opts["--ae"] == ["ALPHA=${ALPHA}", "ZED_TOKEN=${ZED_TOKEN}"]

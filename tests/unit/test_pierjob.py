@@ -315,8 +315,21 @@ def test_config_json_is_what_pier_run_builds(tmp_path: Path) -> None:
         _prepared(tmp_path / "c", ["002"], agent="codex", env_file=env_file, models=["gpt-demo"]),
     ]  # fmt: skip
     jobs = [p.job for p in prepared]
-    argvs = [render_argv(p.job, p.trials[0], tmp_path / "scratch", "pier-job") for p in prepared]
-    for job, built in zip(jobs, _pier_configs(argvs), strict=True):
+    # Each trial's Pier runs one model: the job's config is that of `pier run` with all of them.
+    firsts = [
+        [next(t for t in p.trials if t.model == m) for m in p.job.agent.models or [None]] for p in prepared
+    ]
+    argvs = [
+        render_argv(p.job, t, tmp_path / "scratch", "pier-job")
+        for p, ts in zip(prepared, firsts, strict=True)
+        for t in ts
+    ]
+    configs = iter(_pier_configs(argvs))
+    merged = []
+    for trials in firsts:
+        parts = [next(configs) for _ in trials]
+        merged.append({**parts[0], "agents": [agent for part in parts for agent in part["agents"]]})
+    for job, built in zip(jobs, merged, strict=True):
         # One trial's command line runs one task once; the job runs them all, attempts, concurrency, retries.
         built.update(
             job_name=job.job_name,

@@ -92,6 +92,17 @@ def test_attempt_expansion_fields(tmp_path: Path) -> None:
     assert trials[0].label == "task_002 #1"
 
 
+def test_each_model_is_a_trial_of_its_own(tmp_path: Path) -> None:
+    job, _, trials = _job_and_selection(tmp_path, ["002", "005"], {}, models=["openai/a", "b"], n_attempts=2)
+    assert job.trials_per_task == 4
+    assert len(trials) == 8 and sorted(t.key for t in trials) == sorted(job.trial_keys())
+    # Attempts are numbered across models, each model's in a block.
+    assert {(t.attempt, t.model) for t in trials} == {(1, "openai/a"), (2, "openai/a"), (3, "b"), (4, "b")}
+    assert [job.trial_model(n) for n in (1, 2, 3, 4)] == ["openai/a", "openai/a", "b", "b"]
+    none, _, plain = _job_and_selection(tmp_path / "none", ["002"], {}, n_attempts=3)
+    assert none.trials_per_task == 3 and {t.model for t in plain} == {None}
+
+
 def test_expand_directly_with_given_hashes(tmp_path: Path) -> None:
     job, _, _ = _job_and_selection(tmp_path, ["002", "005"], {})
     selection = load_selection(tmp_path / "sel", "005")
