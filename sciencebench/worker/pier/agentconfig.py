@@ -65,7 +65,12 @@ def load_secret_kwargs(job: JobSpec) -> dict[str, str]:
 
 
 def write_agent_config(job: JobSpec, scratch: Path) -> Path:
-    """Write the try's `pier run --config` file (mode 0600, created exclusively); its path."""
+    """Write the try's `pier run --config` file (mode 0600, created exclusively); its path.
+
+    The try's scratch directory becomes its owner's only (0700): while Pier
+    runs, its own job and trial `config.json` there hold the keyword values.
+    """
+    os.chmod(scratch, 0o700)
     path = scratch / CONFIG_NAME
     text = render_agent_config(job, load_secret_kwargs(job))
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
