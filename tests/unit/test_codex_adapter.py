@@ -20,6 +20,7 @@ from pier.models.agent.context import AgentContext
 from sciencebench.agents.codex import ScienceBenchCodex, render_provider_toml
 from sciencebench.core.errors import ProfileError
 from sciencebench.core.gateways import parse_gateway
+from sciencebench.network.environment import plan_egress
 
 pytestmark = pytest.mark.unit
 
@@ -68,6 +69,12 @@ def test_without_base_url_nothing_is_generated_and_no_default_host_is_allowed(
     assert bare._config_toml is None
     assert bare.gateway is None
     assert bare.network_allowlist().domains == []
+    # The policy then gives the agent no egress at all: nothing reaches api.openai.com by default.
+    egress = plan_egress(
+        allow_internet=False, uses_compose=False, allowlist_domains=bare.network_allowlist().domains,
+        inference_urls=None, proxy_image=None,
+    )  # fmt: skip
+    assert egress.mode == "none"
     own = 'model_provider = "mine"\n[model_providers.mine]\nbase_url = "http://own-gw.example:4000/v1"\n'
     configured = make_agent(tmp_path, config_toml=own)
     assert configured._config_toml == own  # passed on unchanged
