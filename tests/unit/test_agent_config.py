@@ -11,10 +11,11 @@ import pytest
 
 from sciencebench.coordination.records import forget_agent_env
 from sciencebench.core.agent_kwargs import REDACTED
-from sciencebench.core.errors import RefusedError, SecretsMismatchError
+from sciencebench.core.errors import JobConflictError, RefusedError, SecretsMismatchError
 from sciencebench.core.models import EnvFile
 from sciencebench.core.pier_argv import render_argv
 from sciencebench.login.options import SubmitOptions
+from sciencebench.login.retry import failed_trials
 from sciencebench.login.runrecord import build_run_record
 from sciencebench.login.submit import Prepared, persist, prepare
 from sciencebench.worker.pier.agentconfig import (
@@ -109,3 +110,10 @@ def test_the_kwargs_file_is_deleted_when_the_job_ends(tmp_path: Path) -> None:
     assert identity is not None and identity.path.is_file()
     forget_agent_env(done.job)
     assert not identity.path.exists()
+
+
+def test_retry_of_an_ended_job_whose_kwargs_are_gone_asks_for_a_new_submit(tmp_path: Path) -> None:
+    done = _persisted(tmp_path, agent="claude-code", agent_kwargs=[f"api_key={CANARY}"])
+    forget_agent_env(done.job)
+    with pytest.raises(JobConflictError, match="--agent-kwarg values, which were deleted when it ended"):
+        failed_trials(done.job)
