@@ -30,7 +30,6 @@ from sciencebench.core.agentimages import (
     load_agent_images,
 )
 from sciencebench.core.errors import InputError, SciencebenchError
-from sciencebench.core.images import image_repository
 from sciencebench.core.paths import write_atomic
 from sciencebench.login.selection import load_selection
 from sciencebench.worker.docker import bake as docker_bake
@@ -59,14 +58,6 @@ def default_artifacts() -> Path:
     return Path(os.environ.get(ARTIFACTS_ENV) or DEFAULT_ARTIFACTS)
 
 
-def registry_of(ref: str) -> str | None:
-    """The registry host of an image reference, None for Docker Hub short names."""
-    first, _, rest = image_repository(ref).partition("/")
-    if rest and ("." in first or ":" in first or first == "localhost"):
-        return first
-    return None
-
-
 def _write(path: Path, images: AgentImages) -> None:
     write_atomic(path, images.model_dump_json(indent=2) + "\n")
 
@@ -76,7 +67,7 @@ def bake_selection(
     agent: str,
     version: str | None = None,
     *,
-    registry: str | None = None,
+    registry: str,
     artifacts: Path | None = None,
     extra_ca: Path | None = None,
     log: Callable[[str], None] = lambda _: None,
@@ -94,9 +85,8 @@ def bake_selection(
     artifacts = artifacts or default_artifacts()
     record_path = agent_images_path(selection.path)
     bases = list(dict.fromkeys(selection.tasks[task_id].agent_image for task_id in selection.task_ids))
-    for base in bases:
-        if not (registry or registry_of(base)):
-            raise InputError(f"{base}: no registry in the reference; pass --registry HOST[:PORT]")
+    if not registry.strip() or "/" in registry:
+        raise InputError(f"--registry {registry!r}: expected HOST[:PORT] of a registry the workers pull from")
     results: list[Baked] = []
     record_path.parent.mkdir(parents=True, exist_ok=True)
     # One bake of a selection at a time: the record is read, extended and replaced.
@@ -110,7 +100,7 @@ def bake_selection(
             with docker_bake.Baker(artifacts=artifacts, extra_ca=extra_ca, log=log) as baker:
                 for base in bases:
                     started = time.monotonic()
-                    repository = f"{registry or registry_of(base)}/{REPOSITORY}/{agent}"
+                    repository = f"{registry}/{REPOSITORY}/{agent}"
                     baked, action = baker.bake(
                         base, agent, version, repository, images.find(base, agent, version)
                     )

@@ -112,7 +112,7 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
         write_run_record(opts.path, record, prepared.secret_values)
         out.print(f"dry run: {len(prepared.trials)} trial(s) of {len(prepared.selection.task_ids)} "
                   f"task(s); selection sha256 {prepared.selection.sha256}", soft_wrap=True)  # fmt: skip
-        out.print("pier command: " + " ".join(record["pier_command"]), markup=False, soft_wrap=True)
+        out.print("pier command: " + record["pier_command"], markup=False, soft_wrap=True)
         out.print(f"run record: {opts.path / 'batch-run.json'}")
         if not (local or opts.skip_pull):
             _prewarm(settings, prepared.job, err)
@@ -540,7 +540,9 @@ def images() -> None:
 @click.option("--agent", required=True, type=click.Choice(["codex", "claude-code", "mini-swe-agent"]),
               help="Harness to preinstall.")  # fmt: skip
 @click.option("--agent-version", help="Version to bake (default: the pinned one).")
-@click.option("--registry", help="Registry host[:port] to push to (default: each task image's registry).")
+@click.option("--registry", required=True, metavar="HOST[:PORT]",
+              help="Registry to push the baked images to, one the workers pull from (a task image's "
+                   "own registry, e.g. docker.io, is rarely one you may push to).")  # fmt: skip
 @click.option("--artifacts", type=click.Path(path_type=Path), envvar="SCIENCEBENCH_AGENT_ARTIFACTS",
               help="Directory of fetched artifacts [env: SCIENCEBENCH_AGENT_ARTIFACTS; "
                    "default /var/tmp/sciencebench-agents].")  # fmt: skip
@@ -548,7 +550,7 @@ def images() -> None:
               help="PEM CA certificate the agent must trust (a gateway with a private CA).")  # fmt: skip
 @_handle_errors
 def bake(
-    path: Path, agent: str, agent_version: str | None, registry: str | None,
+    path: Path, agent: str, agent_version: str | None, registry: str,
     artifacts: Path | None, extra_ca: Path | None,
 ) -> None:  # fmt: skip
     """Bake --agent into every agent image of the selection; a no-op for what is already baked.

@@ -11,18 +11,27 @@ a custom provider ``sciencebench`` reading its key from ``OPENAI_API_KEY``,
 HTTP/SSE only (``supports_websockets = false``) and hosted web search off.
 Its network allowlist is the gateway host alone; the environment adds the
 gateway's port from ``inference_urls``.
+
+Without ``base_url`` (``submit --no-auto-provider``) it generates nothing:
+a ``config_toml`` of the job's own is passed on unchanged, and the
+allowlist is only the hosts the job configured (``OPENAI_BASE_URL``, the
+``base_url`` entries of that ``config_toml``) — never Pier's default
+``api.openai.com``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import tomllib
 from typing import Any
 
 from pier.agents.installed.codex import Codex
+from pier.agents.network import allowlist_from_urls, collect_url_values
 from pier.models.agent.network import NetworkAllowlist
 
 from sciencebench.core.errors import ProfileError
 from sciencebench.core.gateways import (
-    DEFAULT_CODEX_BASE_URL,
+    WIRE_APIS,
     Gateway,
     parse_gateway,
     render_provider_toml,
@@ -32,10 +41,11 @@ from sciencebench.core.gateways import (
 class ScienceBenchCodex(Codex):
     """Pier's Codex agent with a generated gateway provider configuration.
 
-    Keywords: `base_url` (default https://api.openai.com/v1), `wire_api`
-    (`responses` or `chat`; current Codex releases accept only `responses`),
-    plus Pier's `version`, `reasoning_effort`, ... An explicit `config_toml`
-    or `config_toml_file` is refused: two provider blocks would conflict.
+    Keywords: `base_url`, `wire_api` (`responses` or `chat`; current Codex
+    releases accept only `responses`), plus Pier's `version`,
+    `reasoning_effort`, `command_model_name`, ... With `base_url` an explicit
+    `config_toml` or `config_toml_file` is refused: two provider blocks would
+    conflict; without it (no generated provider) `config_toml` is the job's.
     Raises ProfileError for a bad base URL, wire API or an IPv6-literal host
     (Pier's allowlist cannot express one).
     """
@@ -47,13 +57,20 @@ class ScienceBenchCodex(Codex):
         wire_api: str = "responses",
         **kwargs: Any,
     ) -> None:
+        if wire_api not in WIRE_APIS:
+            raise ProfileError(f"wire_api: must be one of {', '.join(WIRE_APIS)}")
+        if base_url is None:  # --no-auto-provider: the job's own configuration, nothing generated
+            self._gateway: Gateway | None = None
+            self._wire_api = wire_api
+            super().__init__(*args, **kwargs)
+            return
         if kwargs.get("config_toml") or kwargs.get("config_toml_file"):
             raise ProfileError(
                 "ScienceBenchCodex generates the provider config; pass base_url/wire_api, not config_toml"
             )
         kwargs.pop("config_toml", None)
         kwargs.pop("config_toml_file", None)
-        gateway = parse_gateway(base_url or DEFAULT_CODEX_BASE_URL, "base_url")
+        gateway = parse_gateway(base_url, "base_url")
         if ":" in gateway.host:
             raise ProfileError("base_url: IPv6-literal gateway hosts are not supported")
         self._gateway = gateway
@@ -61,10 +78,18 @@ class ScienceBenchCodex(Codex):
         super().__init__(*args, config_toml=render_provider_toml(gateway, wire_api), **kwargs)
 
     @property
-    def gateway(self) -> Gateway:
-        """The one gateway this agent talks to."""
+    def gateway(self) -> Gateway | None:
+        """The one gateway this agent talks to; None when the job configures Codex itself."""
         return self._gateway
 
     def network_allowlist(self) -> NetworkAllowlist:
-        """The gateway host only: with a custom provider Codex talks to nothing else."""
-        return NetworkAllowlist(domains=[self._gateway.host])
+        """The gateway host only, or the hosts the job configured: no default provider host."""
+        if self._gateway is not None:
+            return NetworkAllowlist(domains=[self._gateway.host])
+        urls: list[str] = [
+            value for key in ("OPENAI_BASE_URL", "OPENAI_API_BASE") if (value := self._get_env(key))
+        ]
+        if self._config_toml:
+            with contextlib.suppress(tomllib.TOMLDecodeError):
+                urls += collect_url_values(tomllib.loads(self._config_toml))
+        return allowlist_from_urls(urls)

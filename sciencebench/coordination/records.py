@@ -14,7 +14,7 @@ from typing import Any
 
 from sciencebench.coordination.history import record_durations
 from sciencebench.coordination.protocol import Coordinator
-from sciencebench.core.models import JobSpec, TrialRecord, agent_env_file_name
+from sciencebench.core.models import JobSpec, TrialRecord, agent_env_file_name, agent_kwargs_file_name
 from sciencebench.core.paths import JobPaths, write_atomic
 from sciencebench.core.summary import write_summary
 
@@ -48,22 +48,28 @@ def missing_trials(job: JobSpec, paths: JobPaths) -> list[str]:
 
 
 def forget_agent_env(job: JobSpec) -> None:
-    """Delete the job's `--agent-env` secrets file: the job no longer needs it.
+    """Delete the job's `--agent-env` and `--agent-kwarg` secrets files: the job no longer needs them.
 
-    Only the file where submit writes it (`<selection>/.sciencebench/secrets/`)
-    is ever deleted, whatever a job spec names.
+    Only the files where submit writes them (`<selection>/.sciencebench/secrets/`)
+    are ever deleted, whatever a job spec names.
     """
-    if job.agent_env_file is None:
-        return
-    path = job.agent_env_file.path
     secrets_dir = job.selection_path / ".sciencebench" / "secrets"
-    if path.parent != secrets_dir or path.name != agent_env_file_name(job):
-        log.warning("job %s: not deleting %s (not where submit writes secrets)", job.job_name, path)
-        return
-    try:
-        path.unlink(missing_ok=True)
-    except OSError as exc:
-        log.warning("job %s: cannot delete its --agent-env file (%s)", job.job_name, exc.strerror)
+    for identity, name in (
+        (job.agent_env_file, agent_env_file_name(job)),
+        (job.agent_kwargs_file, agent_kwargs_file_name(job)),
+    ):
+        if identity is None:
+            continue
+        path = identity.path
+        if path.parent != secrets_dir or path.name != name:
+            log.warning("job %s: not deleting %s (not where submit writes secrets)", job.job_name, path)
+            continue
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning(
+                "job %s: cannot delete its secrets file %s (%s)", job.job_name, path.name, exc.strerror
+            )
 
 
 def finish_job(

@@ -4,12 +4,25 @@ Pier's agents read some keywords as paths on the host that runs Pier
 (`config_toml_file`, `config_file`, `prompt_template_path`, ...): on a
 worker host that is any file the worker can read, shipped into the agent's
 container. A job passes the content itself instead (`config_toml`).
+
+Any other keyword travels, whatever its name. One whose name looks like a
+credential (`max_thinking_tokens`, `api_key`, ...) is redacted in every
+record, as the original runner redacts it: its value rides in a private
+file beside the selection (never in `job.json` or a broker message) and
+reaches Pier in the trial's private config file, never on a command line.
 """
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 # Keyword names Pier's agents treat as host paths end like these.
 HOST_PATH_SUFFIXES = ("_file", "_path", "_dir")
+# A name containing one of these looks like it holds a credential (the original runner's rule).
+SENSITIVE_WORDS = ("key", "token", "secret", "password", "authorization")
+# What a record shows, and a job spec holds, in place of a credential-looking value.
+REDACTED = "<redacted>"
 
 
 def agent_kwarg_problem(key: str) -> str | None:
@@ -20,3 +33,28 @@ def agent_kwarg_problem(key: str) -> str | None:
             "pass the content itself (e.g. config_toml)"
         )
     return None
+
+
+def is_sensitive_name(key: str) -> bool:
+    """Whether a variable or keyword name looks like it holds a credential."""
+    lowered = key.lower()
+    return any(word in lowered for word in SENSITIVE_WORDS)
+
+
+def split_secret_kwargs(kwargs: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """`(kwargs with credential-looking values replaced by REDACTED, those values by key)`."""
+    secret = {key: value for key, value in kwargs.items() if is_sensitive_name(key)}
+    public = {key: REDACTED if key in secret else value for key, value in kwargs.items()}
+    return public, secret
+
+
+def pier_kwarg_value(value: str) -> Any:
+    """An `--ak key=value` value as Pier's CLI parses it (`pier.cli.utils.parse_kwargs`).
+
+    JSON first, then `True`/`False`/`None`, else the string itself.
+    """
+    value = value.strip()
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return {"True": True, "False": False, "None": None}.get(value, value)

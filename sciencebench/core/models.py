@@ -88,6 +88,11 @@ def agent_env_file_name(job: JobSpec) -> str:
     return f"{job.job_id}.agent-env.json"
 
 
+def agent_kwargs_file_name(job: JobSpec) -> str:
+    """Where submit keeps a job's credential-looking --agent-kwarg values, beside its --agent-env file."""
+    return f"{job.job_id}.agent-kwargs.json"
+
+
 def check_job_name(name: str) -> str:
     """Return `name` when it is a valid job name (the whole of it); ValueError otherwise."""
     if not JOB_NAME.fullmatch(name):
@@ -113,12 +118,15 @@ class JobSpec(RunOptions):
     selection_path: Path
     selection_sha256: str
     task_ids: list[str]
-    allow_restricted_licenses: bool
+    # None where the selection says nothing (no selection.json, or no such key), as the original records it.
+    allow_restricted_licenses: bool | None = None
     image_refs: list[str]
     task_hashes: dict[str, str] = Field(default_factory=dict)
     agent: AgentPlan
     env_file: EnvFile | None = None
     agent_env_file: EnvFile | None = None
+    # The values of credential-looking --agent-kwarg keys (`agent.agent_kwargs` holds them redacted).
+    agent_kwargs_file: EnvFile | None = None
     # task id -> the task image with the agent preinstalled (`sciencebench images bake`)
     agent_images: dict[str, BakedImage] = Field(default_factory=dict)
     environment_import_path: str = POLICY_ENVIRONMENT

@@ -18,7 +18,6 @@ exception type the record's.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -29,6 +28,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from sciencebench.core.harness import POLICY_ENVIRONMENT
 from sciencebench.core.models import JobSpec, TrialRecord
+from sciencebench.core.pier_argv import agent_configs
 
 # Pier's exception type for a cancelled trial, and sciencebench's (`cancel`).
 CANCELLED_TYPES = frozenset({"CancelledError", "Cancelled"})
@@ -358,31 +358,6 @@ def job_result(
     }
 
 
-def _pier_kwarg(value: str) -> Any:
-    """An `--ak key=value` value as Pier's CLI parses it (`pier.cli.utils.parse_kwargs`)."""
-    value = value.strip()
-    try:
-        return json.loads(value)
-    except json.JSONDecodeError:
-        return {"True": True, "False": False, "None": None}.get(value, value)
-
-
-def _agent_config(
-    name: str | None, import_path: str | None, model: str | None, kwargs: dict[str, str], env_names: list[str]
-) -> dict[str, Any]:
-    """One `AgentConfig` as `pier run --agent/--agent-import-path --model --ak --ae` builds it."""
-    return {
-        "name": name,
-        "import_path": import_path,
-        "model_name": model,
-        "override_timeout_sec": None,
-        "override_setup_timeout_sec": None,
-        "max_timeout_sec": None,
-        "kwargs": {key.strip(): _pier_kwarg(value) for key, value in kwargs.items()},
-        "env": {name: f"${{{name}}}" for name in env_names},  # templates: Pier resolves them, never a value
-    }
-
-
 def job_config(job: JobSpec) -> dict[str, Any]:
     """config.json: Pier's JobConfig of one `pier run` of the job's tasks, run as each trial runs.
 
@@ -395,14 +370,11 @@ def job_config(job: JobSpec) -> dict[str, Any]:
     """
     agent = job.agent
     if agent.agent_import_path or agent.agent:
-        name = None if agent.agent_import_path else agent.agent
-        models: list[str | None] = [*agent.models] or [None]
-        agents = [
-            _agent_config(name, agent.agent_import_path, model, agent.agent_kwargs, agent.agent_env_names)
-            for model in models
-        ]
+        agents = agent_configs(agent)  # credential-looking values stay redacted
     else:  # no --agent: Pier's default agent alone, models and agent options ignored
-        agents = [_agent_config("oracle", None, None, {}, [])]
+        agents = agent_configs(agent.model_copy(update={
+            "agent": "oracle", "models": [], "agent_kwargs": {}, "agent_env_names": [], "harness": "oracle",
+        }))  # fmt: skip
     gateway_urls = [gateway.url for gateway in agent.gateways]
     return {
         "job_name": job.job_name,

@@ -48,7 +48,10 @@ def _required(plan: AgentPlan, dry_run: bool) -> bool:
 
 def _bake_hint(selection: Selection, plan: AgentPlan, version: str | None) -> str:
     flag = f" --agent-version {version}" if version else ""
-    return f"sciencebench images bake --path {selection.path} --agent {plan.harness}{flag}"
+    return (
+        f"sciencebench images bake --path {selection.path} --agent {plan.harness}{flag} "
+        "--registry HOST[:PORT]"
+    )
 
 
 def resolve_agent_images(

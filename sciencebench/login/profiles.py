@@ -11,21 +11,21 @@ import hashlib
 import tomllib
 from pathlib import Path
 
-from sciencebench.core.agent_kwargs import agent_kwarg_problem
+from sciencebench.core.agent_kwargs import agent_kwarg_problem, is_sensitive_name
 from sciencebench.core.envfile import VARIABLE_NAME, EnvFile, parse_env_text
 from sciencebench.core.errors import ProfileError
 from sciencebench.core.gateways import (
+    CREDENTIAL_ENV,
     DEFAULT_CODEX_BASE_URL,
     DEFAULT_CODEX_MODEL,
     WIRE_APIS,
     Gateway,
     parse_gateway,
+    public_url,
     render_provider_toml,
 )
 from sciencebench.core.harness import CODEX_ADAPTER
 from sciencebench.core.models import AgentPlan, Provider
-
-_SENSITIVE_WORDS = ("key", "token", "secret", "password", "authorization")
 
 
 def read_env_file(path: Path) -> tuple[EnvFile, dict[str, str]]:
@@ -58,9 +58,8 @@ def parse_assignments(items: list[str], option: str) -> dict[str, str]:
 
 
 def is_sensitive_key(key: str) -> bool:
-    """Whether a variable or keyword name looks like it holds a credential."""
-    lowered = key.lower()
-    return any(word in lowered for word in _SENSITIVE_WORDS)
+    """Whether a variable or keyword name looks like it holds a credential (key, token, secret, ...)."""
+    return is_sensitive_name(key)
 
 
 # --- provider translation --------------------------------------------------
@@ -85,12 +84,70 @@ def config_toml_gateways(config_toml: str | None) -> list[Gateway]:
     return [parse_gateway(url, "config_toml base_url") for url in urls if isinstance(url, str)]
 
 
-# Variables naming a model gateway, per harness, in the order the seed lists them.
+# Variables naming a model gateway, per harness, in the order the seed lists them. Under
+# --no-auto-provider Codex reads only OPENAI_BASE_URL (CODEX_* is not translated).
 _GATEWAY_VARIABLES = {
-    "codex": ("CODEX_BASE_URL", "OPENAI_BASE_URL"),
+    "codex": ("OPENAI_BASE_URL",),
     "claude-code": ("ANTHROPIC_BASE_URL",),
     "mini-swe-agent": ("OPENAI_BASE_URL",),
 }
+# A network proxy for the harness: refused with the way to reach a gateway behind one.
+_PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY")
+
+
+def proxy_variable_problem(key: str, option: str) -> str | None:
+    """Why a network-proxy variable may not come from a job, with the way round; None for other keys.
+
+    The agent reaches nothing but its gateways, through the trial's own
+    inference proxy; a proxy of the site's network cannot be chained there.
+    """
+    if key.upper() not in _PROXY_VARIABLES:
+        return None
+    return (
+        f"{option}: refused: {key}: the agent reaches only its gateway, through the trial's own proxy, "
+        "so a network proxy is not passed on; to reach a gateway behind a proxy, run a relay on a host "
+        "the workers reach (e.g. LiteLLM with HTTPS_PROXY in its own environment) and set "
+        "CODEX_BASE_URL/ANTHROPIC_BASE_URL/OPENAI_BASE_URL to it (docs/gateways.md)"
+    )
+
+
+def _setting(env_values: dict[str, str], *names: str) -> str | None:
+    """The first of `names` the profile sets to a non-empty value (empty means unset, as in the original)."""
+    return next((value for name in names if (value := env_values.get(name, "").strip())), None)
+
+
+def _first_set(env_values: dict[str, str], *names: str) -> str:
+    """The first of `names` the profile sets to a non-empty value, else the last name (for messages)."""
+    return next((name for name in names if env_values.get(name, "").strip()), names[-1])
+
+
+def _codex_provider(
+    env_values: dict[str, str], kwargs: dict[str, str], *, builtin: bool
+) -> tuple[Provider, Gateway, dict[str, str]]:
+    """The Codex provider of a profile: the record's provider, the gateway, the agent keywords.
+
+    `builtin`: Pier's own Codex agent or a custom class, which take the
+    provider block as `config_toml`; sciencebench's adapter takes `base_url`
+    and `wire_api` and renders the same block itself.
+    """
+    wire_api = (_setting(env_values, "CODEX_WIRE_API") or "responses").lower()
+    if wire_api not in WIRE_APIS:
+        raise ProfileError("CODEX_WIRE_API: must be 'responses' or 'chat'")
+    variable = _first_set(env_values, "CODEX_BASE_URL", "OPENAI_BASE_URL")
+    raw_url = _setting(env_values, "CODEX_BASE_URL", "OPENAI_BASE_URL") or DEFAULT_CODEX_BASE_URL
+    gateway = parse_gateway(raw_url, variable)
+    base_url = public_url(raw_url)
+    added: dict[str, str] = {}
+    if builtin:
+        added["config_toml"] = render_provider_toml(gateway, wire_api)
+    else:
+        added |= {"base_url": base_url, "wire_api": wire_api}
+    if version := _setting(env_values, "CODEX_VERSION"):
+        added["version"] = version
+    if effort := _setting(env_values, "CODEX_REASONING_EFFORT"):
+        added["reasoning_effort"] = effort
+    provider = Provider(protocol=wire_api, base_url=base_url, credential_env=CREDENTIAL_ENV)
+    return provider, gateway, {**added, **kwargs}
 
 
 def plan_agent(
@@ -109,25 +166,22 @@ def plan_agent(
 
     With `--agent codex` (and auto provider on) MODEL, CODEX_BASE_URL,
     CODEX_WIRE_API, CODEX_VERSION and CODEX_REASONING_EFFORT become keyword
-    arguments of sciencebench's Codex adapter; OPENAI_API_KEY stays in the
+    arguments of sciencebench's Codex adapter, or the provider block
+    (`config_toml`) of Pier's own Codex agent or a custom `--agent-import-path`
+    class; an empty value means unset; OPENAI_API_KEY stays in the
     environment. Raises ProfileError on a bad wire API, a bad gateway URL or a
-    missing credential (unless `dry_run`).
+    missing credential (unless `dry_run`). Any keyword may be given except
+    those naming host files; credential-looking ones are redacted in records.
     """
-    sensitive = sorted(key for key in agent_kwargs if is_sensitive_key(key))
-    if sensitive:
-        raise ProfileError(
-            f"--agent-kwarg {sensitive[0]}: looks like a credential; put it in --env-file "
-            "(kwargs travel on Pier's command line)"
-        )
     problems = [problem for key in sorted(agent_kwargs) if (problem := agent_kwarg_problem(key))]
     if problems:
         raise ProfileError(problems[0])
     adapter = agent == "codex" and agent_import_path is None and auto_agent_adapter
-    if "config_toml" in agent_kwargs and adapter:
+    if "config_toml" in agent_kwargs and adapter and auto_provider:
         raise ProfileError(
             "--agent-kwarg config_toml: the sciencebench Codex adapter writes the provider block itself "
             "from CODEX_BASE_URL in --env-file; add --no-auto-agent-adapter to give Pier's Codex agent "
-            "your own config_toml"
+            "your own config_toml (or --no-auto-provider to give it to the adapter unchanged)"
         )
     kwargs = dict(agent_kwargs)
     models = list(models)
@@ -135,39 +189,19 @@ def plan_agent(
     gateways: list[Gateway] = [*config_toml_gateways(agent_kwargs.get("config_toml"))]
 
     if agent == "codex" and auto_provider:
-        wire_api = env_values.get("CODEX_WIRE_API", "responses")
-        if wire_api not in WIRE_APIS:
-            raise ProfileError("CODEX_WIRE_API: must be 'responses' or 'chat'")
-        base_variable = "CODEX_BASE_URL" if "CODEX_BASE_URL" in env_values else "OPENAI_BASE_URL"
-        gateway = parse_gateway(env_values.get(base_variable, DEFAULT_CODEX_BASE_URL), base_variable)
+        provider, gateway, kwargs = _codex_provider(env_values, kwargs, builtin=not adapter)
         if not dry_run and not (env_values.get("OPENAI_API_KEY") or agent_env.get("OPENAI_API_KEY")):
             raise ProfileError("OPENAI_API_KEY: required for --agent codex (set it in --env-file)")
         if not models:
-            models = [env_values.get("MODEL", DEFAULT_CODEX_MODEL)]
-        if agent_import_path is None and not auto_agent_adapter:
-            # Pier's built-in Codex agent takes the provider block as config_toml.
-            kwargs.setdefault("config_toml", render_provider_toml(gateway, wire_api))
-        else:
-            kwargs.setdefault("base_url", gateway.url)
-            kwargs.setdefault("wire_api", wire_api)
-        if "CODEX_VERSION" in env_values:
-            kwargs.setdefault("version", env_values["CODEX_VERSION"])
-        if "CODEX_REASONING_EFFORT" in env_values:
-            kwargs.setdefault("reasoning_effort", env_values["CODEX_REASONING_EFFORT"])
-        provider = Provider(protocol=wire_api, base_url=gateway.url, credential_env="OPENAI_API_KEY")
+            models = [_setting(env_values, "MODEL") or DEFAULT_CODEX_MODEL]
         gateways.append(gateway)
     else:
+        # The record names a provider only for the translated Codex profile, as the original's does.
         for variable in _GATEWAY_VARIABLES.get(agent, ()):
-            if variable in env_values:
-                gateways.append(parse_gateway(env_values[variable], variable))
-        if gateways:
-            credential = next(
-                (key for key in env_values if is_sensitive_key(key) and key.endswith(("_KEY", "_TOKEN"))),
-                None,
-            )
-            provider = Provider(protocol="native", base_url=gateways[0].url, credential_env=credential)
+            if value := _setting(env_values, variable):
+                gateways.append(parse_gateway(value, variable))
 
-    if agent_import_path is None and agent == "codex" and auto_agent_adapter:
+    if adapter:
         agent_import_path = CODEX_ADAPTER
     return AgentPlan(
         harness=agent,

@@ -14,7 +14,7 @@ def failed_trials(job: JobSpec) -> list[TrialSpec]:
     """Trial specs of every errored trial and every trial with no record, rebuilt from the selection.
 
     Raises InputError when the selection no longer matches the job, or when
-    the job's --agent-env values are gone (they are deleted once a job ends).
+    the job's --agent-env or secret --agent-kwarg values are gone (they are deleted once a job ends).
     """
     records = {(r.task_id, r.attempt): r for r in load_records(JobPaths(job.jobs_dir, job.job_name))}
     wanted = {
@@ -29,6 +29,11 @@ def failed_trials(job: JobSpec) -> list[TrialSpec]:
         raise JobConflictError(
             f"job {job.job_name} used --agent-env, whose values were deleted when it ended; "
             "submit the selection again as a new job"
+        )
+    if job.agent_kwargs_file is not None and not job.agent_kwargs_file.path.is_file():
+        raise JobConflictError(
+            f"job {job.job_name} used credential-looking --agent-kwarg values, which were deleted when it "
+            "ended; submit the selection again as a new job"
         )
     selection = load_selection(job.selection_path, ",".join(job.task_ids))
     if selection.sha256 != job.selection_sha256:

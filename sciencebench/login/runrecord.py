@@ -1,7 +1,10 @@
 """`<path>/batch-run.json`: the redacted run record of a submit.
 
-It carries every key the original single-host runner writes, plus the job
-name and id (the `id` of the job's Pier `result.json`, and the key of its
+It carries every key the original single-host runner writes, with the
+original's value for the same input (`pier_command` is one redacted string:
+the Pier command of the job's first trial, its agent part inline as the
+original writes it, where workers pass it in a private `--config` file),
+plus keys of its own: the job name and id (the `id` of the job's Pier `result.json`, and the key of its
 coordination state), the sciencebench version and the broker address. No credential value
 ever reaches it: argv is redacted, URLs lose user information and queries,
 and the secret values themselves are masked as a last line of defence.
@@ -10,6 +13,7 @@ and the secret values themselves are masked as a last line of defence.
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +44,7 @@ def build_run_record(
         "n_attempts": job.n_attempts,
         "max_retries": job.max_retries,
         "pier_version": PIER_VERSION,
-        "pier_command": redact_argv(argv, secrets),
+        "pier_command": shlex.join(redact_argv(argv, secrets)),
         "agent_import_path": job.agent.agent_import_path,
         "provider": provider.model_dump(mode="json") if provider else None,
         "network_policy": job.network_policy,

@@ -32,7 +32,8 @@ class SelectionFile(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    allow_restricted_licenses: bool = False
+    # None when the file says nothing: the original records null then.
+    allow_restricted_licenses: bool | None = None
     task_ids: list[str]
 
 
@@ -43,7 +44,7 @@ class Selection(BaseModel):
 
     path: Path
     task_ids: list[str]
-    allow_restricted_licenses: bool
+    allow_restricted_licenses: bool | None
     tasks: dict[str, TaskSpec]
 
     @property
@@ -92,7 +93,7 @@ def parse_task_id_filter(text: str) -> list[str]:
     return list(dict.fromkeys(ids))
 
 
-def _listed_ids(path: Path) -> tuple[list[str], bool]:
+def _listed_ids(path: Path) -> tuple[list[str], bool | None]:
     selection_file = path / "selection.json"
     if selection_file.is_file():
         try:
@@ -111,7 +112,7 @@ def _listed_ids(path: Path) -> tuple[list[str], bool]:
         for child in path.iterdir()
         if child.is_dir() and (match := _TASK_DIR.match(child.name))
     )
-    return ids, False
+    return ids, None
 
 
 def load_selection(path: Path, task_id_filter: str | None = None) -> Selection:

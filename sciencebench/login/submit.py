@@ -13,23 +13,37 @@ import re
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from sciencebench.core.agent_kwargs import split_secret_kwargs
 from sciencebench.core.envfile import EnvFile, harness_key_problem
 from sciencebench.core.errors import InputError, JobConflictError, ProfileError, TaskSpecError
 from sciencebench.core.images import parse_platform
-from sciencebench.core.models import JobSpec, RunOptions, TrialSpec, agent_env_file_name, check_job_name
+from sciencebench.core.models import (
+    JobSpec,
+    RunOptions,
+    TrialSpec,
+    agent_env_file_name,
+    agent_kwargs_file_name,
+    check_job_name,
+)
 from sciencebench.core.paths import JobPaths, write_atomic
 from sciencebench.core.settings import required_visibility_timeout
 from sciencebench.login.agentimages import resolve_agent_images
 from sciencebench.login.options import SubmitOptions, describe
 from sciencebench.login.plan import expand
-from sciencebench.login.profiles import is_sensitive_key, parse_assignments, plan_agent, read_env_file
+from sciencebench.login.profiles import (
+    is_sensitive_key,
+    parse_assignments,
+    plan_agent,
+    proxy_variable_problem,
+    read_env_file,
+)
 from sciencebench.login.runrecord import write_run_record
 from sciencebench.login.selection import Selection, load_selection
 
@@ -45,6 +59,8 @@ class Prepared:
     trials: list[TrialSpec]
     secret_values: list[str]
     agent_env_values: dict[str, str]
+    # The values of credential-looking --agent-kwarg keys (the job spec holds them redacted).
+    agent_kwarg_values: dict[str, str] = field(default_factory=dict)
 
 
 def _check_options(opts: SubmitOptions, local: bool) -> None:
@@ -109,6 +125,8 @@ def prepare(
         env_file, env_values = read_env_file(opts.env_file)
     agent_env = parse_assignments(opts.agent_env, "--agent-env")
     for option, keys in (("--env-file", env_values), ("--agent-env", agent_env)):
+        if proxy := next((p for key in keys if (p := proxy_variable_problem(key, option))), None):
+            raise ProfileError(proxy)
         problem = next((p for key in keys if (p := harness_key_problem(key))), None)
         if problem:
             raise ProfileError(f"{option}: refused: {problem}")
@@ -126,6 +144,9 @@ def prepare(
         dry_run=opts.dry_run,
     )
     agent_plan, agent_images = resolve_agent_images(selection, agent_plan, dry_run=opts.dry_run)
+    # Credential-looking keyword values leave the job spec: they travel in a private file.
+    public_kwargs, secret_kwargs = split_secret_kwargs(agent_plan.agent_kwargs)
+    agent_plan = agent_plan.model_copy(update={"agent_kwargs": public_kwargs})
     jobs_dir = opts.jobs_dir.resolve()
     hashes = {task_id: selection.tasks[task_id].task_hash for task_id in selection.task_ids}
     try:
@@ -157,6 +178,7 @@ def prepare(
         trials=trials,
         secret_values=[s for s in secrets if s],
         agent_env_values=agent_env,
+        agent_kwarg_values=secret_kwargs,
     )
 
 
@@ -279,30 +301,45 @@ def _restorer(path: Path) -> Callable[[], None]:
 
 
 def _write_agent_env_file(prepared: Prepared, undo: list[Callable[[], None]]) -> Prepared:
-    """Store --agent-env values for workers in a private file beside the selection.
+    """Store --agent-env values, and credential-looking --agent-kwarg values, for workers in private files.
 
-    Values never ride in broker messages: the message names this file and its
-    hash, as it does for --env-file. The file is named after the job's id,
-    created exclusively and readable by its owner only.
+    Values never ride in broker messages or job.json: the job spec names each
+    file and its hash, as it does for --env-file. The files sit beside the
+    selection, are named after the job's id, created exclusively and readable
+    by their owner only.
     """
-    if not prepared.agent_env_values:
+    job = prepared.job
+    update: dict[str, EnvFile] = {}
+    for attribute, name, values in (
+        ("agent_env_file", agent_env_file_name(job), prepared.agent_env_values),
+        ("agent_kwargs_file", agent_kwargs_file_name(job), prepared.agent_kwarg_values),
+    ):
+        if values:
+            update[attribute] = _write_private_json(prepared.selection.path, name, values, undo)
+    if not update:
         return prepared
-    secrets_dir = prepared.selection.path / ".sciencebench" / "secrets"
+    return replace(prepared, job=job.model_copy(update=update))
+
+
+def _write_private_json(
+    selection: Path, name: str, values: dict[str, str], undo: list[Callable[[], None]]
+) -> EnvFile:
+    """Write `values` as JSON to `<selection>/.sciencebench/secrets/<name>` (0600, exclusive).
+
+    Returns the file's identity (path and SHA-256).
+    """
+    secrets_dir = selection / ".sciencebench" / "secrets"
     _make_dirs(secrets_dir, undo)
     os.chmod(secrets_dir, 0o700)
-    path = secrets_dir / agent_env_file_name(prepared.job)
-    text = json.dumps(prepared.agent_env_values, sort_keys=True)
+    path = secrets_dir / name
+    text = json.dumps(values, sort_keys=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     undo.append(lambda: path.unlink(missing_ok=True))
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
-    identity = EnvFile(path=path, sha256=hashlib.sha256(text.encode()).hexdigest())
-    job = prepared.job.model_copy(update={"agent_env_file": identity})
-    return Prepared(
-        prepared.selection, job, prepared.trials, prepared.secret_values, prepared.agent_env_values
-    )
+    return EnvFile(path=path, sha256=hashlib.sha256(text.encode()).hexdigest())
 
 
 def write_job_spec(job: JobSpec) -> None:

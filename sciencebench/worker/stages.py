@@ -42,6 +42,7 @@ from sciencebench.core.pier_argv import render_argv
 from sciencebench.core.taskdir import task_toml_sha256
 from sciencebench.worker.context import HostRuntime, WorkerContext
 from sciencebench.worker.pier import process
+from sciencebench.worker.pier.agentconfig import redact_pier_files, write_agent_config
 from sciencebench.worker.pier.layout import find_trial_dirs, read_trial_outcome
 from sciencebench.worker.secrets import load_secrets
 
@@ -138,6 +139,7 @@ def run_try(
     argv = render_argv(
         job, spec, scratch, pier_job,
         pier_bin=ctx.settings.pier_bin, environment_kwargs=ctx.runtime.environment_kwargs(),
+        agent_config=write_agent_config(spec, job, scratch),
     )  # fmt: skip
     passed = ctx.settings.pier_env
     env = process.pier_environment(dict(os.environ), secrets, job.platform, process.SCIENCEBENCH_PATH, passed)
@@ -149,6 +151,7 @@ def run_try(
             should_stop=lambda: heartbeat.should_stop, zygote_env=zygote_env,
         ))  # fmt: skip
     trial_dirs = find_trial_dirs(scratch / pier_job)
+    redact_pier_files(scratch / pier_job, trial_dirs)
     timed("cleanup", lambda: _cleanup(ctx.runtime, trial_dirs))
     if run.cancelled:
         record = trial_record(spec, ctx, started, exception_type=CANCELLED,

@@ -22,6 +22,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before anything
 
 import hashlib
 import json
+import shlex
 import subprocess
 import threading
 import time
@@ -310,13 +311,15 @@ def test_a_missing_baked_image_is_one_line_at_submit(
 def test_codex_responses_over_tls_on_a_nonstandard_port(
     lab: GatewayLab, baked: Baked, demo_selection: Path, tmp_path: Path, state_dir: Path
 ) -> None:
+    # MODEL is the exact route sent to the gateway, provider prefix and all (Pier's Codex agent
+    # would send only what follows the last '/'); CODEX_WIRE_API is case-insensitive.
     env_text = (
-        f"MODEL={MODEL}\nOPENAI_API_KEY={CANARY}\nCODEX_BASE_URL=https://gw:{ALLOWED_PORTS['https']}/v1\n"
-        "CODEX_WIRE_API=responses\nCODEX_REASONING_EFFORT=low\n"
+        f"MODEL=openai/{MODEL}\nOPENAI_API_KEY={CANARY}\nCODEX_BASE_URL=https://gw:{ALLOWED_PORTS['https']}/v1\n"
+        "CODEX_WIRE_API=Responses\nCODEX_REASONING_EFFORT=low\n"
     )
     run = submit(lab, demo_selection, tmp_path / "jobs", "codex", "codex", env_text, env=agent_env(state_dir))
     assert_solved_through_the_gateway(
-        run, protocol="responses", model=MODEL, port=ALLOWED_PORTS["https"], tls=True
+        run, protocol="responses", model=f"openai/{MODEL}", port=ALLOWED_PORTS["https"], tls=True
     )
     main = [r for r in run.requests if r["protocol"] == "responses"]
     assert all(r["stream"] for r in main)  # SSE, as Codex uses the Responses API
@@ -330,7 +333,9 @@ def test_codex_responses_over_tls_on_a_nonstandard_port(
     record = json.loads((demo_selection / "batch-run.json").read_text())
     (codex,) = baked.record.find(load_selection_agent_image(demo_selection), "codex")
     assert record["agent_images"]["001"]["image"] == codex.image
-    assert any(arg.startswith("agent_image=") and codex.image in arg for arg in record["pier_command"])
+    assert any(
+        arg.startswith("agent_image=") and codex.image in arg for arg in shlex.split(record["pier_command"])
+    )
     # The key went to the gateway only: not into the jobs directory, not onto a container's config.
     assert_canary_absent_from_tree(run.job_dir)
     assert_canary_absent_from_container_config(lab)

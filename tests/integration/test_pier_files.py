@@ -103,10 +103,10 @@ def test_every_model_of_a_job_is_its_own_trial(cluster: Cluster) -> None:
     assert done.returncode == 0, done.stderr
     job_dir = cluster.jobs_dir / "models"
 
-    # Each Pier run ran one model: four runs of each, two per task.
+    # Each Pier run ran one model (its --config file's one agent): four runs of each, two per task.
     runs = cluster.pier_runs()
-    models = sorted((r["task"], r["argv"][r["argv"].index("--model") + 1]) for r in runs)
-    assert all(r["argv"].count("--model") == 1 for r in runs)
+    assert all("--model" not in r["argv"] and len(r["config"]["agents"]) == 1 for r in runs)
+    models = sorted((r["task"], r["config"]["agents"][0]["model_name"]) for r in runs)
     assert models == sorted([(f"task_{t}", m) for t in ("001", "002") for m in ("openai/a", "b")] * 2)
 
     # Eight rows, each with its model after the original's columns.

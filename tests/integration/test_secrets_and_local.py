@@ -58,9 +58,11 @@ def test_canary_secret_is_nowhere(cluster: Cluster, tmp_path: Path) -> None:
             assert secret not in worker.log_path.read_text()
         for run in cluster.pier_runs():
             assert secret not in json.dumps(run["argv"])
-    # The harness still received them, through Pier's environment.
-    argv = cluster.pier_runs()[0]["argv"]
-    assert "EXTRA_TOKEN=${EXTRA_TOKEN}" in argv
+            assert secret not in json.dumps(run["config"])
+    # The harness still received them, through Pier's environment: the agent's `--ae` template
+    # is in the trial's private config file (`pier run --config`), a name and no value.
+    (agent,) = cluster.pier_runs()[0]["config"]["agents"]
+    assert agent["env"] == {"EXTRA_TOKEN": "${EXTRA_TOKEN}"}
 
 
 def test_local_mode_gives_the_same_summary(cluster: Cluster) -> None:

@@ -146,6 +146,19 @@ def test_a_missing_baked_image_is_one_line_naming_the_command(tmp_path: Path) ->
     assert "\n" not in message and KEY not in message
     assert "no baked codex image for task(s) 002, 005" in message
     assert f"sciencebench images bake --path {root} --agent codex" in message
+    # Where to push: a task image's registry (docker.io for the benchmark) is not the user's to push to.
+    assert message.endswith("--registry HOST[:PORT]`")
+
+
+def test_bake_requires_a_registry_to_push_to(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from sciencebench import cli
+
+    root = selection(tmp_path)
+    result = CliRunner().invoke(cli.main, ["images", "bake", "--path", str(root), "--agent", "codex"])
+    assert result.exit_code == 2
+    assert "Missing option '--registry'" in result.output
 
 
 def test_a_version_nobody_baked_is_refused_naming_it(tmp_path: Path) -> None:

@@ -164,6 +164,7 @@ def test_codex_uses_the_adapter_never_both(tmp_path: Path) -> None:
         "wire_api=chat",
         "version=0.42.0",
         "reasoning_effort=high",
+        "command_model_name=my-route",  # the route exactly: Pier's Codex would send only its last part
     ]
     (ek,) = opts["--ek"]
     name, _, value = ek.partition("=")

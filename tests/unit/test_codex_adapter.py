@@ -20,6 +20,7 @@ from pier.models.agent.context import AgentContext
 from sciencebench.agents.codex import ScienceBenchCodex, render_provider_toml
 from sciencebench.core.errors import ProfileError
 from sciencebench.core.gateways import parse_gateway
+from sciencebench.network.environment import plan_egress
 
 pytestmark = pytest.mark.unit
 
@@ -57,10 +58,46 @@ def test_chat_wire_api_is_passed_through(tmp_path: Path) -> None:
     assert config["model_providers"]["sciencebench"]["base_url"] == "https://gateway.example.edu:443/v1"
 
 
-def test_default_gateway_is_openai(tmp_path: Path) -> None:
-    agent = make_agent(tmp_path)
-    assert parsed(agent)["model_providers"]["sciencebench"]["base_url"] == "https://api.openai.com:443/v1"
-    assert agent.network_allowlist().domains == ["api.openai.com"]
+def test_without_base_url_nothing_is_generated_and_no_default_host_is_allowed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # submit --no-auto-provider: no CODEX_* translation, so no base_url. Pier's own Codex
+    # agent would allow api.openai.com by default; the adapter allows only what the job names.
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("OPENAI_API_BASE", raising=False)
+    bare = make_agent(tmp_path)
+    assert bare._config_toml is None
+    assert bare.gateway is None
+    assert bare.network_allowlist().domains == []
+    # The policy then gives the agent no egress at all: nothing reaches api.openai.com by default.
+    egress = plan_egress(
+        allow_internet=False, uses_compose=False, allowlist_domains=bare.network_allowlist().domains,
+        inference_urls=None, proxy_image=None,
+    )  # fmt: skip
+    assert egress.mode == "none"
+    own = 'model_provider = "mine"\n[model_providers.mine]\nbase_url = "http://own-gw.example:4000/v1"\n'
+    configured = make_agent(tmp_path, config_toml=own)
+    assert configured._config_toml == own  # passed on unchanged
+    assert configured.network_allowlist().domains == ["own-gw.example"]
+    monkeypatch.setenv("OPENAI_BASE_URL", "https://env-gw.example/v1")
+    assert make_agent(tmp_path).network_allowlist().domains == ["env-gw.example"]
+
+
+def test_command_model_name_sends_the_route_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Pier's Codex agent sends only what follows the last '/' of the model unless
+    # command_model_name is given; submit passes the model itself (MODEL is the exact route).
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    for kwargs, expected in (({}, "my-deployment"), ({"command_model_name": "openai/my-deployment"}, None)):
+        agent = ScienceBenchCodex(
+            logs_dir=tmp_path / "agent",
+            model_name="openai/my-deployment",
+            base_url="http://gw:4000/v1",
+            **kwargs,
+        )
+        environment = RecordingEnvironment()
+        asyncio.run(agent.run("fix the bug", environment, AgentContext()))
+        run = next(c for c in environment.commands if "codex exec" in c)
+        assert f"--model {shlex.quote(expected or 'openai/my-deployment')} " in run
 
 
 def test_credentials_and_query_never_reach_the_config(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from pier.models.trial.result import TrialResult
 from pier.utils.pass_at_k import compute_pass_at_k_by_evals
 
 from sciencebench.core.models import JobSpec, TrialRecord
-from sciencebench.core.pier_argv import render_argv
+from sciencebench.core.pier_argv import render_agent_config, render_argv
 from sciencebench.core.pierjob import (
     job_config,
     job_stats,
@@ -353,3 +353,49 @@ def test_config_json_is_what_pier_run_builds(tmp_path: Path) -> None:
     assert job_config(jobs[2])["environment"]["kwargs"] == {
         "inference_urls": ["https://gw.example.edu:4000/v1"]
     }
+
+
+def test_the_workers_config_file_gives_pier_the_agents_the_record_shows(tmp_path: Path) -> None:
+    # Workers pass the agent part in `pier run --config FILE` (no keyword on the command line).
+    # Pier's own CLI must build from it what the inline form builds, with the secret value filled
+    # in, and each model of a Codex job its own exact `command_model_name`.
+    env_file = tmp_path / "codex.env"
+    env_file.write_text(f"OPENAI_API_KEY={CANARY}\nCODEX_BASE_URL=https://gw.example.edu:4000/v1\n")
+    prepared = [
+        _prepared(
+            tmp_path / "a", ["001"], agent="mini-swe-agent", models=["openai/gpt-5"],
+            agent_kwargs=["max_thinking_tokens=16000", "flag=True", "list=[1, 2]"],
+            agent_env=[f"EXTRA={CANARY}"],
+        ),
+        _prepared(tmp_path / "b", ["001"], agent="codex", env_file=env_file, models=["openai/my-deployment"]),
+        _prepared(tmp_path / "c", ["001"], agent="codex", env_file=env_file, models=["openai/a", "b/c/d"]),
+        _prepared(tmp_path / "d", ["001"], agent="nop"),
+    ]  # fmt: skip
+    # One trial per model: each trial's file holds its own model's agent.
+    pairs = [(p, t) for p in prepared for t in [next(t for t in p.trials if t.model == m) for m in
+                                                  p.job.agent.models or [None]]]  # fmt: skip
+    argvs: list[list[str]] = []
+    for number, (p, trial) in enumerate(pairs):
+        config = tmp_path / f"agents-{number}.json"
+        config.write_text(render_agent_config(trial, p.job, p.agent_kwarg_values))
+        worker_argv = render_argv(p.job, trial, tmp_path / "scratch", "pier-job", agent_config=config)
+        assert not {"--agent", "--agent-import-path", "--model", "--ak", "--ae"} & set(worker_argv)
+        assert "16000" not in " ".join(worker_argv)
+        argvs += [worker_argv, render_argv(p.job, trial, tmp_path / "scratch", "pier-job")]
+    built = _pier_configs(argvs)
+    from_file, inline = built[0::2], built[1::2]
+    mini_agents = from_file[0]["agents"]
+    assert mini_agents[0]["kwargs"] == {"max_thinking_tokens": 16000, "flag": True, "list": [1, 2]}
+    assert mini_agents[0]["env"] == {"EXTRA": "${EXTRA}"}
+    assert inline[0]["agents"][0]["kwargs"]["max_thinking_tokens"] == "<redacted>"  # the record's form
+    for file_config, inline_config in zip(from_file[1:], inline[1:], strict=True):
+        assert len(file_config["agents"]) == 1
+        assert file_config == {**inline_config, "job_name": file_config["job_name"]}
+    assert [a["kwargs"]["command_model_name"] for a in from_file[1]["agents"]] == ["openai/my-deployment"]
+    assert [
+        (a["model_name"], a["kwargs"]["command_model_name"]) for c in from_file[2:4] for a in c["agents"]
+    ] == [
+        ("openai/a", "openai/a"),
+        ("b/c/d", "b/c/d"),
+    ]
+    assert [a["name"] for a in from_file[4]["agents"]] == ["nop"]

@@ -13,7 +13,16 @@ from sciencebench.core.errors import ProfileError
 from sciencebench.core.gateways import Gateway, parse_gateway
 from sciencebench.core.harness import CODEX_ADAPTER
 from sciencebench.core.models import AgentPlan
-from sciencebench.login.profiles import is_sensitive_key, parse_assignments, plan_agent, read_env_file
+from sciencebench.login.options import SubmitOptions
+from sciencebench.login.profiles import (
+    is_sensitive_key,
+    parse_assignments,
+    plan_agent,
+    proxy_variable_problem,
+    read_env_file,
+)
+from sciencebench.login.submit import prepare
+from tests.fixtures.selection import make_selection
 
 pytestmark = pytest.mark.unit
 
@@ -231,14 +240,15 @@ def test_codex_profile_translation() -> None:
     result = plan(env=env)
     assert result.models == ["my-deployment"]
     assert result.agent_kwargs == {
-        "base_url": "http://host.docker.internal:4001/v1",
+        "base_url": "http://host.docker.internal:4001/v1/",
         "wire_api": "chat",
         "version": "0.42.0",
         "reasoning_effort": "high",
     }
     assert result.provider is not None
     assert result.provider.protocol == "chat"
-    assert result.provider.base_url == "http://host.docker.internal:4001/v1"
+    # As written, without credentials or query: no port is added, nothing else changes.
+    assert result.provider.base_url == "http://host.docker.internal:4001/v1/"
     assert [g.authority for g in result.gateways] == ["host.docker.internal:4001"]
     assert CANARY not in result.model_dump_json()
 
@@ -252,16 +262,50 @@ def test_codex_explicit_models_and_kwargs_win_over_the_profile() -> None:
 
 def test_codex_openai_base_url_is_the_fallback_gateway() -> None:
     result = plan(env={"OPENAI_API_KEY": CANARY, "OPENAI_BASE_URL": "https://fallback.example/v1"})
-    assert result.agent_kwargs["base_url"] == "https://fallback.example:443/v1"
+    assert result.agent_kwargs["base_url"] == "https://fallback.example/v1"
     both = {
         "OPENAI_API_KEY": CANARY,
         "OPENAI_BASE_URL": "https://fallback.example/v1",
         "CODEX_BASE_URL": "https://primary.example/v1",
     }
-    assert plan(env=both).agent_kwargs["base_url"] == "https://primary.example:443/v1"
+    assert plan(env=both).agent_kwargs["base_url"] == "https://primary.example/v1"
 
 
-@pytest.mark.parametrize("wire_api", ["grpc", "Responses", "", "chat "])
+# --- the profile as the original reads it (issue 25) -------------------------------------
+
+
+@pytest.mark.parametrize("empty", ["", "  "])
+def test_an_empty_codex_base_url_falls_back_to_the_default(empty: str) -> None:
+    result = plan(env={"OPENAI_API_KEY": CANARY, "CODEX_BASE_URL": empty})
+    assert result.agent_kwargs["base_url"] == "https://api.openai.com/v1"
+    assert [g.authority for g in result.gateways] == ["api.openai.com:443"]
+    # ... and to OPENAI_BASE_URL first, as `CODEX_BASE_URL or OPENAI_BASE_URL` does.
+    fallback = {"OPENAI_API_KEY": CANARY, "CODEX_BASE_URL": empty, "OPENAI_BASE_URL": "http://gw:4000/v1"}
+    assert plan(env=fallback).agent_kwargs["base_url"] == "http://gw:4000/v1"
+
+
+@pytest.mark.parametrize(
+    ("given", "wire_api"),
+    [("Responses", "responses"), ("CHAT", "chat"), (" chat ", "chat"), ("", "responses")],
+)
+def test_codex_wire_api_is_case_insensitive_and_empty_means_default(given: str, wire_api: str) -> None:
+    result = plan(env={"OPENAI_API_KEY": CANARY, "CODEX_WIRE_API": given})
+    assert result.agent_kwargs["wire_api"] == wire_api
+    assert result.provider is not None and result.provider.protocol == wire_api
+
+
+@pytest.mark.parametrize("variable", ["CODEX_REASONING_EFFORT", "CODEX_VERSION"])
+def test_empty_optional_codex_fields_are_unset(variable: str) -> None:
+    # An empty CODEX_REASONING_EFFORT= would otherwise become `-c model_reasoning_effort=`.
+    result = plan(env={"OPENAI_API_KEY": CANARY, variable: ""})
+    assert set(result.agent_kwargs) == {"base_url", "wire_api"}
+
+
+def test_an_empty_model_means_the_default_model() -> None:
+    assert plan(env={"OPENAI_API_KEY": CANARY, "MODEL": ""}).models == ["gpt-5"]
+
+
+@pytest.mark.parametrize("wire_api", ["grpc", "respond", "chat2"])
 def test_codex_bad_wire_api(wire_api: str) -> None:
     with pytest.raises(ProfileError, match=r"^CODEX_WIRE_API: must be 'responses' or 'chat'$"):
         plan(env={"OPENAI_API_KEY": CANARY, "CODEX_WIRE_API": wire_api})
@@ -359,10 +403,8 @@ def test_claude_code_gateway_from_anthropic_base_url() -> None:
     assert result.models == ["anthropic/claude-opus-4-7"]
     assert result.agent_kwargs == {}
     assert result.gateways == [Gateway(scheme="https", host="gw.example.edu", port=8443, path="/anthropic")]
-    assert result.provider is not None
-    assert result.provider.protocol == "native"
-    assert result.provider.base_url == "https://gw.example.edu:8443/anthropic"
-    assert result.provider.credential_env == "ANTHROPIC_AUTH_TOKEN"
+    # The original names a provider only for the Codex profile it translates.
+    assert result.provider is None
     assert CANARY not in result.model_dump_json()
 
 
@@ -381,8 +423,7 @@ def test_mini_swe_agent_gateway() -> None:
     env = {"OPENAI_API_KEY": CANARY, "OPENAI_BASE_URL": "http://10.0.0.5:4000/v1"}
     result = plan(agent="mini-swe-agent", env=env)
     assert [g.authority for g in result.gateways] == ["10.0.0.5:4000"]
-    assert result.provider is not None
-    assert result.provider.credential_env == "OPENAI_API_KEY"
+    assert result.provider is None
 
 
 # --- gateway URLs ----------------------------------------------------------------------
@@ -464,3 +505,76 @@ def test_gateway_errors_never_echo_the_url(url: str) -> None:
     with pytest.raises(ProfileError) as caught:
         parse_gateway(url, "CODEX_BASE_URL")
     assert CANARY not in str(caught.value)
+
+
+# --- proxies, adapters and keywords (issue 25) -------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "https_proxy", "ALL_PROXY"])
+def test_a_network_proxy_is_refused_with_the_way_to_reach_a_gateway_behind_one(key: str) -> None:
+    problem = proxy_variable_problem(key, "--env-file")
+    assert problem is not None
+    assert problem.startswith(f"--env-file: refused: {key}: ")
+    assert "to reach a gateway behind a proxy" in problem and "docs/gateways.md" in problem
+    assert "\n" not in problem
+    assert proxy_variable_problem("OPENAI_BASE_URL", "--env-file") is None
+
+
+def test_no_auto_provider_wires_no_codex_variable_and_no_default_gateway() -> None:
+    env = {"OPENAI_API_KEY": CANARY, "CODEX_BASE_URL": "https://codex-gw.example/v1"}
+    result = plan(env=env, auto_provider=False)
+    # CODEX_BASE_URL is not translated: it neither configures the agent nor opens the proxy;
+    # the default gateway (api.openai.com) is not added either.
+    assert result.gateways == []
+    assert result.agent_kwargs == {}
+    native = plan(env={**env, "OPENAI_BASE_URL": "https://native.example/v1"}, auto_provider=False)
+    assert [g.host for g in native.gateways] == ["native.example"]
+    own = 'model_provider = "m"\n[model_providers.m]\nbase_url = "http://own.example:4000/v1"\n'
+    # The adapter takes a config_toml of the job's own then (nothing is generated to conflict with it).
+    configured = plan(env=env, auto_provider=False, agent_kwargs={"config_toml": own})
+    assert configured.agent_import_path == CODEX_ADAPTER
+    assert configured.agent_kwargs == {"config_toml": own}
+    assert [g.authority for g in configured.gateways] == ["own.example:4000"]
+
+
+def test_a_custom_codex_class_gets_the_generated_provider_block() -> None:
+    # base_url/wire_api are keywords of sciencebench's adapter only: Pier's base agent would
+    # swallow them and the class would talk to the default host. config_toml is Pier Codex's own.
+    env = {"OPENAI_API_KEY": CANARY, "CODEX_BASE_URL": "https://gw.example.edu:4000/v1"}
+    result = plan(env=env, agent_import_path="my_pkg.agents:MyCodex")
+    assert result.agent_import_path == "my_pkg.agents:MyCodex"
+    assert set(result.agent_kwargs) == {"config_toml"}
+    builtin = plan(env=env, auto_agent_adapter=False)
+    assert result.agent_kwargs["config_toml"] == builtin.agent_kwargs["config_toml"]
+    assert 'base_url = "https://gw.example.edu:4000/v1"' in result.agent_kwargs["config_toml"]
+    assert [g.authority for g in result.gateways] == ["gw.example.edu:4000"]
+
+
+@pytest.mark.parametrize("key", ["max_thinking_tokens", "api_key", "auth_token", "Secret_Header"])
+def test_credential_looking_keywords_travel(key: str) -> None:
+    # The original passes them on and redacts them in its record; only host-file names are refused.
+    result = plan(agent="claude-code", env={}, agent_kwargs={key: "16000"})
+    assert result.agent_kwargs == {key: "16000"}
+
+
+@pytest.mark.parametrize("key", ["config_toml_file", "prompt_template_path", "skills_dir"])
+def test_keywords_naming_host_files_are_still_refused(key: str) -> None:
+    with pytest.raises(ProfileError, match=f"^--agent-kwarg {key}: names a file on the worker hosts"):
+        plan(agent="claude-code", env={}, agent_kwargs={key: "/etc/shadow"})
+
+
+@pytest.mark.parametrize("source", ["env_file", "agent_env"])
+def test_submit_refuses_a_proxy_variable_in_one_line_naming_the_way_round(
+    tmp_path: Path, source: str
+) -> None:
+    selection = make_selection(tmp_path / "sel", ["002"])
+    kw: dict[str, object] = {"agent_env": ["HTTPS_PROXY=http://proxy.example:3128"]}
+    if source == "env_file":
+        (tmp_path / "p.env").write_text("ANTHROPIC_AUTH_TOKEN=x\nHTTPS_PROXY=http://proxy.example:3128\n")
+        kw = {"env_file": tmp_path / "p.env"}
+    option = "--env-file" if source == "env_file" else "--agent-env"
+    opts = SubmitOptions(path=selection, agent="claude-code", jobs_dir=tmp_path / "jobs", **kw)  # type: ignore[arg-type]
+    with pytest.raises(
+        ProfileError, match=f"^{option}: refused: HTTPS_PROXY: .*to reach a gateway behind a proxy"
+    ):
+        prepare(opts)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
+import shutil
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import sciencebench
+from sciencebench.core.agentimages import AGENT_INSTALL_ENV
 from sciencebench.core.errors import ProfileError
 from sciencebench.core.gateways import public_url
 from sciencebench.core.harness import CODEX_ADAPTER
@@ -88,7 +92,8 @@ def test_record_values_for_a_nop_run(tmp_path: Path) -> None:
     assert record["models"] == ["m1"]
     assert (record["n_concurrent"], record["n_attempts"], record["max_retries"]) == (3, 2, 1)
     assert record["pier_version"] == "0.3.0"
-    assert record["pier_command"][:2] == ["pier", "run"]
+    assert isinstance(record["pier_command"], str)  # one string, as the original writes it
+    assert shlex.split(record["pier_command"])[:2] == ["pier", "run"]
     assert record["agent_import_path"] is None
     assert record["provider"] is None
     assert record["network_policy"] == "isolated-bridge"
@@ -140,10 +145,26 @@ def test_pier_command_is_redacted(tmp_path: Path) -> None:
     assert CANARY not in json.dumps(record)
 
 
-def test_credential_looking_agent_kwargs_are_refused(tmp_path: Path) -> None:
-    # Kwargs ride on Pier's command line, where `ps` shows them: credentials go in --env-file.
-    with pytest.raises(ProfileError, match="--agent-kwarg api_key: looks like a credential"):
-        _prepare(tmp_path, agent_kwargs=[f"api_key={CANARY}-kwarg"])
+def test_credential_looking_agent_kwargs_are_redacted_not_refused(tmp_path: Path) -> None:
+    # The original passes them on and writes `KEY=<redacted>` in its record; the value stays
+    # out of the record and of job.json, and is kept for the workers in a private file.
+    prepared = _prepare(
+        tmp_path, agent="claude-code", agent_kwargs=[f"api_key={CANARY}-kwarg", "max_thinking_tokens=16000"]
+    )
+    record = _record(prepared)
+    assert f"api_key={REDACTED}" in record["pier_command"]
+    assert f"max_thinking_tokens={REDACTED}" in record["pier_command"]
+    assert CANARY not in json.dumps(record)
+    assert prepared.job.agent.agent_kwargs == {"api_key": REDACTED, "max_thinking_tokens": REDACTED}
+    assert CANARY not in prepared.job.model_dump_json()
+    assert prepared.agent_kwarg_values == {"api_key": f"{CANARY}-kwarg", "max_thinking_tokens": "16000"}
+
+
+def test_keywords_naming_host_files_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(
+        ProfileError, match="--agent-kwarg config_toml_file: names a file on the worker hosts"
+    ):
+        _prepare(tmp_path, agent_kwargs=["config_toml_file=/etc/passwd"])
 
 
 def test_broker_credentials_are_dropped(tmp_path: Path) -> None:
@@ -176,3 +197,143 @@ def test_write_run_record_masks_and_replaces(tmp_path: Path) -> None:
     write_run_record(tmp_path, {"task_ids": ["005"]}, [])
     assert json.loads((tmp_path / "batch-run.json").read_text()) == {"task_ids": ["005"]}
     assert [p.name for p in tmp_path.iterdir()] == ["batch-run.json"]  # no temporary left behind
+
+
+# --- the record key by key against the original's, on the benchmark's released tasks -----------
+
+REAL_TASKS = Path("/work/shared/real-tasks")
+CODEX_ENV = (
+    f"MODEL=openai/my-deployment\nOPENAI_API_KEY={CANARY}\n"
+    f"CODEX_BASE_URL=https://u:{CANARY}@gateway.example.edu/v1?token={CANARY}\n"
+    "CODEX_WIRE_API=Responses\nCODEX_VERSION=latest\nCODEX_REASONING_EFFORT=\n"
+)
+# The spec's Basic Commands (paths changed only), plus its mini-swe-agent profile.
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "nop-smoke": {"agent": "nop", "n_concurrent": 1, "n_attempts": 1, "job_name": "smoke"},
+    "codex-small": {
+        "agent": "codex", "env_text": CODEX_ENV, "n_concurrent": 2, "n_attempts": 1, "max_retries": 1,
+        "job_name": "codex-small",
+    },
+    "claude-small": {
+        "agent": "claude-code", "models": ["anthropic/claude-opus-4-7"], "n_concurrent": 1,
+        "env_text": f"ANTHROPIC_AUTH_TOKEN={CANARY}\nANTHROPIC_BASE_URL=https://api.anthropic.com\n"
+                    "ANTHROPIC_CUSTOM_HEADERS=\n",
+        "job_name": "claude-small",
+    },
+    "mini-small": {
+        "agent": "mini-swe-agent", "models": ["openai/gpt-5"],
+        "env_text": f"OPENAI_API_KEY={CANARY}\nOPENAI_BASE_URL=https://gateway.example.edu/v1\n",
+        "agent_kwargs": ["max_thinking_tokens=16000", "step_limit=50"], "job_name": "mini-small",
+    },
+}  # fmt: skip
+
+
+def _original_record(selection: Path, scenario: dict[str, Any]) -> dict[str, Any]:
+    """What the original runner writes for this input, from the spec and the reference (section 2)."""
+    listed = selection / "selection.json"
+    chosen = json.loads(listed.read_text()) if listed.is_file() else {}
+    ids = chosen.get("task_ids") or sorted(
+        p.name.removeprefix("task_") for p in selection.glob("task_[0-9]*")
+    )
+    refs: dict[str, None] = {}
+    for task_id in ids:
+        toml = tomllib.loads((selection / f"task_{task_id}" / "task.toml").read_text())
+        refs[toml["environment"]["docker_image"]] = None
+        if verifier := toml.get("verifier", {}).get("environment", {}).get("docker_image"):
+            refs[verifier] = None
+    agent = scenario["agent"]
+    codex = agent == "codex"
+    return {
+        "task_ids": ids,
+        "allow_restricted_licenses": chosen.get("allow_restricted_licenses"),
+        "selection_sha256": hashlib.sha256(
+            json.dumps({"task_ids": ids}, sort_keys=True).encode()
+        ).hexdigest(),
+        "image_refs": list(refs),
+        "platform": "linux/amd64",
+        "agent": agent,
+        "models": ["openai/my-deployment"] if codex else scenario.get("models", []),
+        "n_concurrent": scenario.get("n_concurrent", 1),
+        "n_attempts": scenario.get("n_attempts", 1),
+        "max_retries": scenario.get("max_retries", 0),
+        "pier_version": "0.3.0",
+        "agent_import_path": CODEX_ADAPTER if codex else None,
+        # The base URL as written, without credentials or query; for the translated Codex profile only.
+        "provider": {
+            "protocol": "responses",
+            "base_url": "https://gateway.example.edu/v1",
+            "credential_env": "OPENAI_API_KEY",
+        }
+        if codex
+        else None,
+        "network_policy": "isolated-bridge",
+        "gateway_authorities": {
+            "codex": ["gateway.example.edu:443"],
+            "claude-code": ["api.anthropic.com:443"],
+            "mini-swe-agent": ["gateway.example.edu:443"],
+        }.get(agent, []),
+    }
+
+
+@pytest.fixture(scope="module")
+def real_records(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """(ours, the original's) record of every scenario on a copy of the released tasks."""
+    if not REAL_TASKS.is_dir():
+        pytest.skip(f"{REAL_TASKS}: the released tasks are not on this machine")
+    root = tmp_path_factory.mktemp("real")
+    selection = root / "tasks-selected-small"
+    shutil.copytree(REAL_TASKS, selection)
+    records = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(AGENT_INSTALL_ENV, "pier")  # agents install as the original's do: no bake step
+        for name, scenario in SCENARIOS.items():
+            kw = {key: value for key, value in scenario.items() if key != "env_text"}
+            if "env_text" in scenario:
+                (root / f"{name}.env").write_text(scenario["env_text"])
+                kw["env_file"] = root / f"{name}.env"
+            prepared = prepare(SubmitOptions(path=selection, jobs_dir=root / "jobs", **kw))
+            records[name] = (_record(prepared), _original_record(selection, scenario))
+    return records
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+@pytest.mark.parametrize("key", [key for key in ORIGINAL_KEYS if key != "pier_command"])
+def test_each_key_has_the_original_value_on_the_released_tasks(
+    real_records: dict[str, tuple[dict[str, Any], dict[str, Any]]], key: str, scenario: str
+) -> None:
+    ours, original = real_records[scenario]
+    assert ours[key] == original[key]
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_pier_command_is_one_redacted_string_of_one_trial(
+    real_records: dict[str, tuple[dict[str, Any], dict[str, Any]]], scenario: str
+) -> None:
+    ours, original = real_records[scenario]
+    command = ours["pier_command"]
+    assert isinstance(command, str)
+    argv = shlex.split(command)
+    assert argv[:2] == ["pier", "run"]
+    # One trial's run: one task directory of the selection.
+    path = Path(argv[argv.index("--path") + 1])
+    assert path.name == f"task_{original['task_ids'][0]}"
+    assert CANARY not in command
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and any(
+            word in key.lower() for word in ("key", "token", "secret", "password", "authorization")
+        ):
+            assert value == REDACTED, arg
+    if scenario == "codex-small":
+        assert "command_model_name=openai/my-deployment" in argv  # the route exactly
+        assert not any(arg.startswith("reasoning_effort=") for arg in argv)  # empty means unset
+    if scenario == "mini-small":
+        assert f"max_thinking_tokens={REDACTED}" in argv and "step_limit=50" in argv
+
+
+def test_allow_restricted_licenses_is_null_when_the_selection_json_says_nothing(tmp_path: Path) -> None:
+    selection = make_selection(tmp_path / "sel", ["002"])
+    (selection / "selection.json").write_text(json.dumps({"task_ids": ["002"]}))
+    assert _record(_prepare(tmp_path))["allow_restricted_licenses"] is None

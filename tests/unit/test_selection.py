@@ -59,7 +59,7 @@ def test_without_selection_json_ids_are_directory_names_sorted(tmp_path: Path) -
     (path / "task_003.txt").write_text("not a directory")
     selection = load_selection(path)
     assert selection.task_ids == ["002", "010", "101"]
-    assert selection.allow_restricted_licenses is False
+    assert selection.allow_restricted_licenses is None  # the selection says nothing: null, as the original
     assert sorted(selection.tasks) == ["002", "010", "101"]
     assert selection.tasks["010"].name == "task_010"
 

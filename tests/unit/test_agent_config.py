@@ -1,0 +1,119 @@
+"""worker.pier.agentconfig: agent keywords reach Pier in a private file, off command lines and records."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sciencebench.coordination.records import forget_agent_env
+from sciencebench.core.agent_kwargs import REDACTED
+from sciencebench.core.errors import JobConflictError, RefusedError, SecretsMismatchError
+from sciencebench.core.models import EnvFile
+from sciencebench.core.pier_argv import render_argv
+from sciencebench.login.options import SubmitOptions
+from sciencebench.login.retry import failed_trials
+from sciencebench.login.runrecord import build_run_record
+from sciencebench.login.submit import Prepared, persist, prepare
+from sciencebench.worker.pier.agentconfig import (
+    CONFIG_NAME,
+    load_secret_kwargs,
+    redact_pier_files,
+    write_agent_config,
+)
+from tests.fixtures.selection import make_selection
+
+pytestmark = pytest.mark.unit
+
+CANARY = "sk-canary-KWARG-3e8b1d"
+
+
+def _persisted(tmp_path: Path, **kw: Any) -> Prepared:
+    selection = make_selection(tmp_path / "sel", ["002"])
+    prepared = prepare(SubmitOptions(path=selection, jobs_dir=tmp_path / "jobs", job_name="ak", **kw))
+    return persist(prepared, build_run_record(prepared.job, prepared.trials[0], "redis://x", []))
+
+
+def test_secret_keywords_travel_in_a_private_file_not_in_job_json(tmp_path: Path) -> None:
+    done = _persisted(tmp_path, agent="claude-code", agent_kwargs=[f"api_key={CANARY}", "max_turns=5"])
+    identity = done.job.agent_kwargs_file
+    assert identity is not None
+    assert stat.S_IMODE(identity.path.stat().st_mode) == 0o600
+    assert json.loads(identity.path.read_text()) == {"api_key": CANARY}
+    job_json = (tmp_path / "jobs" / "ak" / ".sciencebench" / "job.json").read_text()
+    assert CANARY not in job_json
+    assert done.job.agent.agent_kwargs == {"api_key": REDACTED, "max_turns": "5"}
+    assert load_secret_kwargs(done.job) == {"api_key": CANARY}
+
+
+def test_the_config_file_is_private_and_holds_the_values_the_argv_does_not(tmp_path: Path) -> None:
+    done = _persisted(tmp_path, agent="claude-code", agent_kwargs=[f"api_key={CANARY}", "max_turns=5"])
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    path = write_agent_config(done.trials[0], done.job, scratch)
+    assert path == scratch / CONFIG_NAME
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    (agent,) = json.loads(path.read_text())["agents"]
+    assert agent["kwargs"] == {"api_key": CANARY, "max_turns": 5}
+    assert agent["name"] == "claude-code"
+    argv = render_argv(done.job, done.trials[0], scratch, "job", agent_config=path)
+    assert argv[-2:] == ["--config", str(path)]
+    assert not any(CANARY in arg or "max_turns" in arg for arg in argv)
+    with pytest.raises(FileExistsError):  # created exclusively: a planted file is never reused
+        write_agent_config(done.trials[0], done.job, scratch)
+
+
+def test_a_changed_or_misplaced_kwargs_file_is_refused(tmp_path: Path) -> None:
+    done = _persisted(tmp_path, agent="claude-code", agent_kwargs=[f"api_key={CANARY}"])
+    identity = done.job.agent_kwargs_file
+    assert identity is not None
+    identity.path.write_text(json.dumps({"api_key": "other"}))
+    with pytest.raises(SecretsMismatchError, match="changed since submit"):
+        load_secret_kwargs(done.job)
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text("{}")
+    moved = done.job.model_copy(update={"agent_kwargs_file": EnvFile(path=elsewhere, sha256="0" * 64)})
+    with pytest.raises(RefusedError, match="is not in"):
+        load_secret_kwargs(moved)
+    missing = done.job.model_copy(update={"agent_kwargs_file": None})
+    with pytest.raises(SecretsMismatchError, match="no file with its value"):
+        load_secret_kwargs(missing)
+
+
+def test_pier_files_are_redacted_after_the_run(tmp_path: Path) -> None:
+    agent = {
+        "name": "claude-code",
+        "kwargs": {"api_key": CANARY, "max_thinking_tokens": 16000, "max_turns": 5},
+    }
+    job_dir = tmp_path / "job"
+    trial = job_dir / "task_002__abcdefg"
+    trial.mkdir(parents=True)
+    (job_dir / "config.json").write_text(json.dumps({"agents": [agent]}))
+    (trial / "config.json").write_text(json.dumps({"agent": agent, "trial_name": "task_002__abcdefg"}))
+    (trial / "result.json").write_text(json.dumps({"config": {"agent": agent}, "verifier_result": None}))
+    redact_pier_files(job_dir, [trial])
+    expected = {"api_key": REDACTED, "max_thinking_tokens": REDACTED, "max_turns": 5}
+    assert json.loads((job_dir / "config.json").read_text())["agents"][0]["kwargs"] == expected
+    assert json.loads((trial / "config.json").read_text())["agent"]["kwargs"] == expected
+    result = json.loads((trial / "result.json").read_text())
+    assert result["config"]["agent"]["kwargs"] == expected and result["verifier_result"] is None
+    for path in (job_dir / "config.json", trial / "config.json", trial / "result.json"):
+        assert CANARY not in path.read_text()
+
+
+def test_the_kwargs_file_is_deleted_when_the_job_ends(tmp_path: Path) -> None:
+    done = _persisted(tmp_path, agent="claude-code", agent_kwargs=[f"api_key={CANARY}"])
+    identity = done.job.agent_kwargs_file
+    assert identity is not None and identity.path.is_file()
+    forget_agent_env(done.job)
+    assert not identity.path.exists()
+
+
+def test_retry_of_an_ended_job_whose_kwargs_are_gone_asks_for_a_new_submit(tmp_path: Path) -> None:
+    done = _persisted(tmp_path, agent="claude-code", agent_kwargs=[f"api_key={CANARY}"])
+    forget_agent_env(done.job)
+    with pytest.raises(JobConflictError, match="--agent-kwarg values, which were deleted when it ended"):
+        failed_trials(done.job)
