@@ -198,7 +198,7 @@ def _run_tries(
     while True:
         number = len(tries) + 1
         try:
-            attempt = run_try(spec, job, ctx, admitted.paths, heartbeat, started, number)
+            attempt = run_try(spec, job, ctx, admitted.paths, heartbeat, started, number, admitted.owner_uid)
         except TrialError as exc:
             record = trial_record(spec, ctx, started, exception_type=type(exc).__name__,
                                   exception_message=str(exc), stage=exc.stage)  # fmt: skip
