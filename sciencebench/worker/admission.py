@@ -98,8 +98,10 @@ def admit(spec: TrialSpec, settings: Settings) -> Admitted:
     return Admitted(job=job, paths=paths, owner_uid=owner_uid)
 
 
-# job.json's identity (device, inode, size, mtime, owner) -> the JobSpec parsed from it
+# job.json's identity (device, inode, size, change time, owner) -> the JobSpec parsed from it; the
+# change time moves with every write or chmod, and no user can set it.
 _owned_jobs: dict[tuple[int, int, int, int, int], JobSpec] = {}
+_OWNED_JOBS_KEPT = 256
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -124,7 +126,7 @@ def load_owned_job(paths: JobPaths) -> tuple[JobSpec, int]:
             info = _same_owner(fds[-1], owner, paths.job_spec)
             if not stat.S_ISREG(info.st_mode):
                 raise RefusedError(f"{paths.job_spec} is not a regular file")
-            key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_uid)
+            key = (info.st_dev, info.st_ino, info.st_size, info.st_ctime_ns, info.st_uid)
             if (cached := _owned_jobs.get(key)) is not None:
                 return cached, owner
             with os.fdopen(fds.pop(), "rb") as handle:
@@ -132,7 +134,8 @@ def load_owned_job(paths: JobPaths) -> tuple[JobSpec, int]:
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise RefusedError(
-                    f"{paths.job_dir}: a symbolic link in the job's layout; it is sciencebench's"
+                    f"{paths.job_dir}: the job directory, .sciencebench/ or job.json is a symbolic link "
+                    "or not what submit made"
                 ) from None
             raise WorkspaceError(
                 f"{paths.job_spec}: unreadable on this worker ({exc.strerror}); "
@@ -142,6 +145,8 @@ def load_owned_job(paths: JobPaths) -> tuple[JobSpec, int]:
         for fd in fds:
             os.close(fd)
     job = JobSpec.model_validate_json(data)
+    if len(_owned_jobs) >= _OWNED_JOBS_KEPT:
+        _owned_jobs.clear()
     _owned_jobs[key] = job
     return job, owner
 
@@ -150,8 +155,8 @@ def _same_owner(fd: int, owner: int, path: Path) -> os.stat_result:
     info = os.fstat(fd)
     if info.st_uid != owner:
         raise RefusedError(
-            f"refused: {path.relative_to(path.parents[1])} belongs to another account (uid {info.st_uid}) "
-            f"than its job directory (uid {owner})"
+            f"{path.relative_to(path.parents[1])} belongs to another account (uid {info.st_uid}) "
+            f"than its job directory (uid {owner}); a job uses only its submitter's files"
         )
     return info
 
