@@ -11,6 +11,16 @@ shells, the Docker and compose clients, Pier's compose variables, proxies,
 sciencebench's and LiteLLM's settings, files Pier or LiteLLM would read) is
 refused by one function, `harness_key_problem`: at submit and again on the
 worker.
+
+An env file's and `--agent-env`'s keys reach Pier's own process on the
+worker host, where Pier and the libraries it runs (git, curl, Java tools,
+Kerberos, ...) read variables no denylist can name in full
+(`JAVA_TOOL_OPTIONS`, `KRB5_CONFIG`, `CURL_HOME`, `WGETRC`). So those keys
+must also be on an allowlist, `AGENT_KEYS`: the values sciencebench's
+profiles read and the names Pier's installed agents read (provider
+credentials, base URLs and the agents' documented settings), checked by
+`agent_key_problem` with the denylist as a second line. Task env tables go
+into containers through compose and keep the denylist alone.
 """
 
 from __future__ import annotations
@@ -136,6 +146,58 @@ def harness_key_problem(key: str) -> str | None:
     upper = key.upper()
     rule = next((rule for rule in _KEY_RULES if rule.matches(upper)), None)
     return f"{key}: {rule.reason}" if rule is not None else None
+
+
+@dataclass(frozen=True)
+class _Allowlist:
+    """The keys an env file or `--agent-env` may set: exact names, prefixes, suffixes (case-sensitive)."""
+
+    names: frozenset[str]
+    prefixes: tuple[str, ...]
+    suffixes: tuple[str, ...]
+
+    def allows(self, key: str) -> bool:
+        """Whether `key` is one of the names agents read."""
+        return key in self.names or key.startswith(self.prefixes) or key.endswith(self.suffixes)
+
+
+# What an env file or --agent-env may set (docs/gateways.md lists it): sciencebench's profile
+# values (MODEL, CODEX_*, OPENAI_*), and the names Pier 0.3's installed agents read from its
+# environment (pier/agents/installed/*.py and the provider keys of pier/agents/utils.py;
+# tests/unit/test_harness_keys.py derives them from Pier's source). The prefixes are the agents'
+# own namespaces; the suffixes name provider credentials and gateways (`<PROVIDER>_API_KEY`,
+# `..._TOKEN`, `..._BASE_URL`, `..._API_BASE`, `..._API_VERSION`), values that are sent to a
+# gateway, never a file, program or option a host tool would load. The denylist still applies
+# first (e.g. `CODEX_AUTH_JSON_PATH`, `GOOGLE_APPLICATION_CREDENTIALS`, `*_TOKEN_FILE`).
+# fmt: off
+AGENT_KEYS = _Allowlist(
+    names=frozenset({
+        "MODEL", "MAX_THINKING_TOKENS", "DISABLE_PROMPT_CACHING",
+        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION",
+        "AWS_DEFAULT_REGION", "AWS_BEARER_TOKEN_BEDROCK",
+        "AZURE_RESOURCE_NAME", "VERTEXAI_PROJECT", "VERTEXAI_LOCATION",
+        "GOOGLE_CLOUD_PROJECT", "GOOGLE_CLOUD_LOCATION", "GOOGLE_GENAI_USE_VERTEXAI",
+    }),
+    prefixes=("OPENAI_", "ANTHROPIC_", "CODEX_", "CLAUDE_CODE_", "GEMINI_", "MSWEA_"),
+    suffixes=("_API_KEY", "_TOKEN", "_BASE_URL", "_API_BASE", "_API_VERSION"),
+)
+# fmt: on
+
+
+def agent_key_problem(key: str) -> str | None:
+    """Why `key` may not be set by an env file or `--agent-env`, or None when it may.
+
+    First the denylist (`harness_key_problem`, its reasons), then the
+    allowlist `AGENT_KEYS`. The answer starts with the key, never a value.
+    """
+    if problem := harness_key_problem(key):
+        return problem
+    if AGENT_KEYS.allows(key):
+        return None
+    return (
+        f"{key}: not a key agents read (an env file and --agent-env may set provider credentials, "
+        "base URLs and the names the agents document; see docs/gateways.md)"
+    )
 
 
 def parse_env_text(text: str, source: str) -> dict[str, str]:

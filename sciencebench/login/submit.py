@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sciencebench.core.agent_kwargs import split_secret_kwargs
-from sciencebench.core.envfile import EnvFile, harness_key_problem
+from sciencebench.core.envfile import EnvFile, agent_key_problem
 from sciencebench.core.errors import InputError, JobConflictError, ProfileError, TaskSpecError
 from sciencebench.core.images import parse_platform
 from sciencebench.core.models import (
@@ -48,6 +48,9 @@ from sciencebench.login.runrecord import write_run_record
 from sciencebench.login.selection import Selection, load_selection
 
 DEFAULT_PIER_BIN = SubmitOptions.model_fields["pier_bin"].default
+# job.json names the env file's and the --agent-env file's SHA-256: readable by the submitting
+# account and its group (workers run as one or the other, docs/deployment.md), not by others.
+JOB_SPEC_MODE = 0o640
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ def prepare(
     for option, keys in (("--env-file", env_values), ("--agent-env", agent_env)):
         if proxy := next((p for key in keys if (p := proxy_variable_problem(key, option))), None):
             raise ProfileError(proxy)
-        problem = next((p for key in keys if (p := harness_key_problem(key))), None)
+        problem = next((p for key in keys if (p := agent_key_problem(key))), None)
         if problem:
             raise ProfileError(f"{option}: refused: {problem}")
     _check_declared(selection, set(env_values) | set(agent_env))
@@ -274,7 +277,7 @@ def _write_job(prepared: Prepared, record: dict[str, Any], undo: list[Callable[[
     try:
         prepared = _write_agent_env_file(prepared, undo)
         step = str(paths.job_spec)
-        write_atomic(paths.job_spec, prepared.job.model_dump_json(indent=2))
+        write_atomic(paths.job_spec, prepared.job.model_dump_json(indent=2), mode=JOB_SPEC_MODE)
         step = str(run_record)
         undo.append(_restorer(run_record))
         write_run_record(prepared.selection.path, record, prepared.secret_values)
@@ -346,6 +349,6 @@ def write_job_spec(job: JobSpec) -> None:
     """Persist the JobSpec where workers, status, retry and summarize find it."""
     paths = JobPaths(job.jobs_dir, job.job_name)
     try:
-        write_atomic(paths.job_spec, job.model_dump_json(indent=2))
+        write_atomic(paths.job_spec, job.model_dump_json(indent=2), mode=JOB_SPEC_MODE)
     except OSError as exc:
         raise ProfileError(f"--jobs-dir {job.jobs_dir}: not writable ({exc.strerror})") from None

@@ -6,6 +6,14 @@ holds the Docker socket. So every path they name must resolve (symlinks
 followed) under a root the worker is configured with, and the job must be
 the one its submit wrote (the `job_id` in the message and in `job.json`).
 
+A job uses only its own submitter's secrets. The job's owner is the account
+that owns its directory `<jobs dir>/<job name>`; its `.sciencebench/` and
+`job.json` must be that account's too (none of the three a symlink), and
+`job.json` is read from the descriptor whose owner was checked. The secrets
+stage then reads the env file and the `--agent-env` file only when they are
+that same account's (`worker.secrets`): knowing another user's env file's
+path and SHA-256 is not enough to run with it.
+
 Two verdicts besides admission:
 
 - `UnfitError`: this host cannot serve the job (its jobs directory, selection
@@ -18,7 +26,9 @@ Two verdicts besides admission:
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import sys
 import uuid
 from collections.abc import Sequence
@@ -40,6 +50,7 @@ class Admitted:
 
     job: JobSpec
     paths: JobPaths
+    owner_uid: int  # owns the job's directory, `.sciencebench/` and `job.json`; its secrets must be its own
 
 
 def under(path: Path, roots: Sequence[Path]) -> bool:
@@ -65,13 +76,15 @@ def admit(spec: TrialSpec, settings: Settings) -> Admitted:
         raise RefusedError(f"job dir {paths.job_dir} resolves outside the jobs roots")
     _confined_layout(paths)
     try:
-        job = load_job(paths)
+        job, owner_uid = load_owned_job(paths)
     except WorkspaceError as exc:
         raise UnfitError(str(exc)) from None
     except ValueError:
         raise RefusedError(f"{paths.job_spec}: not a job spec sciencebench wrote") from None
     if job.job_id != spec.job_id or job.job_name != spec.job_name:
         raise UnfitError(f"{paths.job_spec} on this host belongs to another submit than the trial's")
+    if job.jobs_dir != jobs_dir:
+        raise RefusedError(f"{paths.job_spec} names another jobs dir than the one it lies in")
     _admit_selection(spec, job, settings)
     _admit_secrets(job, settings)
     allowed = {*job.image_refs, *(baked.image for baked in job.agent_images.values())}
@@ -82,7 +95,70 @@ def admit(spec: TrialSpec, settings: Settings) -> Admitted:
             raise RefusedError(problem)
     if job.agent.agent_import_path:
         _admit_agent(job.agent.agent_import_path)
-    return Admitted(job=job, paths=paths)
+    return Admitted(job=job, paths=paths, owner_uid=owner_uid)
+
+
+# job.json's identity (device, inode, size, change time, owner) -> the JobSpec parsed from it; the
+# change time moves with every write or chmod, and no user can set it.
+_owned_jobs: dict[tuple[int, int, int, int, int], JobSpec] = {}
+_OWNED_JOBS_KEPT = 256
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def load_owned_job(paths: JobPaths) -> tuple[JobSpec, int]:
+    """The job's JobSpec and the uid owning its directory, `.sciencebench/` and `job.json`.
+
+    Each is opened without following a symlink, relative to the one before,
+    and `job.json` is parsed from the descriptor whose owner was compared.
+    Raises RefusedError when an owner differs or an entry is a link,
+    WorkspaceError when the job is unreadable here, ValueError when
+    `job.json` is not a JobSpec.
+    """
+    fds: list[int] = []
+    try:
+        try:
+            fds.append(os.open(paths.job_dir, _DIR_FLAGS))
+            owner = os.fstat(fds[0]).st_uid
+            fds.append(os.open(paths.meta_dir.name, _DIR_FLAGS, dir_fd=fds[0]))
+            _same_owner(fds[-1], owner, paths.meta_dir)
+            fds.append(os.open(paths.job_spec.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+                               | os.O_CLOEXEC, dir_fd=fds[1]))  # fmt: skip
+            info = _same_owner(fds[-1], owner, paths.job_spec)
+            if not stat.S_ISREG(info.st_mode):
+                raise RefusedError(f"{paths.job_spec} is not a regular file")
+            key = (info.st_dev, info.st_ino, info.st_size, info.st_ctime_ns, info.st_uid)
+            if (cached := _owned_jobs.get(key)) is not None:
+                return cached, owner
+            with os.fdopen(fds.pop(), "rb") as handle:
+                data = handle.read()
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise RefusedError(
+                    f"{paths.job_dir}: the job directory, .sciencebench/ or job.json is a symbolic link "
+                    "or not what submit made"
+                ) from None
+            raise WorkspaceError(
+                f"{paths.job_spec}: unreadable on this worker ({exc.strerror}); "
+                "is the jobs directory on the shared filesystem?"
+            ) from None
+    finally:
+        for fd in fds:
+            os.close(fd)
+    job = JobSpec.model_validate_json(data)
+    if len(_owned_jobs) >= _OWNED_JOBS_KEPT:
+        _owned_jobs.clear()
+    _owned_jobs[key] = job
+    return job, owner
+
+
+def _same_owner(fd: int, owner: int, path: Path) -> os.stat_result:
+    info = os.fstat(fd)
+    if info.st_uid != owner:
+        raise RefusedError(
+            f"{path.relative_to(path.parents[1])} belongs to another account (uid {info.st_uid}) "
+            f"than its job directory (uid {owner}); a job uses only its submitter's files"
+        )
+    return info
 
 
 def verified_paths(spec: TrialSpec, settings: Settings) -> JobPaths | None:

@@ -112,8 +112,12 @@ def run_try(
     heartbeat: Heartbeat,
     started: datetime,
     number: int,
+    owner_uid: int,
 ) -> Try:
-    """Run the stages of one try; its Try, or the stage's TrialError."""
+    """Run the stages of one try; its Try, or the stage's TrialError.
+
+    `owner_uid` owns the job's directory (admission's `Admitted.owner_uid`): the secrets must be its own.
+    """
     timings: dict[str, float] = {}
 
     def timed(stage: str, fn: Callable[[], Any]) -> Any:
@@ -124,7 +128,7 @@ def run_try(
             timings[stage] = round(time.monotonic() - t0, 3)
 
     timed("workspace", lambda: _check_workspace(spec, paths))
-    secrets = timed("secrets", lambda: load_secrets(job))
+    secrets = timed("secrets", lambda: load_secrets(job, owner_uid))
     _check_declared(spec, secrets)
     timed("preflight", lambda: ctx.runtime.preflight(job))
     timed("pull", lambda: ctx.runtime.ensure_images(spec.image_refs, job.platform, job.skip_pull))

@@ -206,7 +206,9 @@ def _run_tries(
         try:
             # The host's image budget evicts none of the trial's images while a try needs them.
             with ctx.runtime.images_held(spec.image_refs):
-                attempt = run_try(spec, job, ctx, admitted.paths, heartbeat, started, number)
+                attempt = run_try(
+                    spec, job, ctx, admitted.paths, heartbeat, started, number, admitted.owner_uid
+                )
         except NoRoomError:
             raise  # not this trial's failure: it goes back to the queue
         except TrialError as exc:

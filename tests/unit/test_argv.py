@@ -197,7 +197,7 @@ def test_models_kwargs_and_agent_env_templates(tmp_path: Path) -> None:
         env_text=env,
         models=["openai/a", "openai/b"],
         agent_kwargs=["max_steps=50", "cost_limit=0"],
-        agent_env=[f"ZED_TOKEN={CANARY_AGENT_ENV}", f"ALPHA={CANARY_AGENT_ENV}x"],
+        agent_env=[f"ZED_TOKEN={CANARY_AGENT_ENV}", f"AWS_REGION={CANARY_AGENT_ENV}x"],
     )
     argv = _argv(prepared)
     opts = _options(argv)
@@ -207,7 +207,7 @@ def test_models_kwargs_and_agent_env_templates(tmp_path: Path) -> None:
     assert sorted(per_trial) == [(t, [m]) for t in prepared.job.task_ids for m in ("openai/a", "openai/b")]
     assert opts["--ak"] == ["max_steps=50", "cost_limit=0"]
     # Names only: Pier resolves ${NAME} from its own process environment.
-    assert opts["--ae"] == ["ALPHA=${ALPHA}", "ZED_TOKEN=${ZED_TOKEN}"]
+    assert opts["--ae"] == ["AWS_REGION=${AWS_REGION}", "ZED_TOKEN=${ZED_TOKEN}"]
     assert json.loads(opts["--ek"][0].partition("=")[2]) == ["http://10.1.2.3:4000/v1"]
     text = "\x00".join(argv)
     for secret in (CANARY_KEY, CANARY_AGENT_ENV):

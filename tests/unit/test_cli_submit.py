@@ -171,7 +171,7 @@ def test_dry_run_never_shows_or_records_a_secret(tmp_path: Path) -> None:
     )
     result = run_cli(
         "submit", "--path", str(selection), "--agent", "codex", "--env-file", str(env_file),
-        "--agent-env", f"EXTRA_TOKEN={CANARY_AGENT_ENV}", "--agent-env", f"PLAIN={CANARY_AGENT_ENV}2",
+        "--agent-env", f"EXTRA_TOKEN={CANARY_AGENT_ENV}", "--agent-env", f"AWS_REGION={CANARY_AGENT_ENV}2",
         "--jobs-dir", str(tmp_path / "jobs"), "--job-name", "codex-dry", "--skip-pull", "--dry-run",
         cwd=tmp_path,
     )  # fmt: skip

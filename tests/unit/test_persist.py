@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import pytest
 
+from sciencebench.core.envfile import EnvFile
 from sciencebench.core.errors import InputError
+from sciencebench.core.paths import JobPaths
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.runrecord import build_run_record
 from sciencebench.login.submit import Prepared, persist, persisted, prepare
@@ -65,3 +68,26 @@ def test_the_agent_env_file_is_the_jobs_own(tmp_path: Path) -> None:
     assert a.agent_env_file.path != b.agent_env_file.path
     assert a.agent_env_file.path.stat().st_mode & 0o777 == 0o600
     assert CANARY in a.agent_env_file.path.read_text()
+
+
+def test_job_files_that_name_secret_hashes_are_not_world_readable(tmp_path: Path) -> None:
+    # job.json names the env file's and the --agent-env file's SHA-256: a path and hash another
+    # user could replay in a job of their own. Whatever the umask, others cannot read it.
+    env_file = tmp_path / "p.env"
+    env_file.write_text(f"OPENAI_API_KEY={CANARY}-env\n")
+    prepared, record = _prepared(tmp_path)
+    prepared = Prepared(prepared.selection, prepared.job.model_copy(
+        update={"env_file": EnvFile(path=env_file, sha256=hashlib.sha256(env_file.read_bytes()).hexdigest())}
+    ), prepared.trials, prepared.secret_values, prepared.agent_env_values)  # fmt: skip
+    old = os.umask(0)
+    try:
+        job = persist(prepared, record).job
+    finally:
+        os.umask(old)
+    spec = JobPaths(job.jobs_dir, job.job_name).job_spec
+    assert job.env_file is not None and job.env_file.sha256 in spec.read_text()
+    assert spec.stat().st_mode & 0o777 == 0o640
+    assert job.agent_env_file is not None and job.agent_env_file.path.stat().st_mode & 0o777 == 0o600
+    for path in (p for p in job.job_dir.rglob("*") if p.is_file() and p.stat().st_mode & 0o004):
+        text = path.read_text()
+        assert job.env_file.sha256 not in text and job.agent_env_file.sha256 not in text, path

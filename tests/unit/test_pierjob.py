@@ -310,7 +310,7 @@ def test_config_json_is_what_pier_run_builds(tmp_path: Path) -> None:
         _prepared(
             tmp_path / "b", ["001", "003"], agent="nop", models=["openai/gpt-5", "m2"], n_attempts=3,
             n_concurrent=5, max_retries=2, agent_timeout_multiplier=2.5, verifier_timeout_multiplier=1.5,
-            agent_kwargs=["n=3", "flag=True", "name=plain", "list=[1, 2]"], agent_env=[f"EXTRA={CANARY}"],
+            agent_kwargs=["n=3", "flag=True", "name=plain", "list=[1, 2]"], agent_env=[f"HF_TOKEN={CANARY}"],
         ),
         _prepared(tmp_path / "c", ["002"], agent="codex", env_file=env_file, models=["gpt-demo"]),
     ]  # fmt: skip
@@ -349,7 +349,7 @@ def test_config_json_is_what_pier_run_builds(tmp_path: Path) -> None:
         "name": "plain",
         "list": [1, 2],
     }
-    assert job_config(jobs[1])["agents"][0]["env"] == {"EXTRA": "${EXTRA}"}
+    assert job_config(jobs[1])["agents"][0]["env"] == {"HF_TOKEN": "${HF_TOKEN}"}
     assert job_config(jobs[2])["environment"]["kwargs"] == {
         "inference_urls": ["https://gw.example.edu:4000/v1"]
     }

@@ -190,7 +190,7 @@ def test_no_secret_reaches_batch_run_json(
             path=selection_dir,
             agent=agent,
             env_file=env_file,
-            agent_env=[f"EXTRA_CREDENTIAL={agent_env_secret}", f"OPENAI_API_KEY={api_key}"],
+            agent_env=[f"GOOGLE_CLOUD_PROJECT={agent_env_secret}", f"OPENAI_API_KEY={api_key}"],
             agent_kwargs=["reasoning_summary=auto"],
             jobs_dir=Path(scratch) / "jobs",
             job_name="redaction",

@@ -137,11 +137,11 @@ def test_pier_command_is_redacted(tmp_path: Path) -> None:
         tmp_path,
         agent="claude-code",
         env_text=f"ANTHROPIC_AUTH_TOKEN={CANARY}\nANTHROPIC_BASE_URL=https://gw.example.edu/anthropic\n",
-        agent_env=[f"EXTRA={CANARY}-extra"],
+        agent_env=[f"GOOGLE_CLOUD_PROJECT={CANARY}-extra"],
     )
     record = _record(prepared)
     command = record["pier_command"]
-    assert f"EXTRA={REDACTED}" in command
+    assert f"GOOGLE_CLOUD_PROJECT={REDACTED}" in command
     assert CANARY not in json.dumps(record)
 
 

@@ -252,12 +252,17 @@ def test_empty_job(tmp_path: Path) -> None:
 def test_secrets_stay_out_of_piers_files(tmp_path: Path) -> None:
     env_file = tmp_path / "p.env"
     env_file.write_text(f"OPENAI_API_KEY={CANARY}\n")
-    job, paths = _job(tmp_path, ["002"], agent="codex", env_file=env_file, agent_env=[f"EXTRA={CANARY}"])
+    job, paths = _job(
+        tmp_path, ["002"], agent="codex", env_file=env_file, agent_env=[f"GOOGLE_CLOUD_PROJECT={CANARY}"]
+    )
     _record(paths, "002", rewards={"reward": 1.0})
     write_summary(job, now=NOW)
     for name in ("result.json", CONFIG_JSON, "summary.json", "summary.csv"):
         assert CANARY not in (paths.job_dir / name).read_text(), name
-    assert json.loads((paths.job_dir / CONFIG_JSON).read_text())["agents"][0]["env"]["EXTRA"] == "${EXTRA}"
+    assert (
+        json.loads((paths.job_dir / CONFIG_JSON).read_text())["agents"][0]["env"]["GOOGLE_CLOUD_PROJECT"]
+        == "${GOOGLE_CLOUD_PROJECT}"
+    )
 
 
 @pytest.mark.parametrize("content", ["not json", "[1, 2]", '{"reward": 0.5, "public": "n/a"}'])
