@@ -365,7 +365,7 @@ def test_the_workers_config_file_gives_pier_the_agents_the_record_shows(tmp_path
         _prepared(
             tmp_path / "a", ["001"], agent="mini-swe-agent", models=["openai/gpt-5"],
             agent_kwargs=["max_thinking_tokens=16000", "flag=True", "list=[1, 2]"],
-            agent_env=[f"EXTRA={CANARY}"],
+            agent_env=[f"EXTRA_TOKEN={CANARY}"],
         ),
         _prepared(tmp_path / "b", ["001"], agent="codex", env_file=env_file, models=["openai/my-deployment"]),
         _prepared(tmp_path / "c", ["001"], agent="codex", env_file=env_file, models=["openai/a", "b/c/d"]),
@@ -386,7 +386,7 @@ def test_the_workers_config_file_gives_pier_the_agents_the_record_shows(tmp_path
     from_file, inline = built[0::2], built[1::2]
     mini_agents = from_file[0]["agents"]
     assert mini_agents[0]["kwargs"] == {"max_thinking_tokens": 16000, "flag": True, "list": [1, 2]}
-    assert mini_agents[0]["env"] == {"EXTRA": "${EXTRA}"}
+    assert mini_agents[0]["env"] == {"EXTRA_TOKEN": "${EXTRA_TOKEN}"}
     assert inline[0]["agents"][0]["kwargs"]["max_thinking_tokens"] == "<redacted>"  # the record's form
     for file_config, inline_config in zip(from_file[1:], inline[1:], strict=True):
         assert len(file_config["agents"]) == 1
