@@ -28,6 +28,7 @@ from tests.docker.test_network_pier_run import Task, pier_run
 pytestmark = pytest.mark.docker
 
 PORT = 8080
+PROBE_AGENT = "tests.docker.test_network_pier_run:ProbeAgent"
 RUN_ID = uuid.uuid4().hex[:8]  # in every probe's path: no build step of an earlier run is cached
 # The verifier runs in the agent's container: it reports what the build's probe saw.
 TEST_SH = """#!/bin/bash
@@ -162,12 +163,21 @@ def test_a_tasks_own_compose_build_cannot_reach_the_network(
         remove_project_images(docker_client, result)
 
 
+@pytest.mark.parametrize(
+    "agent",
+    [
+        ("--agent", "nop"),
+        # An egress trial: the proxy service is rendered beside the built `main`, and is not built.
+        ("--agent-import-path", PROBE_AGENT, "--ek", 'inference_urls=["http://localhost:4000/v1"]'),
+    ],
+    ids=["none", "egress"],
+)
 def test_a_build_that_needs_no_network_still_succeeds(
-    base_image: str, tmp_path: Path, docker_client: docker.DockerClient
+    base_image: str, tmp_path: Path, docker_client: docker.DockerClient, agent: tuple[str, ...]
 ) -> None:
     dockerfile = f"FROM {base_image}\nRUN echo built-offline > /reached\n"
     task = write_task(tmp_path / "offline", {"Dockerfile": dockerfile})
-    result = pier_run(task, tmp_path / "jobs", "offline", "--agent", "nop")
+    result = pier_run(task, tmp_path / "jobs", "offline", *agent)
     try:
         assert result["exception_info"] is None, result["exception_info"]
         assert result["verifier_result"]["rewards"] == {"reward": 1.0}
