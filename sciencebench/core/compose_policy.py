@@ -18,7 +18,8 @@ other container), with the keys below; top-level `services`, `volumes`
 `extends`, `include`, `env_file`, `volumes_from`, `secrets`, `configs`,
 networks, devices, capabilities, namespaces other than `private`,
 `cgroup_parent`, `gpus`, build secrets/ssh/network or a context outside the
-compose file's directory, bind mounts outside the task (and, rendered, the
+compose file's directory (rendered, a build's network must be `none`: the
+policy's override sets it), bind mounts outside the task (and, rendered, the
 trial) directory, unpinned images. Compose interpolation (`$VAR`, `${VAR}`,
 `${VAR:-default}`, `${VAR:?error}`) may appear only in `command`,
 `entrypoint`, `environment`, `working_dir` and `healthcheck`; nested
@@ -202,7 +203,13 @@ def _build_problems(where: str, build: Any, ctx: _Context) -> list[str]:
         build = {"context": build}
     if not isinstance(build, Mapping):
         return [f"{where}: build must be a path or a mapping"]
-    problems = [f"{where}: build key {key!r}" for key in build if key not in _BUILD_KEYS]
+    # Rendered, the policy's override has given the build `network: none` (a task may set no network).
+    allowed_keys = _BUILD_KEYS | {"network"} if ctx.rendered else _BUILD_KEYS
+    problems = [f"{where}: build key {key!r}" for key in build if key not in allowed_keys]
+    if ctx.rendered and (network := build.get("network")) != "none":
+        problems.append(
+            f"{where}: build network {network or 'default'!r} (every build runs with network none)"
+        )
     raw_context = str(build.get("context", "."))
     if ":" in raw_context or raw_context.startswith(_REMOTE_CONTEXT_PREFIXES):
         # Compose passes a URL, a Git reference, `docker-image://` or `service:` on untouched;

@@ -13,11 +13,19 @@ In both modes every service drops NET_ADMIN and NET_RAW, is not privileged,
 and `main` stops with SIGKILL: Pier runs `sh -c "sleep infinity"` as PID 1,
 which ignores SIGTERM, so `compose down` would otherwise wait out the 10 s
 grace period on every trial.
+
+When `main` is built for the trial (a Dockerfile-only task, a task's own
+`build:`, a verifier without an image, Pier's derived agent build), the
+override gives the build `network: none`; it adds `build` to nothing else,
+since a `build` key would turn a service that only names its image into a
+built one. `build_network_problems` checks the rendered model for it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from sciencebench.network.squid import PROXY_PORT, SQUID_AUTH_FILE, SQUID_CONF_PATH
@@ -32,6 +40,7 @@ EGRESS_NETWORK = "sb-egress"
 DROPPED_CAPS = ("NET_ADMIN", "NET_RAW")
 GATEWAY_MODE_OPTION = "com.docker.network.bridge.gateway_mode_ipv4"
 FORWARDING_SYSCTLS = {"net.ipv4.ip_forward": "0", "net.ipv6.conf.all.forwarding": "0"}
+NO_BUILD_NETWORK = {"network": "none"}
 ROLE_LABEL = MANAGED_LABEL  # also what a worker's leftover sweep looks for
 
 
@@ -59,16 +68,21 @@ def _hardening(role: str, owner: str) -> dict[str, Any]:
     }
 
 
-def policy_compose(mode: Mode, proxy: ProxyFiles | None = None, owner: str = "") -> dict[str, Any]:
+def policy_compose(
+    mode: Mode, proxy: ProxyFiles | None = None, owner: str = "", *, offline_build: bool = False
+) -> dict[str, Any]:
     """The compose override for `mode`; `proxy` is required exactly in egress mode.
 
     `owner` (the worker's `dockerhost.owner_id`) labels every container so
     that only the worker host state that started a trial sweeps its leftovers.
+    `offline_build`: `main` is built for this trial, with no network.
 
     Raises ValueError when `proxy` and `mode` disagree (a programming error,
     not a policy decision).
     """
     main: dict[str, Any] = _hardening("agent", owner)
+    if offline_build:
+        main["build"] = dict(NO_BUILD_NETWORK)
     if mode == "none":
         if proxy is not None:
             raise ValueError("network_mode none takes no proxy")
@@ -116,3 +130,35 @@ def policy_compose(mode: Mode, proxy: ProxyFiles | None = None, owner: str = "")
             EGRESS_NETWORK: {"driver": "bridge", "enable_ipv6": False},
         },
     }
+
+
+def build_network_problems(model: Mapping[str, Any], online_context: Path | None = None) -> list[str]:
+    """Every build of a rendered compose model that would run with a network, or that builds the proxy.
+
+    `model` is what `docker compose config --format json` printed. Each
+    `build` must have `network: none`, except `main`'s when its context is
+    `online_context` (Pier's agent-install build on a worker that allows
+    online installs; the caller checked that nothing of the task is in it).
+    Only `main` may be built: the proxy image is pinned, never built.
+    """
+    services = model.get("services")
+    problems: list[str] = []
+    for name, service in services.items() if isinstance(services, Mapping) else ():
+        build = service.get("build") if isinstance(service, Mapping) else None
+        if build is None:
+            continue
+        if name != AGENT_SERVICE:
+            problems.append(f"service {name}: built for the trial (only {AGENT_SERVICE!r} may be built)")
+        if not isinstance(build, Mapping):
+            problems.append(f"service {name}: build is not a mapping")
+            continue
+        context = build.get("context")
+        online = name == AGENT_SERVICE and online_context is not None and isinstance(context, str)
+        if online and Path(str(context)) == online_context:
+            continue
+        network = build.get("network")
+        if network != "none":
+            problems.append(
+                f"service {name}: build network {network or 'default'!r} (every build runs with network none)"
+            )
+    return problems

@@ -22,6 +22,15 @@ within 15 s -> stop and raise on any deviation, otherwise write
 `network-policy-<session>.json` into the trial directory. The agent is set up
 by Pier only after `start` returns.
 
+Builds: every image build the trial causes (a Dockerfile-only task, a task's
+own compose `build:`, a verifier without an image, Pier's derived agent
+build) gets `build.network: none` from the policy override, and the rendered
+model of any trial that builds is checked for it before `build`. The one
+exception is Pier's online agent install (`agent_install="online"`): it may
+build with the network only `FROM` the task's pinned image, in a context
+holding nothing but Pier's Dockerfile, and only when that image has no
+`ONBUILD` triggers (checked before the build).
+
 Every `docker compose` runs with an allowlisted environment
 (`network.composeenv`), never Pier's whole one with the task's env on top,
 and with `--env-file /dev/null`, so a `.env` file in the task is never read.
@@ -38,18 +47,31 @@ from pathlib import Path
 from typing import Any
 
 import requests
+import yaml
 from docker.errors import DockerException
 from pier.environments.agent_setup import new_proxy_token, proxy_environment
 from pier.environments.base import ExecResult
 from pier.environments.docker.docker import _sanitize_docker_compose_project_name
 
 from sciencebench.core.agentimages import parse_agent_image_keyword
-from sciencebench.core.compose_policy import compose_problems, interpolation, review_task, review_task_dir
+from sciencebench.core.compose_policy import (
+    AGENT_SERVICE,
+    compose_problems,
+    interpolation,
+    review_task,
+    review_task_dir,
+)
 from sciencebench.core.envfile import harness_key_problem
 from sciencebench.core.errors import ProfileError
 from sciencebench.core.gateways import Gateway, parse_gateway
 from sciencebench.core.images import check_image_ref
-from sciencebench.network.compose import PROXY_SERVICE, Mode, ProxyFiles, policy_compose
+from sciencebench.network.compose import (
+    PROXY_SERVICE,
+    Mode,
+    ProxyFiles,
+    build_network_problems,
+    policy_compose,
+)
 from sciencebench.network.composeenv import compose_environment, exec_names, explicit_exec_values, from_worker
 from sciencebench.network.errors import PolicyRefused, PolicyViolation
 from sciencebench.network.execenv import SecretSafeExecEnvironment
@@ -59,6 +81,7 @@ from sciencebench.network.inspection import (
     inspect_policy,
     policy_record,
 )
+from sciencebench.network.onbuild import onbuild_triggers
 from sciencebench.network.squid import (
     PROXY_PORT,
     normalize_domains,
@@ -70,6 +93,8 @@ from sciencebench.worker.docker.hostlocks import owner_id
 PROXY_IMAGE_ENV = "SCIENCEBENCH_PROXY_IMAGE"
 # Compose commands that build, create or run nothing: they need no rendered-model check first.
 _INERT_COMMANDS = frozenset({"config", "down", "stop", "ps"})
+# The `agent_install` keyword: whether Pier's agent install may build with the network.
+AGENT_INSTALL_MODES = ("online", "baked")
 
 
 class AgentImageMismatch(RuntimeError):
@@ -173,7 +198,9 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
     container (default: computed from this host's state dir); `agent_image`,
     `{agent, version, image}` of the task image with the agent preinstalled
     (`sciencebench images bake`), run instead of Pier's per-trial install
-    build. A worker passes `proxy_image` and `owner`, so Pier's process
+    build; `agent_install`, `online` (the default) when this worker lets
+    Pier's agent install build with the network, `baked` when every build
+    runs with none. A worker passes `proxy_image` and `owner`, so Pier's process
     environment holds none of its settings. `start` raises PolicyRefused or
     PolicyViolation (both PolicyError), and AgentImageMismatch for an image
     baked for another agent or version.
@@ -186,11 +213,14 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
         proxy_image: str | None = None,
         owner: str | None = None,
         agent_image: object = None,
+        agent_install: object = None,
         **kwargs: Any,
     ) -> None:
         # Decisions that can fail wait for start(): an exception raised here
         # would abort Pier's whole job instead of being recorded on the trial.
         self._agent_image = agent_image
+        self._agent_install = agent_install
+        self._force_build = False
         self._inference_urls = inference_urls
         self._proxy_image = proxy_image or os.environ.get(PROXY_IMAGE_ENV) or None
         self._owner = str(owner) if owner else None
@@ -259,7 +289,9 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
             self._egress_proxy_env = proxy_environment(token, PROXY_SERVICE, PROXY_PORT)
         compose_path = directory / "docker-compose-policy.json"
         owner = self._owner or owner_id()
-        compose_path.write_text(json.dumps(policy_compose(plan.mode, proxy, owner), indent=2))
+        offline_build = self._builds and not self._online_install
+        compose = policy_compose(plan.mode, proxy, owner, offline_build=offline_build)
+        compose_path.write_text(json.dumps(compose, indent=2))
         self._policy_compose_path = compose_path
         if plan.mode == "isolated-allowlist":
             # Pier appends its no-network file only when no egress file is set.
@@ -385,7 +417,7 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
         environment holds only Pier's variables. Raises PolicyRefused.
         """
         paths = tuple(self._docker_compose_paths)
-        if not self._uses_compose:
+        if not self._uses_compose and not self._builds:
             return
         if self._rendered is None or self._rendered[0] != paths:
             self._rendered = (paths, await self._rendered_refusal())
@@ -403,10 +435,16 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
             model = json.loads(rendered.stdout or "")
         except json.JSONDecodeError:
             return "docker compose config printed no JSON model"
-        problems = compose_problems(
-            model, Path(self.environment_dir), self._mount_roots, rendered=True, project=self.compose_project
-        )
-        if problems:
+        problems = build_network_problems(model, self._online_context())
+        if self._uses_compose:
+            problems += compose_problems(
+                model,
+                Path(self.environment_dir),
+                self._mount_roots,
+                rendered=True,
+                project=self.compose_project,
+            )
+        if problems := list(dict.fromkeys(problems)):
             return "the rendered compose model asks for what the policy refuses: " + _masked(
                 "; ".join(problems), secrets
             )
@@ -431,8 +469,10 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
         """
         self._plan = self._make_plan()
         self._check_task_files()
+        self._force_build = force_build
         baked = self._baked_image()
         if baked is None:
+            await self._check_online_install()
             await super().start(force_build=force_build)
         else:
             # Pier builds a derived image whenever the environment has an install
@@ -464,6 +504,78 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
                 f"{install.agent_name} {install.version or '(any version)'}"
             )
         return image
+
+    @property
+    def _online_install(self) -> bool:
+        """Whether Pier's agent install builds with the network (this worker allows it, and there is one)."""
+        mode = "online" if self._agent_install in (None, "") else self._agent_install
+        return mode == "online" and self.agent_install_spec is not None
+
+    @property
+    def _builds(self) -> bool:
+        """Whether `main` is built for this trial (not Pier's `_use_prebuilt`, or the task's own `build:`)."""
+        prebuilt = (
+            not self._force_build and self.task_env_config.docker_image and self.agent_install_spec is None
+        )
+        return not prebuilt or self._task_compose_builds()
+
+    def _task_compose_builds(self) -> bool:
+        """Whether the task's own compose file (as written, already reviewed) gives `main` a build."""
+        if not self._uses_compose:
+            return False
+        try:
+            compose = yaml.safe_load(self._environment_docker_compose_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            return True  # compose refuses what cannot be read; offline if it builds anyway
+        services = compose.get("services") if isinstance(compose, dict) else None
+        main = services.get(AGENT_SERVICE) if isinstance(services, dict) else None
+        return isinstance(main, dict) and "build" in main
+
+    async def _check_online_install(self) -> None:
+        """Refuse an online agent install that would run anything of the task's with the network.
+
+        Pier's install build is `FROM` the task's pinned image in an otherwise
+        empty context; a Dockerfile-only task would have its own Dockerfile in
+        it, and `ONBUILD` triggers of the image would run first. Raises
+        PolicyRefused (nothing built) or, for a bad keyword, PolicyRefused too.
+        """
+        if self._agent_install not in (None, "", *AGENT_INSTALL_MODES):
+            raise PolicyRefused(f"agent_install: expected one of {', '.join(AGENT_INSTALL_MODES)}")
+        if not self._online_install:
+            return
+        image = self.task_env_config.docker_image
+        if not image:
+            raise PolicyRefused(
+                "an online agent install needs a task with a pinned docker_image (a Dockerfile-only task's "
+                "own build steps would run with the network); bake the agent image instead"
+            )
+        try:
+            triggers = await asyncio.to_thread(onbuild_triggers, image)
+        except (DockerException, requests.RequestException, OSError) as exc:
+            raise PolicyRefused(
+                f"the task image {image} could not be inspected for ONBUILD triggers "
+                f"({exc.__class__.__name__})"
+            ) from None
+        if triggers:
+            raise PolicyRefused(
+                f"the task image {image} has {len(triggers)} ONBUILD trigger(s), which Pier's online agent "
+                "install build would run with the network; refused"
+            )
+
+    def _online_context(self) -> Path | None:
+        """Pier's online agent-install build context, if it holds only a Dockerfile `FROM` the task image."""
+        context = self._agent_build_context_dir
+        image = self.task_env_config.docker_image
+        if not self._online_install or context is None or not image:
+            return None
+        try:
+            entries = os.listdir(context)
+            first = (Path(context) / "Dockerfile").read_text(encoding="utf-8").splitlines()[:1]
+        except (OSError, UnicodeDecodeError):
+            return None
+        if entries != ["Dockerfile"] or first != [f"FROM {image}"]:
+            return None
+        return Path(context).resolve()
 
     async def _enforce(self, plan: EgressPlan) -> None:
         try:

@@ -273,8 +273,29 @@ def _rendered_problems(task: Path, trial: Path, model: dict[str, Any]) -> list[s
 def test_a_rendered_model_of_a_confined_task_passes(task: Path, tmp_path: Path) -> None:
     trial = tmp_path / "trial"
     assert _rendered_problems(task, trial, _rendered(task, trial)) == []
-    build = {"context": str(task / "environment"), "dockerfile": "Dockerfile"}
+    build = {"context": str(task / "environment"), "dockerfile": "Dockerfile", "network": "none"}
     assert _rendered_problems(task, trial, _rendered(task, trial, build=build, pull_policy="build")) == []
+
+
+@pytest.mark.parametrize(
+    ("network", "says"), [(None, "'default'"), ("host", "'host'"), ("bridge", "'bridge'")]
+)
+def test_a_rendered_build_must_have_no_network(
+    task: Path, tmp_path: Path, network: str | None, says: str
+) -> None:
+    trial = tmp_path / "trial"
+    build = {"context": str(task / "environment"), "dockerfile": "Dockerfile"}
+    if network is not None:
+        build["network"] = network
+    problems = _rendered_problems(task, trial, _rendered(task, trial, build=build))
+    assert problems == [f"service main: build network {says} (every build runs with network none)"]
+
+
+def test_a_task_may_not_choose_its_build_network_even_none(task: Path) -> None:
+    # As written, any `network` key of a build is refused: the policy's override sets it.
+    for network in ("none", "host", "default"):
+        problems = _problems(task, f"services: {{main: {{build: {{context: ., network: {network}}}}}}}")
+        assert any("build key 'network'" in p for p in problems), problems
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from sciencebench.network.compose import ProxyFiles, policy_compose
+from sciencebench.network.compose import ProxyFiles, build_network_problems, policy_compose
 from sciencebench.worker.docker.labels import OWNER_LABEL
 
 pytestmark = pytest.mark.unit
@@ -82,3 +84,63 @@ def test_every_container_is_labelled_with_its_owner() -> None:
     for service in compose["services"].values():
         assert service["labels"][OWNER_LABEL] == "abc123"
     assert OWNER_LABEL not in policy_compose("none")["services"]["main"]["labels"]
+
+
+# --- builds ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["none", "isolated-allowlist"])
+def test_a_built_main_gets_a_build_with_no_network_and_nothing_else(mode: str) -> None:
+    proxy = PROXY if mode == "isolated-allowlist" else None
+    built = policy_compose(mode, proxy, offline_build=True)  # type: ignore[arg-type]
+    assert built["services"]["main"]["build"] == {"network": "none"}
+    # A service that only names its image stays one: no `build` key at all.
+    prebuilt = policy_compose(mode, proxy)  # type: ignore[arg-type]
+    assert "build" not in prebuilt["services"]["main"]
+    for compose in (built, prebuilt):
+        assert all("build" not in s for n, s in compose["services"].items() if n != "main")
+
+
+CONTEXT = "/jobs/j/task_001__x/agent-build-context"
+
+
+@pytest.mark.parametrize(
+    ("build", "says"),
+    [
+        ({"context": "/t/environment", "dockerfile": "Dockerfile"}, "build network 'default'"),
+        ({"context": "/t/environment", "network": "host"}, "build network 'host'"),
+        ({"context": "/t/environment", "network": "default"}, "build network 'default'"),
+        ("/t/environment", "build is not a mapping"),
+    ],
+)
+def test_a_rendered_build_with_a_network_is_a_problem(build: object, says: str) -> None:
+    problems = build_network_problems({"services": {"main": {"build": build}}})
+    assert len(problems) == 1 and says in problems[0], problems
+
+
+def test_a_rendered_model_without_builds_or_with_offline_builds_passes() -> None:
+    assert (
+        build_network_problems({"services": {"main": {"image": "x"}, "sb-egress-proxy": {"image": "y"}}})
+        == []
+    )
+    assert (
+        build_network_problems({"services": {"main": {"build": {"context": "/c", "network": "none"}}}}) == []
+    )
+    assert build_network_problems({}) == []
+
+
+def test_the_proxy_is_never_built() -> None:
+    model = {"services": {"sb-egress-proxy": {"image": "y", "build": {"context": "/c", "network": "none"}}}}
+    assert build_network_problems(model) == [
+        "service sb-egress-proxy: built for the trial (only 'main' may be built)"
+    ]
+
+
+def test_only_pier_s_online_install_context_may_build_with_the_network() -> None:
+    online = {"services": {"main": {"build": {"context": CONTEXT, "dockerfile": "Dockerfile"}}}}
+    assert build_network_problems(online, online_context=Path(CONTEXT)) == []
+    assert build_network_problems(online) != []  # not allowed where online installs are off
+    elsewhere = {"services": {"main": {"build": {"context": "/t/environment"}}}}
+    assert build_network_problems(elsewhere, online_context=Path(CONTEXT)) != []
+    proxy = {"services": {"sb-egress-proxy": {"build": {"context": CONTEXT}}}}
+    assert len(build_network_problems(proxy, online_context=Path(CONTEXT))) == 2

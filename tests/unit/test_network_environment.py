@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pier.models.agent.install import AgentInstallSpec, InstallStep
 from pier.models.agent.network import NetworkAllowlist
 from pier.models.task.config import EnvironmentConfig
 from pier.models.trial.paths import TrialPaths
@@ -234,3 +235,105 @@ def test_policy_violation_lists_every_check_and_pickles() -> None:
     copy = pickle.loads(pickle.dumps(error))
     assert copy.violations == error.violations and str(copy) == str(error)
     assert copy.stage == "policy"
+
+
+# --- builds ------------------------------------------------------------------------
+
+INSTALL = AgentInstallSpec(agent_name="claude-code", steps=[InstallStep(run="true")])
+
+
+def build_env(
+    tmp_path: Path, *, docker_image: str | None, install: AgentInstallSpec | None = None, **kwargs: Any
+) -> IsolatedDockerEnvironment:
+    """A no-egress environment of a task with `docker_image` (None: Dockerfile only)."""
+    env_dir = tmp_path / "task" / "environment"
+    env_dir.mkdir(parents=True, exist_ok=True)
+    (env_dir / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\nRUN true\n")
+    trial_paths = TrialPaths(trial_dir=tmp_path / "trial")
+    trial_paths.mkdir()  # type: ignore[no-untyped-call]
+    return IsolatedDockerEnvironment(
+        environment_dir=env_dir, environment_name="task_002", session_id="task_002__abc1234",
+        trial_paths=trial_paths,
+        task_env_config=EnvironmentConfig(docker_image=docker_image, allow_internet=False),
+        agent_install_spec=install, owner="owner-1", **kwargs,
+    )  # fmt: skip
+
+
+def override_build(env: IsolatedDockerEnvironment) -> object:
+    env._prepare_egress_proxy_compose()
+    return json.loads(env._docker_compose_paths[-1].read_text())["services"]["main"].get("build")
+
+
+@pytest.mark.parametrize(
+    ("docker_image", "install", "keywords", "force_build", "build"),
+    [
+        (None, None, {}, False, {"network": "none"}),  # a Dockerfile-only task
+        (BASE_IMAGE, None, {}, False, None),  # prebuilt: no `build` key that would make it built
+        (BASE_IMAGE, None, {}, True, {"network": "none"}),  # force_build rebuilds the Dockerfile
+        (BASE_IMAGE, INSTALL, {"agent_install": "baked"}, False, {"network": "none"}),  # Pier's derived build
+        (BASE_IMAGE, INSTALL, {}, False, None),  # the online install (the default) keeps the network
+        (BASE_IMAGE, INSTALL, {"agent_install": "online"}, False, None),
+    ],
+)
+def test_every_build_but_an_online_install_gets_no_network(
+    tmp_path: Path,
+    docker_image: str | None,
+    install: AgentInstallSpec | None,
+    keywords: dict[str, str],
+    force_build: bool,
+    build: object,
+) -> None:
+    env = build_env(tmp_path, docker_image=docker_image, install=install, **keywords)
+    env._force_build = force_build
+    assert override_build(env) == build
+
+
+def test_a_task_compose_build_gets_no_network_even_with_a_docker_image(tmp_path: Path) -> None:
+    env = build_env(tmp_path, docker_image=BASE_IMAGE)
+    (tmp_path / "task" / "environment" / "docker-compose.yaml").write_text(
+        "services:\n  main:\n    build: .\n"
+    )
+    assert override_build(env) == {"network": "none"}
+
+
+def test_an_online_install_of_a_dockerfile_task_is_refused_before_docker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    env = build_env(tmp_path, docker_image=None, install=INSTALL, agent_install="online")
+    with pytest.raises(PolicyRefused, match="needs a task with a pinned docker_image"):
+        asyncio.run(env.start(force_build=False))
+    assert not (tmp_path / "trial" / "agent-build-context").exists()  # Pier's start never ran
+
+
+def test_a_bad_agent_install_keyword_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    env = build_env(tmp_path, docker_image=BASE_IMAGE, install=INSTALL, agent_install="sometimes")
+    with pytest.raises(PolicyRefused, match="agent_install: expected one of online, baked"):
+        asyncio.run(env.start(force_build=False))
+
+
+def test_an_image_that_cannot_be_inspected_for_onbuild_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An Engine that refuses the connection (on loopback: docker-py leaks the socket of a missing unix path).
+    monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:9")
+    env = build_env(tmp_path, docker_image=BASE_IMAGE, install=INSTALL)
+    with pytest.raises(PolicyRefused, match="could not be inspected for ONBUILD"):
+        asyncio.run(env.start(force_build=False))
+
+
+def test_only_a_context_holding_pier_s_dockerfile_from_the_image_may_build_online(tmp_path: Path) -> None:
+    env = build_env(tmp_path, docker_image=BASE_IMAGE, install=INSTALL)
+    env._prepare_agent_build_context()  # Pier's own: an empty directory and its Dockerfile
+    context = tmp_path / "trial" / "agent-build-context"
+    assert env._online_context() == context.resolve()
+    (context / "extra.sh").write_text("true\n")
+    assert env._online_context() is None
+    (context / "extra.sh").unlink()
+    assert (
+        build_env(
+            tmp_path / "b", docker_image=BASE_IMAGE, install=INSTALL, agent_install="baked"
+        )._online_context()
+        is None
+    )
