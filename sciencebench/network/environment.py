@@ -284,7 +284,11 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
         return [Path(self.trial_paths.trial_dir).resolve(), self._task_dir.resolve()]
 
     def _check_task_files(self) -> None:
-        """Refuse a task whose files the policy refuses (`review_task_dir`), before anything starts."""
+        """Refuse a task whose files the policy refuses (`review_task_dir`), before anything starts.
+
+        On a worker the task directory is the try's snapshot (`worker.snapshot`,
+        Pier's `--path`): what is checked here is what Pier builds, mounts and copies.
+        """
         task_dir = self._task_dir
         here = Path(os.path.normpath(Path(self.environment_dir).absolute()))
         while here != task_dir and task_dir in here.parents:
