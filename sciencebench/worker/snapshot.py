@@ -154,19 +154,20 @@ class _Copy:
             if not stat.S_ISREG(info.st_mode):  # a FIFO, a device or a directory now
                 raise self.changed(relative)
             self.over_budget(info.st_size)
-            chunks = self.copy_bytes(source, dst_fd, name, relative)
-            os.chmod(name, 0o755 if info.st_mode & 0o111 else 0o644, dir_fd=dst_fd, follow_symlinks=False)
+            mode = 0o755 if info.st_mode & 0o111 else 0o644
+            chunks = self.copy_bytes(source, dst_fd, name, relative, mode)
         finally:
             os.close(source)
         if _hashed(relative):
             self.kept[relative] = b"".join(chunks)
 
-    def copy_bytes(self, source: int, dst_fd: int, name: str, relative: str) -> list[bytes]:
-        """Read `source` once into a new file `name`; the chunks, for the hash."""
+    def copy_bytes(self, source: int, dst_fd: int, name: str, relative: str, mode: int) -> list[bytes]:
+        """Read `source` once into a new file `name` of mode `mode`; the chunks, for the hash."""
         chunks: list[bytes] = []
         keep = _hashed(relative)
         target = os.open(name, _NEW_FILE_FLAGS, 0o600, dir_fd=dst_fd)
         try:
+            os.fchmod(target, mode)
             while True:
                 try:
                     chunk = os.read(source, _CHUNK)
