@@ -15,6 +15,7 @@ import shutil
 import socket
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -273,8 +274,13 @@ def test_a_thread_swapping_a_directory_for_a_link_never_gets_it_into_a_snapshot(
     thread = threading.Thread(target=attacker, daemon=True)
     thread.start()
     outcomes = {"copied": 0, "refused": 0}
+    deadline = time.monotonic() + 20
     try:
-        for number in range(300):
+        number = 0
+        # 300 copies at least, and on until the attacker has been caught once (a loaded host
+        # may schedule its thread late).
+        while number < 300 or (not outcomes["refused"] and time.monotonic() < deadline):
+            number += 1
             dst = tmp_path / "snaps" / str(number) / task.name
             dst.parent.mkdir(parents=True)
             try:
@@ -286,5 +292,5 @@ def test_a_thread_swapping_a_directory_for_a_link_never_gets_it_into_a_snapshot(
     finally:
         stop.set()
         thread.join(timeout=10)
-    assert outcomes["copied"] + outcomes["refused"] == 300, outcomes
+    assert outcomes["copied"] + outcomes["refused"] == number, outcomes
     assert outcomes["refused"] > 0, outcomes  # the attacker was at work
