@@ -9,8 +9,8 @@ host's privileges, so everything is checked against an allowlist:
 - statically at submit (`review_task`, exit 2) and again on the worker
   before Pier starts (`review_task_dir`), on the YAML as written;
 - by the network policy environment, on the model `docker compose config`
-  renders from Pier's exact file list and environment, before the first
-  command that builds or starts anything (`compose_problems(rendered=True)`).
+  renders from Pier's exact file list and environment, before each
+  command that builds, creates or starts anything (`compose_problems(rendered=True)`).
 
 What passes: one service, `main` (the inspection after start accepts no
 other container), with the keys below; top-level `services`, `volumes`
@@ -20,7 +20,8 @@ networks, devices, capabilities, namespaces other than `private`,
 `cgroup_parent`, `gpus`, build secrets/ssh/network or a context outside the
 compose file's directory (rendered, a build's network must be `none`: the
 policy's override sets it), bind mounts outside the task (and, rendered, the
-trial) directory, unpinned images. Compose interpolation (`$VAR`, `${VAR}`,
+trial) directory, a writable bind mount of the task's (`read_only: true` or
+`:ro` is required), unpinned images. Compose interpolation (`$VAR`, `${VAR}`,
 `${VAR:-default}`, `${VAR:?error}`) may appear only in `command`,
 `entrypoint`, `environment`, `working_dir` and `healthcheck`; nested
 defaults and the alternative-value forms (`${VAR:+x}`, `${VAR+x}`) are
@@ -133,6 +134,7 @@ class _Context:
 
     project_dir: Path  # the compose file's directory (Pier's --project-directory)
     roots: tuple[Path, ...]  # where bind mount sources may lie
+    writable: tuple[Path, ...]  # where they may be mounted read-write (rendered: the trial's directory)
     rendered: bool  # the output of `docker compose config`, not a file as written
     project: str | None  # the compose project name (rendered only)
 
@@ -160,13 +162,13 @@ _VOLUME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _NO_NEW_PRIVILEGES = frozenset({"no-new-privileges", "no-new-privileges:true", "no-new-privileges=true"})
 
 
-def _inside(source: str, ctx: _Context) -> bool:
+def _inside(source: str, ctx: _Context, roots: Iterable[Path] | None = None) -> bool:
     """Whether a bind source lies under one of the roots (symlinks resolved as they are now)."""
     if source.startswith("~") or ".." in PurePosixPath(source).parts or ":" in source or "\\" in source:
         return False  # `~`, `..`, and Windows paths, which compose keeps as written
     path = PurePosixPath(source)
     candidate = Path(path if path.is_absolute() else ctx.project_dir / path).resolve()
-    return any(candidate.is_relative_to(root.resolve()) for root in ctx.roots)
+    return any(candidate.is_relative_to(root.resolve()) for root in (ctx.roots if roots is None else roots))
 
 
 def _volume_problems(where: str, volume: Any, ctx: _Context) -> list[str]:
@@ -179,7 +181,7 @@ def _volume_problems(where: str, volume: Any, ctx: _Context) -> list[str]:
             return [f"{where}: volume mode {mode!r} (only ro or rw)"]
         # compose makes a Windows path (`c:...`, a UNC `\\host\...`) a bind too; a volume is a name.
         is_bind = not _VOLUME_NAME.fullmatch(source)
-        volume = {"type": "bind" if is_bind else "volume", "source": source}
+        volume = {"type": "bind" if is_bind else "volume", "source": source, "read_only": mode == "ro"}
     if not isinstance(volume, Mapping):
         return [f"{where}: a volume must be a string or a mapping"]
     problems = [f"{where}: volume key {key!r}" for key in volume if key not in _VOLUME_KEYS]
@@ -195,6 +197,12 @@ def _volume_problems(where: str, volume: Any, ctx: _Context) -> list[str]:
     source = str(volume.get("source") or "")
     if kind == "bind" and not _inside(source, ctx):
         problems.append(f"{where}: bind mount of {source!r} outside the task directory")
+    elif kind == "bind" and volume.get("read_only") is not True and not _inside(source, ctx, ctx.writable):
+        # A container may not change the task (the selection's, or the worker's copy of it).
+        problems.append(
+            f"{where}: bind mount of {source!r} is writable; mark it read-only "
+            "('read_only: true', or ':ro' in the short syntax)"
+        )
     return problems
 
 
@@ -347,18 +355,22 @@ def compose_problems(
     *,
     rendered: bool = False,
     project: str | None = None,
+    writable_roots: Iterable[Path] = (),
 ) -> list[str]:
     """Every refused request of one compose model; empty when it may run.
 
     `project_dir` is the directory relative paths resolve against (the
     compose file's own, Pier's project directory); bind sources must lie
-    under `roots`. `rendered`: `compose` is what `docker compose config
-    --format json` printed for project `project` (paths absolute, variables
-    substituted), not a file as written. Never raises on malformed input.
+    under `roots`, and be read-only unless they lie under `writable_roots`
+    (rendered: the trial directory, where Pier's log mounts come from; a
+    task's own binds are read-only). `rendered`: `compose` is what `docker
+    compose config --format json` printed for project `project` (paths
+    absolute, variables substituted), not a file as written. Never raises
+    on malformed input.
     """
     if not isinstance(compose, Mapping):
         return ["not a compose file (expected a mapping)"]
-    ctx = _Context(project_dir.resolve(), tuple(roots), rendered, project)
+    ctx = _Context(project_dir.resolve(), tuple(roots), tuple(writable_roots), rendered, project)
     problems: list[str] = []
     if not rendered:
         problems += _interpolation_problems(compose)

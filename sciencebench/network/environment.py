@@ -14,10 +14,10 @@ out); no allowlist (nop, oracle, verifiers) gives `network_mode: none`.
 
 Lifecycle (`start`): plan (refuse what the policy cannot run) -> check the
 task's files as written (`core.compose_policy.review_task_dir`) -> Pier's own
-start with the policy compose override, where the first compose command that
-could build or start anything is preceded by `docker compose config` over
-Pier's exact file list and environment, and the rendered model is checked
-against the same allowlist -> inspect the real containers and networks
+start with the policy compose override, where each compose command that
+could build, create or start anything is preceded by its own `docker compose
+config` over Pier's exact file list and environment, and the rendered model
+is checked against the same allowlist -> inspect the real containers and networks
 within 15 s -> stop and raise on any deviation, otherwise write
 `network-policy-<session>.json` into the trial directory. The agent is set up
 by Pier only after `start` returns.
@@ -95,6 +95,8 @@ PROXY_IMAGE_ENV = "SCIENCEBENCH_PROXY_IMAGE"
 _INERT_COMMANDS = frozenset({"config", "down", "stop", "ps"})
 # The `agent_install` keyword: whether Pier's agent install may build with the network.
 AGENT_INSTALL_MODES = ("online", "baked")
+# Compose commands that build, create, pull or start something: each is preceded by its own check.
+_STARTING_COMMANDS = frozenset({"build", "up", "create", "start", "run", "restart", "pull"})
 
 
 class AgentImageMismatch(RuntimeError):
@@ -314,7 +316,11 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
         return [Path(self.trial_paths.trial_dir).resolve(), self._task_dir.resolve()]
 
     def _check_task_files(self) -> None:
-        """Refuse a task whose files the policy refuses (`review_task_dir`), before anything starts."""
+        """Refuse a task whose files the policy refuses (`review_task_dir`), before anything starts.
+
+        On a worker the task directory is the try's snapshot (`worker.snapshot`,
+        Pier's `--path`): what is checked here is what Pier builds, mounts and copies.
+        """
         task_dir = self._task_dir
         here = Path(os.path.normpath(Path(self.environment_dir).absolute()))
         while here != task_dir and task_dir in here.parents:
@@ -359,9 +365,11 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
 
         Raises PolicyRefused, before running `command`, when the model
         `docker compose config` renders for a task compose file is refused.
+        A command that builds, creates or starts anything is checked on its
+        own rendering, never on an earlier command's verdict.
         """
         if command[:1] and command[0] not in _INERT_COMMANDS:
-            await self._check_rendered()
+            await self._check_rendered(fresh=command[0] in _STARTING_COMMANDS)
         return await self._compose(command, check=check, timeout_sec=timeout_sec)
 
     async def _compose(
@@ -409,17 +417,20 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
             )
         return result
 
-    async def _check_rendered(self) -> None:
+    async def _check_rendered(self, fresh: bool = True) -> None:
         """Check the model compose will run, rendered from Pier's exact files and environment.
 
         Only a task's own compose file can put anything of the task into the
         model: without one every file is Pier's or the policy's, and the
-        environment holds only Pier's variables. Raises PolicyRefused.
+        environment holds only Pier's variables. `fresh`: render it now (for
+        a command that builds, creates or starts anything: what the files
+        name may have changed since an earlier command); otherwise the last
+        verdict for the same file list stands (`exec`, `cp`). Raises PolicyRefused.
         """
         paths = tuple(self._docker_compose_paths)
         if not self._uses_compose and not self._builds:
             return
-        if self._rendered is None or self._rendered[0] != paths:
+        if fresh or self._rendered is None or self._rendered[0] != paths:
             self._rendered = (paths, await self._rendered_refusal())
         if self._rendered[1] is not None:
             raise PolicyRefused(self._rendered[1])
@@ -435,15 +446,14 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
             model = json.loads(rendered.stdout or "")
         except json.JSONDecodeError:
             return "docker compose config printed no JSON model"
+        # Pier's log mounts come from the trial directory and may be written; the task's are read-only.
+        writable = [Path(self.trial_paths.trial_dir).resolve()]
         problems = build_network_problems(model, self._online_context())
         if self._uses_compose:
             problems += compose_problems(
-                model,
-                Path(self.environment_dir),
-                self._mount_roots,
-                rendered=True,
-                project=self.compose_project,
-            )
+                model, Path(self.environment_dir), self._mount_roots, rendered=True,
+                project=self.compose_project, writable_roots=writable,
+            )  # fmt: skip
         if problems := list(dict.fromkeys(problems)):
             return "the rendered compose model asks for what the policy refuses: " + _masked(
                 "; ".join(problems), secrets

@@ -1,6 +1,9 @@
 """One try of a claimed trial on a worker host: its stages, each timed into the record.
 
-    workspace  task directory readable and unchanged, jobs directory writable
+    snapshot   jobs directory writable; the task directory copied into the
+               try's scratch directory (`worker.snapshot`), no link followed:
+               every check below and Pier read only this copy
+    workspace  the copy's task hash is the submit's
     secrets    env files read locally, hashes and keys checked
     preflight  what this job needs of the host (its platform)
     pull       pinned images present, pulled by digest at most once per host
@@ -39,12 +42,12 @@ from sciencebench.core.errors import (
 from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec
 from sciencebench.core.paths import JobPaths
 from sciencebench.core.pier_argv import render_argv
-from sciencebench.core.taskdir import task_toml_sha256
 from sciencebench.worker.context import HostRuntime, WorkerContext
 from sciencebench.worker.pier import process
 from sciencebench.worker.pier.agentconfig import redact_pier_files, write_agent_config
 from sciencebench.worker.pier.layout import find_trial_dirs, read_trial_outcome
 from sciencebench.worker.secrets import load_secrets
+from sciencebench.worker.snapshot import snapshot_task
 
 CANCELLED = "Cancelled"
 # Exceptions Pier records that another try cannot mend (Pier's own RetryConfig
@@ -85,16 +88,18 @@ def trial_record(spec: TrialSpec, ctx: WorkerContext, started: datetime, **field
     )
 
 
-def _check_workspace(spec: TrialSpec, paths: JobPaths) -> None:
-    try:
-        current = task_toml_sha256(spec.task_dir)
-    except OSError as exc:
-        raise WorkspaceError(
-            f"{spec.task_dir}: unreadable on this worker ({exc.strerror}); "
-            "is the selection on the shared filesystem?"
-        ) from None
-    if current != spec.task_toml_sha256:
-        raise WorkspaceError(f"{spec.task_dir}: task definition changed since submit")
+# --- the task's files: a snapshot of the worker's own, then every check on it ------------------
+
+
+@dataclass(frozen=True)
+class TaskSnapshot:
+    """The try's copy of the task directory (`worker.snapshot`) and the task hash of its bytes."""
+
+    path: Path  # <scratch>/task/task_NNN: the name is the task directory's, as Pier derives names from it
+    digest: str
+
+
+def _check_writable(paths: JobPaths) -> None:
     try:
         paths.scratch_dir.mkdir(parents=True, exist_ok=True)
         probe = paths.scratch_dir / f".probe-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -102,6 +107,22 @@ def _check_workspace(spec: TrialSpec, paths: JobPaths) -> None:
         probe.unlink()
     except OSError as exc:
         raise WorkspaceError(f"{paths.job_dir}: not writable on this worker ({exc.strerror})") from None
+
+
+def _take_snapshot(spec: TrialSpec, scratch: Path) -> TaskSnapshot:
+    """Copy the selection's task directory into the try's scratch directory, once, before any check.
+
+    The selection is the submitter's and may change at any moment; from here
+    on the checks, and Pier (`--path`), read only this copy.
+    """
+    path = scratch / "task" / spec.task_dir.name
+    return TaskSnapshot(path=path, digest=snapshot_task(spec.task_dir, path))
+
+
+def _check_workspace(spec: TrialSpec, snapshot: TaskSnapshot) -> None:
+    """Refuse a task whose definition, as copied, is not the one submitted (the spec's hash)."""
+    if snapshot.digest != spec.task_toml_sha256:
+        raise WorkspaceError(f"{spec.task_dir}: task definition changed since submit")
 
 
 def run_try(
@@ -127,21 +148,24 @@ def run_try(
         finally:
             timings[stage] = round(time.monotonic() - t0, 3)
 
-    timed("workspace", lambda: _check_workspace(spec, paths))
-    secrets = timed("secrets", lambda: load_secrets(job, owner_uid))
-    _check_declared(spec, secrets)
-    timed("preflight", lambda: ctx.runtime.preflight(job))
-    timed("pull", lambda: ctx.runtime.ensure_images(spec.image_refs, job.platform, job.skip_pull))
-
+    _check_writable(paths)
     root = scratch_root(paths, spec, ctx.owner)
     if number == 1:  # a crashed earlier run's leftovers go first
         for leftover in paths.scratch_dir.glob(f"{spec.task_id}-{spec.attempt}.*"):
             shutil.rmtree(leftover, ignore_errors=True)
     scratch = root / f"try-{number}"
     scratch.mkdir(parents=True)
+    snapshot = timed("snapshot", lambda: _take_snapshot(spec, scratch))
+    timed("workspace", lambda: _check_workspace(spec, snapshot))
+    secrets = timed("secrets", lambda: load_secrets(job, owner_uid))
+    _check_declared(spec, snapshot.path, secrets)
+    timed("preflight", lambda: ctx.runtime.preflight(job))
+    timed("pull", lambda: ctx.runtime.ensure_images(spec.image_refs, job.platform, job.skip_pull))
+
     pier_job = "job"
     argv = render_argv(
-        job, spec, scratch, pier_job,
+        # Pier reads the snapshot only; the record keeps the selection's path.
+        job, spec.model_copy(update={"task_dir": snapshot.path}), scratch, pier_job,
         pier_bin=ctx.settings.pier_bin, environment_kwargs=ctx.runtime.environment_kwargs(),
         agent_config=write_agent_config(spec, job, scratch),
     )  # fmt: skip
@@ -172,17 +196,17 @@ def run_try(
     return _collect(spec, ctx, trial_dirs[-1], started, timings)
 
 
-def _check_declared(spec: TrialSpec, secrets: dict[str, str]) -> None:
+def _check_declared(spec: TrialSpec, task_dir: Path, secrets: dict[str, str]) -> None:
     """Refuse a task the policy refuses, or whose templates or compose variables the job did not declare.
 
     The login node checked both at submit; a job.json can be written by
     someone else, the selection can change (its hash covers the compose
     files, not every file), and Pier would resolve the names from its
-    environment. The task directory is the spec's, never derived from a
-    symlink's target.
+    environment. `task_dir` is the try's snapshot of the spec's task
+    directory: what is checked is what Pier runs.
     """
     try:
-        review = review_task_dir(spec.task_dir)
+        review = review_task_dir(task_dir)
     except (OSError, ValueError) as exc:
         raise WorkspaceError(f"{spec.task_dir}: task files unreadable ({exc.__class__.__name__})") from None
     if review.problems:

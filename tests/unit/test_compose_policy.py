@@ -202,6 +202,52 @@ volumes:
     assert _problems(task, build) == []
 
 
+@pytest.mark.parametrize(
+    "volume",
+    [
+        "'./data:/data'",
+        "'./data:/data:rw'",
+        "{type: bind, source: ./data, target: /data}",
+        "{type: bind, source: ./data, target: /data, read_only: false}",
+        "{type: bind, source: ./data, target: /data, read_only: 'true'}",
+    ],
+)
+def test_a_writable_bind_of_the_tasks_is_refused(task: Path, volume: str) -> None:
+    # A container could change the task's files (the selection's, or the worker's copy of them).
+    problems = _problems(task, f"services: {{main: {{volumes: [{volume}]}}}}")
+    assert problems == ["service main: bind mount of './data' is writable; mark it read-only "
+                        "('read_only: true', or ':ro' in the short syntax)"]  # fmt: skip
+
+
+def test_read_only_binds_of_the_tasks_pass(task: Path) -> None:
+    for volume in ("'./data:/data:ro'", "{type: bind, source: ./data, target: /data, read_only: true}"):
+        assert _problems(task, f"services: {{main: {{volumes: [{volume}]}}}}") == []
+
+
+def test_a_rendered_writable_bind_of_the_task_is_refused_but_the_trials_own_may_be_written(
+    task: Path, tmp_path: Path
+) -> None:
+    trial = tmp_path / "trial"
+    model = _rendered(task, trial)
+    data = model["services"]["main"]["volumes"][0]
+    assert data["read_only"] is True and _rendered_problems(task, trial, model) == []
+    data.pop("read_only")
+    (problem,) = _rendered_problems(task, trial, model)
+    assert "bind mount of" in problem and "environment/data' is writable" in problem
+
+
+REAL_TASKS = Path("/work/shared/real-tasks")
+
+
+@pytest.mark.skipif(not REAL_TASKS.is_dir(), reason="the real tasks are not on this host")
+def test_every_real_task_passes_the_policy() -> None:
+    # Their tests/docker-compose.yaml binds ./grader.py with read_only: true.
+    tasks = sorted(REAL_TASKS.glob("task_*"))
+    assert len(tasks) == 10
+    for task in tasks:
+        assert review_task_dir(task).problems == (), task
+
+
 def test_a_bind_mount_through_a_symlink_is_judged_by_its_target(task: Path) -> None:
     (task / "environment" / "root").symlink_to("/")
     assert any("outside" in p for p in _problems(task, "services: {main: {volumes: ['./root:/h']}}"))
@@ -267,7 +313,9 @@ def _rendered(task: Path, trial: Path, **main: Any) -> dict[str, Any]:
 
 
 def _rendered_problems(task: Path, trial: Path, model: dict[str, Any]) -> list[str]:
-    return compose_problems(model, task / "environment", [trial, task], rendered=True, project="t__x")
+    return compose_problems(
+        model, task / "environment", [trial, task], rendered=True, project="t__x", writable_roots=[trial]
+    )
 
 
 def test_a_rendered_model_of_a_confined_task_passes(task: Path, tmp_path: Path) -> None:
