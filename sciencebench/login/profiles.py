@@ -85,12 +85,17 @@ def config_toml_gateways(config_toml: str | None) -> list[Gateway]:
     return [parse_gateway(url, "config_toml base_url") for url in urls if isinstance(url, str)]
 
 
-# Variables naming a model gateway, per harness, in the order the seed lists them.
+# Variables naming a model gateway, per harness (the base URL variables the harness reads).
+# The worker's proxy allows these gateways and nothing else: a harness's own provider
+# allowlist is used only when none is set (docs/network-policy.md).
 _GATEWAY_VARIABLES = {
     "codex": ("CODEX_BASE_URL", "OPENAI_BASE_URL"),
     "claude-code": ("ANTHROPIC_BASE_URL",),
-    "mini-swe-agent": ("OPENAI_BASE_URL",),
-}
+    "mini-swe-agent": (
+        "OPENAI_BASE_URL", "OPENAI_API_BASE", "ANTHROPIC_BASE_URL", "GEMINI_API_BASE", "OPENROUTER_API_BASE",
+    ),
+    "gemini-cli": ("GOOGLE_GEMINI_BASE_URL", "GEMINI_API_BASE"),
+}  # fmt: skip
 
 
 def plan_agent(
