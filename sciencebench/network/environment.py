@@ -139,8 +139,8 @@ def plan_egress(
     `.amazonaws.com`) is replaced, not added to. Without one, the allowlist's
     exact hosts are allowed on 80/443. A digest-pinned proxy image is
     required. Raises PolicyRefused when the task allows internet, a gateway
-    URL is invalid, the allowlist used has a suffix or an invalid entry, the
-    proxy image is missing or not pinned, or a task's own
+    URL is invalid or names an IPv6 host, the allowlist used has a suffix or
+    an invalid entry, the proxy image is missing or not pinned, or a task's own
     docker-compose.yaml would be combined with egress.
     """
     if allow_internet:
@@ -160,6 +160,7 @@ def plan_egress(
         check_image_ref(proxy_image)
     except ValueError as exc:
         raise PolicyRefused(f"proxy image: {exc}") from None
+    render_squid_conf(domains, gateways)  # refuses what the proxy cannot express (an IPv6 gateway), now
     return EgressPlan(
         mode="isolated-allowlist",
         domains=tuple(domains),

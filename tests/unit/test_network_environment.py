@@ -165,6 +165,11 @@ def test_bad_inference_urls_are_refused_without_echoing_them(value: object) -> N
     assert "evil" not in str(info.value)
 
 
+def test_an_ipv6_gateway_is_refused_when_planned() -> None:
+    with pytest.raises(PolicyRefused, match="IPv6"):
+        plan(inference_urls=["http://[fd00::5]:4000/v1"])
+
+
 def test_allowlist_entry_that_could_inject_squid_config_is_refused() -> None:
     with pytest.raises(PolicyRefused):
         plan(allowlist_domains=["api.openai.com\nhttp_access allow all"], inference_urls=None)
