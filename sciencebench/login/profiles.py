@@ -84,13 +84,18 @@ def config_toml_gateways(config_toml: str | None) -> list[Gateway]:
     return [parse_gateway(url, "config_toml base_url") for url in urls if isinstance(url, str)]
 
 
-# Variables naming a model gateway, per harness, in the order the seed lists them. Under
+# Variables naming a model gateway, per harness (the base URL variables the harness reads).
+# The worker's proxy allows these gateways and nothing else: a harness's own provider
+# allowlist is used only when none is set (docs/network-policy.md). Under
 # --no-auto-provider Codex reads only OPENAI_BASE_URL (CODEX_* is not translated).
 _GATEWAY_VARIABLES = {
     "codex": ("OPENAI_BASE_URL",),
     "claude-code": ("ANTHROPIC_BASE_URL",),
-    "mini-swe-agent": ("OPENAI_BASE_URL",),
-}
+    "mini-swe-agent": (
+        "OPENAI_BASE_URL", "OPENAI_API_BASE", "ANTHROPIC_BASE_URL", "GEMINI_API_BASE", "OPENROUTER_API_BASE",
+    ),
+    "gemini-cli": ("GOOGLE_GEMINI_BASE_URL", "GEMINI_API_BASE"),
+}  # fmt: skip
 # A network proxy for the harness: refused with the way to reach a gateway behind one.
 _PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY")
 

@@ -159,18 +159,23 @@ def plan_egress(
 ) -> EgressPlan:
     """Decide the mode of one environment, or refuse it.
 
-    Egress exists only when the harness declares a provider allowlist; then
-    the configured gateways are added and a digest-pinned proxy image is
+    Egress exists only when the harness declares a provider allowlist. With a
+    gateway configured (`inference_urls`, the job profile's gateways) the
+    proxy allows those gateways and nothing else: the harness's own
+    allowlist (Pier's provider defaults such as `api.openai.com` or
+    `.amazonaws.com`) is replaced, not added to. Without one, the allowlist's
+    exact hosts are allowed on 80/443. A digest-pinned proxy image is
     required. Raises PolicyRefused when the task allows internet, a gateway
-    URL or an allowlist entry is invalid, the proxy image is missing or not
-    pinned, or a task's own docker-compose.yaml would be combined with egress.
+    URL is invalid or names an IPv6 host, the allowlist used has a suffix or
+    an invalid entry, the proxy image is missing or not pinned, or a task's own
+    docker-compose.yaml would be combined with egress.
     """
     if allow_internet:
         raise PolicyRefused("task sets allow_internet = true; the offline network policy refuses it")
     gateways = parse_inference_urls(inference_urls)
-    domains = normalize_domains(allowlist_domains)
-    if not domains:
+    if not allowlist_domains:
         return EgressPlan(mode="none")
+    domains = [] if gateways else _exact_hosts(allowlist_domains)
     if uses_compose:
         raise PolicyRefused("inference egress is not supported for tasks with their own docker-compose.yaml")
     if not proxy_image:
@@ -182,12 +187,24 @@ def plan_egress(
         check_image_ref(proxy_image)
     except ValueError as exc:
         raise PolicyRefused(f"proxy image: {exc}") from None
+    render_squid_conf(domains, gateways)  # refuses what the proxy cannot express (an IPv6 gateway), now
     return EgressPlan(
         mode="isolated-allowlist",
         domains=tuple(domains),
         gateways=tuple(gateways),
         proxy_image=proxy_image,
     )
+
+
+def _exact_hosts(allowlist_domains: Sequence[str]) -> list[str]:
+    """The harness's allowlist as the proxy's hosts, used when no gateway is configured (or PolicyRefused)."""
+    try:
+        return normalize_domains(allowlist_domains)
+    except PolicyRefused as exc:
+        raise PolicyRefused(
+            f"the harness's network allowlist cannot be used without a gateway: {exc}; "
+            "configure the provider's gateway URL in the job's --env-file (docs/gateways.md)"
+        ) from None
 
 
 class IsolatedDockerEnvironment(SecretSafeExecEnvironment):

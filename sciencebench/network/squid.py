@@ -2,15 +2,21 @@
 
 Two kinds of destinations are allowed, nothing else:
 
-- the harness's provider allowlist (Pier's `NetworkAllowlist`: exact
-  domains or leading-dot suffixes) on the standard ports 80 and 443 only;
-- each configured gateway authority (`host:port` from `inference_urls`) on
-  exactly its own port. A nonstandard port enters `Safe_ports` (and
-  `SSL_ports` for https) but only a per-gateway rule ever allows it, so
-  `github.com:4000` is refused even when `gw:4000` is a gateway.
+- each configured gateway (`inference_urls`) on exactly its own port: an
+  http gateway for plain requests, an https gateway for `CONNECT` only;
+- the harness's provider allowlist, exact hosts only, on the standard
+  ports 80 and 443 (`CONNECT` to 443 only). The environment uses it only
+  when no gateway is configured (`network.environment.plan_egress`).
+
+No rule ever resolves a name: every host, name or IPv4 literal, is matched
+by `dstdomain -n`, and the first rule denies every other host. So squid
+looks up only the names it forwards to, never a denied one (a `dst` rule
+would make squid resolve every requested name before denying it, which
+sends the name, and whatever data an agent puts into it, to the resolver).
 
 Every name and address is validated before it reaches squid.conf, so a value
-can never add a directive.
+can never add a directive; a leading-dot suffix is refused (anyone can
+own a name under a public suffix such as `.amazonaws.com`).
 """
 
 from __future__ import annotations
@@ -30,45 +36,45 @@ STANDARD_PORTS = (80, 443)
 SQUID_CONF_PATH = "/etc/squid/squid.conf"
 SQUID_AUTH_FILE = "/etc/squid/sciencebench.passwd"
 
+# squid 5's default url_rewrite_extras/store_id_extras without `%>A`.
+_HELPER_EXTRAS = "%>a %un %>rm myip=%la myport=%lp"
+
 _LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
-_DOMAIN = re.compile(rf"^\.?(?:{_LABEL}\.)*{_LABEL}$")
+_DOMAIN = re.compile(rf"^(?:{_LABEL}\.)*{_LABEL}$")
 
 
 def normalize_domains(domains: Iterable[str]) -> list[str]:
     """Sorted, de-duplicated allowlist entries safe to put into squid.conf.
 
-    An entry is an exact domain (`api.openai.com`), a leading-dot suffix
-    (`.anthropic.com`, which squid also matches for `anthropic.com`) or an
-    IP address (harness base URLs may name one). Entries a suffix already
-    covers are dropped, because squid warns about (and older releases refuse)
-    such overlaps. Raises PolicyRefused for anything else (whitespace,
-    wildcards, ports, paths, a suffix of an IP).
+    An entry is an exact domain (`api.openai.com`) or an IPv4 address
+    (harness base URLs may name one). Raises PolicyRefused for anything else:
+    a leading-dot suffix (`.amazonaws.com`: anyone can own a name under it),
+    a wildcard, whitespace, a port, a path, an IPv6 address (the proxy's
+    egress network has no IPv6), or a name that only looks like an address.
     """
-    cleaned: set[str] = set()
-    for raw in domains:
-        entry = raw.strip().lower().rstrip(".")
-        if _is_ip(entry):
-            cleaned.add(str(ipaddress.ip_address(entry)))
-            continue
-        if not _DOMAIN.match(entry) or _is_ip(entry.lstrip(".")):
-            raise PolicyRefused(f"allowlist entry {raw!r} is not a domain, a .suffix or an IP")
-        cleaned.add(entry)
-    suffixes = {d for d in cleaned if d.startswith(".")}
+    return sorted({_host_entry(raw, "allowlist entry") for raw in domains})
 
-    def covered(domain: str) -> bool:
-        return any(
-            domain != suffix and (domain == suffix[1:] or domain.endswith(suffix)) for suffix in suffixes
+
+def _host_entry(raw: str, what: str) -> str:
+    """One exact host for a `dstdomain -n` list (canonical IPv4 or lowercase name), or PolicyRefused."""
+    entry = raw.strip().lower().rstrip(".")
+    if entry.startswith(".") or "*" in entry:
+        raise PolicyRefused(
+            f"{what} {raw!r} is a domain suffix; the proxy allows exact hosts only "
+            "(anyone can own a name under a public suffix)"
         )
-
-    return sorted(d for d in cleaned if not covered(d))
-
-
-def _is_ip(host: str) -> bool:
     try:
-        ipaddress.ip_address(host)
+        address = ipaddress.ip_address(entry.strip("[]"))
     except ValueError:
-        return False
-    return True
+        address = None
+    if address is not None:
+        if address.version != 4:
+            raise PolicyRefused(f"{what} {raw!r} is an IPv6 address; the proxy's egress network has no IPv6")
+        return str(address)
+    # A name of digits and dots that is no IPv4 address (010.1.2.3, 1.2.3) could be read as one.
+    if not _DOMAIN.match(entry) or entry.rsplit(".", 1)[-1].isdigit():
+        raise PolicyRefused(f"{what} {raw!r} is not an exact domain or an IPv4 address")
+    return entry
 
 
 def passwd_line(token: str) -> str:
@@ -89,27 +95,27 @@ def render_squid_conf(
     port: int = PROXY_PORT,
     auth_file: str = SQUID_AUTH_FILE,
 ) -> str:
-    """squid.conf allowing `domains` on ports 80/443 and each gateway on its port.
+    """squid.conf allowing `domains` on ports 80/443 and each gateway on exactly its own port.
 
-    `domains` are allowlist entries as `normalize_domains` accepts them
-    (IPs go into a `dst` rule, names into `dstdomain -n`); gateways come from
-    `sciencebench.core.gateways.parse_gateway`.
-    Requests need basic proxy authentication as `agent`. Raises PolicyRefused
-    when there is nothing to allow (a proxy that allows nothing is a bug).
+    `domains` are allowlist entries as `normalize_domains` accepts them;
+    gateways come from `sciencebench.core.gateways.parse_gateway` (their port
+    is the URL's, or the scheme's default when the URL has none). A gateway
+    host is allowed only on its gateway port, even when `domains` names it:
+    an http gateway for plain requests, an https gateway for `CONNECT` only.
+
+    Every host, name or address, is matched by `dstdomain -n` (string
+    comparison): squid never resolves a name or an address to decide a
+    request, and a request for any other host is denied by the first rule, so
+    a denied request causes no DNS query. Requests need basic proxy
+    authentication as `agent`. Raises PolicyRefused when there is nothing to
+    allow (a proxy that allows nothing is a bug) or for an entry
+    `normalize_domains` refuses.
     """
     if not domains and not gateways:
         raise PolicyRefused("inference proxy requested with an empty allowlist")
-    for gateway in gateways:
-        if not (_DOMAIN.match(gateway.host) or _is_ip(gateway.host)):
-            raise PolicyRefused(f"gateway host {gateway.host!r} is not a domain or an IP")
-
-    ports = sorted({g.port for g in gateways} | set(STANDARD_PORTS))
-    ssl_ports = sorted({g.port for g in gateways if g.scheme == "https"} | {443})
-    standard_hosts = [g.host for g in gateways if g.port in STANDARD_PORTS]
-    entries = normalize_domains([*domains, *standard_hosts])
-    allowed = [e for e in entries if not _is_ip(e)]
-    allowed_ips = [e for e in entries if _is_ip(e)]
-
+    endpoints = sorted({(_host_entry(g.host, "gateway host"), g.port, g.scheme) for g in gateways})
+    gateway_hosts = {host for host, _, _ in endpoints}
+    plain = [d for d in normalize_domains(domains) if d not in gateway_hosts]
     lines = [
         "# Generated by sciencebench.network.squid for one trial; do not edit.",
         f"http_port {port}",
@@ -121,41 +127,36 @@ def render_squid_conf(
         "cache_log /tmp/squid-cache.log",
         "log_mime_hdrs off",
         "forwarded_for delete",
+        # No peer protocols, no ICMP pinger: the proxy talks to nothing but allowed hosts.
+        "icp_port 0",
+        "htcp_port 0",
+        "pinger_enable off",
         "shutdown_lifetime 1 seconds",
+        # squid's default helper formats contain %>A (the client's host name), which
+        # makes squid reverse-resolve every client address; neither helper runs here.
+        f'url_rewrite_extras "{_HELPER_EXTRAS}"',
+        f'store_id_extras "{_HELPER_EXTRAS}"',
         "",
         f"auth_param basic program /usr/lib/squid/basic_ncsa_auth {auth_file}",
         "auth_param basic realm sciencebench-inference-proxy",
         "acl authenticated proxy_auth REQUIRED",
-        "",
         "acl CONNECT method CONNECT",
-        f"acl SSL_ports port {' '.join(map(str, ssl_ports))}",
-        f"acl Safe_ports port {' '.join(map(str, ports))}",
-        f"acl standard_ports port {' '.join(map(str, STANDARD_PORTS))}",
+        # -n everywhere: a host is compared as written, never resolved (no
+        # forward lookup of a name, no reverse lookup of an address).
+        f"acl allowed_hosts dstdomain -n {' '.join(sorted(gateway_hosts | set(plain)))}",
     ]
-    # -n: never resolve a request's IP to a name, or an IP-literal request
-    # whose reverse DNS says "api.openai.com" would pass a domain rule.
-    if allowed:
-        lines.append(f"acl allowed_domains dstdomain -n {' '.join(allowed)}")
-    if allowed_ips:
-        lines.append(f"acl allowed_ips dst {' '.join(allowed_ips)}")
-    gateway_rules: list[str] = []
-    nonstandard = sorted({(g.host, g.port) for g in gateways if g.port not in STANDARD_PORTS})
-    for index, (host, gw_port) in enumerate(nonstandard, start=1):
-        kind = "dst" if _is_ip(host) else "dstdomain -n"
-        lines.append(f"acl gateway_{index}_host {kind} {normalize_domains([host])[0]}")
+    # The first rule: a host that is not allowed is denied before anything else is looked at.
+    rules = ["http_access deny !allowed_hosts"]
+    for index, (host, gw_port, scheme) in enumerate(endpoints, start=1):
+        lines.append(f"acl gateway_{index}_host dstdomain -n {host}")
         lines.append(f"acl gateway_{index}_port port {gw_port}")
-        # Port first (no DNS lookup for a `dst` host unless the port matches);
-        # authentication last, so a refused destination gets 403, not a 407.
-        gateway_rules.append(f"http_access allow gateway_{index}_port gateway_{index}_host authenticated")
-    lines += [
-        "",
-        "http_access deny !Safe_ports",
-        "http_access deny CONNECT !SSL_ports",
-        *gateway_rules,
-    ]
-    if allowed:
-        lines.append("http_access allow standard_ports allowed_domains authenticated")
-    if allowed_ips:
-        lines.append("http_access allow standard_ports allowed_ips authenticated")
-    lines += ["http_access deny all", ""]
-    return "\n".join(lines)
+        method = "CONNECT" if scheme == "https" else "!CONNECT"
+        # Authentication last, so a refused destination gets 403, not a 407.
+        rules.append(f"http_access allow gateway_{index}_host gateway_{index}_port {method} authenticated")
+    if plain:
+        lines.append(f"acl allowed_domains dstdomain -n {' '.join(plain)}")
+        lines.append(f"acl standard_ports port {' '.join(map(str, STANDARD_PORTS))}")
+        lines.append("acl tls_port port 443")
+        rules.append("http_access allow allowed_domains standard_ports !CONNECT authenticated")
+        rules.append("http_access allow allowed_domains tls_port CONNECT authenticated")
+    return "\n".join([*lines, "", *rules, "http_access deny all", ""])

@@ -186,8 +186,9 @@ def test_egress_trial_reaches_only_its_allowlist_through_the_proxy(task: Task, t
     probe = json.loads((trial_dir / "agent" / "probe.json").read_text())
     assert probe["proxy_env"] == "set"
     assert probe["denied_source"] == "403 0"
+    # The gateway host is allowed on its own port only, even on 80 where the allowlist names it.
+    assert probe["allowed_provider"] == "403 0"
     # Allowed: squid forwards to its own loopback, where nothing listens (503).
-    assert probe["allowed_provider"] == "503 0"
     assert probe["allowed_gateway_port"] == "503 0"
     assert probe["other_port_same_host"] == "403 0"
     assert "default" not in probe["route"]

@@ -1,10 +1,12 @@
 """The offline network policy on a real Engine: what an agent container can and cannot reach.
 
-One IsolatedDockerEnvironment trial in egress mode (a codex-like allowlist
-plus a gateway on port 4000) is started; fixture servers join only networks
-this test created (the trial's egress network and an IPv6 test network):
+One IsolatedDockerEnvironment trial in egress mode (a harness allowlist
+naming a provider default and the gateway, plus the gateway on port 4000) is
+started; fixture servers join only networks this test created (the trial's
+egress network and an IPv6 test network):
 
-    provider   api.openai.com:80     HTTP fixture ("provider")
+    provider   api.openai.com:80     HTTP fixture ("provider"), the harness's provider
+                                     default: the configured gateway replaces it
     source     github.com:80, :4000  HTTP fixture ("source"), a denied source host
     gateway    gw:4000               HTTP fixture ("gateway")
     resolver   udp/53                a DNS responder answering every A query
@@ -232,9 +234,10 @@ def test_policy_record_was_written(lab: Lab) -> None:
 # --- through the proxy -------------------------------------------------------------
 
 
-def test_allowed_provider_on_its_standard_port(lab: Lab) -> None:
+def test_harness_provider_default_is_refused_when_a_gateway_is_configured(lab: Lab) -> None:
+    # The harness's allowlist names api.openai.com; with a gateway the proxy allows the gateway only.
     result = lab.curl("http://api.openai.com/")
-    assert (result.code, result.out) == (0, "200")
+    assert (result.code, result.out) == (0, "403")
 
 
 def test_allowed_gateway_on_its_nonstandard_port(lab: Lab) -> None:
@@ -249,8 +252,13 @@ def test_source_host_is_refused_on_80_and_on_the_gateway_port(lab: Lab, url: str
 
 
 def test_provider_on_the_gateway_port_is_refused(lab: Lab) -> None:
-    # 4000 is open for gw only; the provider host gets its standard ports only.
+    # 4000 is open for gw only.
     assert lab.curl("http://api.openai.com:4000/").out == "403"
+
+
+def test_gateway_host_on_a_standard_port_is_refused(lab: Lab) -> None:
+    # The gateway host gets exactly its own port, though the harness's allowlist names it.
+    assert lab.curl("http://gw/").out == "403"
 
 
 def test_ip_literal_through_the_proxy_is_refused(lab: Lab) -> None:
@@ -266,7 +274,7 @@ def test_connect_tunnels_to_denied_hosts_or_plain_http_ports_are_refused(lab: La
 
 
 def test_proxy_requires_the_trial_token(lab: Lab) -> None:
-    result = lab.curl("--proxy http://sb-egress-proxy:8080 http://api.openai.com/", proxy=False)
+    result = lab.curl("--proxy http://sb-egress-proxy:8080 http://gw:4000/", proxy=False)
     assert result.out == "407"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 
@@ -60,9 +61,60 @@ def test_no_allowlist_means_no_network_even_with_gateways() -> None:
 def test_allowlist_means_isolated_allowlist_with_gateway_authorities() -> None:
     result = plan()
     assert result.mode == "isolated-allowlist"
-    assert result.inference_domains == ["api.openai.com", "gw"]
+    # The gateway replaces the harness's allowlist: api.openai.com is not allowed.
+    assert result.domains == ()
+    assert result.inference_domains == ["gw"]
     assert result.gateway_authorities == ["gw:4000"]
     assert result.proxy_image == PROXY_IMAGE
+
+
+def test_without_a_gateway_the_allowlist_hosts_are_used() -> None:
+    result = plan(inference_urls=None)
+    assert result.domains == ("api.openai.com", "gw") and result.gateways == ()
+
+
+@functools.cache
+def _pier_allowlists() -> dict[str, list[str]]:
+    """Pier's own allowlists for harnesses sciencebench does not wrap, with a gateway URL set.
+
+    claude-code and gemini-cli as Pier computes them; mini-swe-agent's as Pier's
+    provider defaults give them (importing it costs seconds: it loads litellm).
+    """
+    from pier.agents.installed.claude_code import ClaudeCode
+    from pier.agents.installed.gemini_cli import GeminiCli
+
+    logs = Path("/nonexistent-logs")
+    gateway = "http://gw:4000/v1"
+    bedrock = ClaudeCode(
+        logs_dir=logs, extra_env={"CLAUDE_CODE_USE_BEDROCK": "1", "ANTHROPIC_BASE_URL": gateway}
+    )
+    gemini = GeminiCli(logs_dir=logs, extra_env={"GOOGLE_GEMINI_BASE_URL": gateway})
+    return {
+        "claude-code bedrock": bedrock.network_allowlist().domains,
+        "gemini-cli": gemini.network_allowlist().domains,
+        "mini-swe-agent bedrock/...": [".amazonaws.com", "gw"],
+        "mini-swe-agent openai/...": ["api.openai.com", "gw"],
+    }
+
+
+@pytest.mark.parametrize(
+    "harness",
+    ["claude-code bedrock", "gemini-cli", "mini-swe-agent bedrock/...", "mini-swe-agent openai/..."],
+)
+def test_a_gateway_replaces_pier_provider_defaults(harness: str) -> None:
+    allowlist = _pier_allowlists()[harness]
+    assert set(allowlist) - {"gw"}, allowlist  # Pier adds a provider default (a suffix or a host)
+    result = plan(allowlist_domains=allowlist, inference_urls=["http://gw:4000/v1"])
+    assert result.domains == () and result.inference_domains == ["gw"]
+    assert result.gateway_authorities == ["gw:4000"]
+
+
+@pytest.mark.parametrize("suffix", [".amazonaws.com", ".googleapis.com"])
+def test_a_suffix_allowlist_without_a_gateway_is_refused_in_one_line(suffix: str) -> None:
+    with pytest.raises(PolicyRefused) as info:
+        plan(allowlist_domains=[suffix, "gw"], inference_urls=None)
+    message = str(info.value)
+    assert "\n" not in message and "domain suffix" in message and "gateway" in message
 
 
 def test_egress_without_a_proxy_image_is_refused() -> None:
@@ -114,9 +166,14 @@ def test_bad_inference_urls_are_refused_without_echoing_them(value: object) -> N
     assert "evil" not in str(info.value)
 
 
+def test_an_ipv6_gateway_is_refused_when_planned() -> None:
+    with pytest.raises(PolicyRefused, match="IPv6"):
+        plan(inference_urls=["http://[fd00::5]:4000/v1"])
+
+
 def test_allowlist_entry_that_could_inject_squid_config_is_refused() -> None:
     with pytest.raises(PolicyRefused):
-        plan(allowlist_domains=["api.openai.com\nhttp_access allow all"])
+        plan(allowlist_domains=["api.openai.com\nhttp_access allow all"], inference_urls=None)
 
 
 # --- the environment object ------------------------------------------------------

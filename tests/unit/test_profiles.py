@@ -426,6 +426,21 @@ def test_mini_swe_agent_gateway() -> None:
     assert result.provider is None
 
 
+@pytest.mark.parametrize(
+    ("agent", "variable"),
+    [
+        ("mini-swe-agent", "ANTHROPIC_BASE_URL"),
+        ("mini-swe-agent", "OPENROUTER_API_BASE"),
+        ("gemini-cli", "GOOGLE_GEMINI_BASE_URL"),
+        ("gemini-cli", "GEMINI_API_BASE"),
+    ],
+)
+def test_every_base_url_the_harness_reads_becomes_a_gateway(agent: str, variable: str) -> None:
+    # The worker's proxy allows the job's gateways only, so each one the harness can use must be passed.
+    result = plan(agent=agent, env={"SOME_API_KEY": CANARY, variable: "http://gw.example.edu:4000/v1"})
+    assert [g.authority for g in result.gateways] == ["gw.example.edu:4000"]
+
+
 # --- gateway URLs ----------------------------------------------------------------------
 
 
