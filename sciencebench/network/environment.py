@@ -649,6 +649,8 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
     def _target_fd(self, target: Path, *, parent: bool) -> tuple[int, str]:
         """A no-follow fd of `target` (or of its parent, and the last component) in the trial directory."""
         parts = trial_relative(Path(self.trial_paths.trial_dir), target)
+        if parent and len(parts) < 2:
+            raise TransferRefused([Refusal(str(target), "a file cannot replace a trial directory")])
         trial_fd = open_trial_dir(Path(self.trial_paths.trial_dir))
         try:
             return open_dir(trial_fd, parts[:-1] if parent else parts), parts[-1]

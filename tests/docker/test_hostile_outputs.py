@@ -19,8 +19,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import docker
 import pytest
 
+from sciencebench.network.compose import DROPPED_CAPS
+from sciencebench.network.inspection import collect_snapshot, inspect_policy
+from sciencebench.worker.docker.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
 from sciencebench.worker.pier.layout import TRANSFER_REFUSED, read_trial_outcome
 from tests.docker.test_network_pier_run import Task, pier_run
 
@@ -129,6 +133,7 @@ mkfifo /logs/agent/fifo
 mknod /logs/agent/null c 1 3 || true
 echo one > /logs/agent/a && ln /logs/agent/a /logs/agent/b
 rm -f /logs/agent/oracle.txt && ln -s {f} /logs/agent/oracle.txt
+stat -c %a /logs/agent /logs/verifier /logs/artifacts > /logs/agent/modes.txt
 echo solved
 """
     test = f"""
@@ -153,6 +158,9 @@ ln -s {d} /logs/verifier/ctrf.json
     assert (trial_dir / "artifacts" / "kept.txt").read_text() == "kept\n"
     assert (trial_dir / "artifacts" / "kept.txt").stat().st_mode & 0o7777 == 0o755  # no setuid/setgid
     assert (trial_dir / "agent" / "a").read_text() == "one\n"
+    assert (trial_dir / "agent" / "modes.txt").read_text().split() == [
+        "777"
+    ] * 3  # made after start, unmounted
     for name in ("fifo", "null", "b", "trajectory.json"):
         assert not os.path.lexists(trial_dir / "agent" / name), name
     # The planted reward links were not read: the verifier found no reward.
@@ -253,3 +261,25 @@ def test_an_uploaded_artifact_link_pulls_no_host_directory_into_a_separate_verif
     assert any("model.patch: symbolic link" in r for r in outcome.transfer_refusals), (
         outcome.transfer_refusals
     )
+
+
+def test_a_real_container_with_a_writable_trial_mount_is_a_violation(
+    docker_client: docker.DockerClient, base_image: str, tmp_path: Path
+) -> None:
+    project = f"sbhostile{uuid.uuid4().hex[:10]}"
+    trial_dir = tmp_path / "trial"
+    (trial_dir / "artifacts").mkdir(parents=True)
+    container = docker_client.containers.run(
+        base_image, ["sleep", "30"], detach=True, network_mode="none", cap_drop=list(DROPPED_CAPS),
+        labels={COMPOSE_PROJECT_LABEL: project, COMPOSE_SERVICE_LABEL: "main"},
+        volumes={str(trial_dir / "artifacts"): {"bind": "/logs/artifacts", "mode": "rw"}},
+    )  # fmt: skip
+    try:
+        snapshot = collect_snapshot(project)
+        violations = inspect_policy(
+            snapshot.engine_version, snapshot.containers, snapshot.networks, mode="none",
+            mount_roots=[str(trial_dir)],
+        )  # fmt: skip
+    finally:
+        container.remove(force=True)
+    assert len(violations) == 1 and "is writable" in violations[0], violations
