@@ -37,6 +37,7 @@ the trial's `transfer-refusals.json`.
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import json
 import os
@@ -679,6 +680,30 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
             self._refused("download", source, str(target), [_as_refusal(r) for r in exc.refusals])
             raise
 
+    def _path_mode(self, path: str) -> int | None:
+        """The Go `FileMode` bits of a container path (its last element not followed), None when absent.
+
+        The Engine's archive HEAD request: a stat, no archive, no exec.
+        """
+        api = self._client().api
+        url = api._url("/containers/{0}/archive", self._main_container())  # type: ignore[attr-defined]
+        response = api.head(url, params={"path": path})
+        if response.status_code == 404:
+            return None
+        response.raise_for_status()
+        header = response.headers.get("X-Docker-Container-Path-Stat", "")
+        return int(json.loads(base64.b64decode(header)).get("mode", 0))
+
+    async def is_dir(self, path: str, user: str | int | None = None) -> bool:
+        """Whether `path` is a directory in the container (a link is not one: it would be refused anyway)."""
+        mode = await asyncio.to_thread(self._path_mode, path)
+        return mode is not None and bool(mode & _GO_MODE_DIR)
+
+    async def is_file(self, path: str, user: str | int | None = None) -> bool:
+        """Whether `path` is a regular file in the container (no type bit in its mode)."""
+        mode = await asyncio.to_thread(self._path_mode, path)
+        return mode is not None and not mode & _GO_MODE_TYPE
+
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
         """Copy one regular file of the container to exactly `target_path` (inside the trial directory).
 
@@ -738,6 +763,11 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
         await asyncio.to_thread(self._upload, Path(source_dir), str(target_dir), file=False)
 
 
+# Go's os.FileMode type bits, as the Engine's path stat reports them.
+_GO_MODE_DIR = 1 << 31
+_GO_MODE_TYPE = sum(
+    1 << bit for bit in (31, 27, 26, 25, 24, 21, 19)
+)  # dir, symlink, device, pipe, socket, char device, irregular
 _EMPTY_TAR = bytes(1024)  # two zero blocks: a valid empty archive (probes that a directory exists)
 
 
