@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import io
+import json
 import os
 import stat
 import tarfile
@@ -325,3 +326,28 @@ def test_the_policy_environment_mounts_nothing_even_when_pier_passes_mounts(tmp_
         env = make_env(tmp_path, allowlist=None, **kwargs)
         assert env._mounts_json == [] and env._default_log_mounts() == []
         assert env.capabilities.mounted is False and env.capabilities.disable_internet is True
+
+
+def test_refusals_come_first_in_a_message_pier_already_wrote(tmp_path: Path) -> None:
+    trial = tmp_path / "trial"
+    trial.mkdir()
+    pier_error = {
+        "exception_type": "RewardFileNotFoundError",
+        "exception_message": "No reward file " + "x" * 3000,
+    }
+    (trial / "result.json").write_text(json.dumps({"exception_info": pier_error}))
+    record_refusals(trial, "download", "/logs/verifier", "verifier", [Refusal("reward.txt", "symbolic link")])
+    outcome = read_trial_outcome(trial)
+    assert outcome.exception_type == "RewardFileNotFoundError"  # Pier's type is kept (not retried)
+    assert outcome.exception_message is not None and len(outcome.exception_message) == 2000
+    assert outcome.exception_message.startswith("host-side transfer refused 1 item(s)")
+    assert "reward.txt: symbolic link" in outcome.exception_message
+
+
+def test_a_trial_without_refusals_reads_as_before(tmp_path: Path) -> None:
+    trial = tmp_path / "trial"
+    trial.mkdir()
+    (trial / "result.json").write_text('{"verifier_result": {"rewards": {"reward": 0.5}}}')
+    outcome = read_trial_outcome(trial)
+    assert outcome.exception_type is None and outcome.exception_message is None
+    assert outcome.transfer_refusals == () and outcome.rewards == {"reward": 0.5}
