@@ -485,6 +485,9 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
         finish within 15 s.
         """
         self._plan = self._make_plan()
+        if self._dropped_mounts:
+            targets = ", ".join(str(m.get("target")) for m in self._dropped_mounts if isinstance(m, dict))
+            self.logger.debug(f"mounts not made (their files are copied instead): {targets}")
         self._check_task_files()
         baked = self._baked_image()
         if baked is None:
