@@ -94,7 +94,8 @@ def _container_checks(container: Json, mount_roots: Sequence[str] | None) -> lis
 
     No added capability, NET_ADMIN and NET_RAW dropped, not privileged, no
     host devices, no host pid/ipc/uts/user namespace, seccomp and
-    AppArmor confined, SELinux labels on, and every bind mount's source inside
+    AppArmor confined, SELinux labels on, every bind mount read-only (a
+    missing `RW` counts as writable), and every bind mount's source inside
     one of `mount_roots` (Pier's trial directory, the task directory); with
     `mount_roots` None, no bind mount may touch the Docker socket.
     """
@@ -125,6 +126,11 @@ def _container_checks(container: Json, mount_roots: Sequence[str] | None) -> lis
             failures.append(f"{name}: mounts the Docker socket ({mount.get('Destination')})")
         elif mount_roots is not None and mount.get("Type") == "bind" and not _within(source, mount_roots):
             failures.append(f"{name}: bind mount of {source!r} outside the trial and task directories")
+        if mount.get("Type") == "bind" and mount.get("RW") is not False:
+            failures.append(
+                f"{name}: bind mount of {source!r} at {mount.get('Destination')!r} is writable "
+                "(a container writes no host directory)"
+            )
     return failures
 
 

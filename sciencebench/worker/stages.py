@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import Callable
@@ -55,7 +56,7 @@ CANCELLED = "Cancelled"
 NOT_RETRIED = frozenset({
     "AgentTimeoutError", "VerifierTimeoutError", "RewardFileNotFoundError", "RewardFileEmptyError",
     "VerifierOutputParseError", "CancelledError", CANCELLED, "PolicyRefused", "PolicyViolation",
-    "AgentImageMismatch",
+    "AgentImageMismatch", "TransferRefused",
 })  # fmt: skip
 
 
@@ -247,7 +248,7 @@ def _collect(
         trial_dir=trial_dir.name, rewards=outcome.rewards,
         exception_type=exception_type, exception_message=outcome.exception_message,
         stage="harness" if exception_type else None,
-        timings_sec=timings, patch_collected=(trial_dir / "artifacts" / "model.patch").is_file(),
+        timings_sec=timings, patch_collected=_regular_file(trial_dir / "artifacts" / "model.patch"),
     )  # fmt: skip
     return Try(
         record=record,
@@ -277,12 +278,28 @@ def publish_dirs(paths: JobPaths, spec: TrialSpec, tries: list[Try]) -> None:
         os.replace(final, paths.job_dir / final.name)
 
 
+def _regular_file(path: Path) -> bool:
+    """Whether `path` is a regular file itself (a link is not followed)."""
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except OSError:
+        return False
+
+
 def _previous_trial_dir(paths: JobPaths, spec: TrialSpec) -> Path | None:
-    """The trial directory of an earlier run of this trial (retry --failed)."""
+    """The trial directory of an earlier run of this trial (retry --failed): one entry of the job directory.
+
+    A record names it by its name alone; anything else (a path, `..`, a link) is not moved.
+    """
     try:
         old = TrialRecord.model_validate_json(paths.trial_record(spec.task_id, spec.attempt).read_bytes())
     except (OSError, ValueError):
         return None
-    return (
-        paths.job_dir / old.trial_dir if old.trial_dir and (paths.job_dir / old.trial_dir).is_dir() else None
-    )
+    name = old.trial_dir
+    if not name or name in (".", "..") or "/" in name or os.sep in name:
+        return None
+    candidate = paths.job_dir / name
+    try:
+        return candidate if stat.S_ISDIR(candidate.lstat().st_mode) else None
+    except OSError:
+        return None

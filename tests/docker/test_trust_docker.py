@@ -88,9 +88,10 @@ def test_a_container_with_host_mounts_and_namespaces_is_a_violation(
 ) -> None:
     trial_dir = tmp_path / "trial"
     (trial_dir / "agent").mkdir(parents=True)
+    agent = {"bind": "/logs/agent", "mode": "ro"}
     _agent(
         docker_client, base_image, project,
-        volumes={"/": {"bind": "/host", "mode": "ro"}, str(trial_dir / "agent"): {"bind": "/logs/agent"}},
+        volumes={"/": {"bind": "/host", "mode": "ro"}, str(trial_dir / "agent"): agent},
         pid_mode="host", ipc_mode="host", security_opt=["seccomp=unconfined"], devices=["/dev/null:/dev/x"],
     )  # fmt: skip
     snapshot = collect_snapshot(project)
@@ -107,7 +108,7 @@ def test_a_container_with_host_mounts_and_namespaces_is_a_violation(
         "host devices",
     ):
         assert expected in text, violations
-    assert str(trial_dir / "agent") not in text  # the trial's own directory may be mounted
+    assert str(trial_dir / "agent") not in text  # the trial's own directory may be mounted read-only
 
 
 def test_a_confined_container_passes_the_same_inspection(
@@ -115,7 +116,8 @@ def test_a_confined_container_passes_the_same_inspection(
 ) -> None:
     trial_dir = tmp_path / "trial"
     (trial_dir / "agent").mkdir(parents=True)
-    _agent(docker_client, base_image, project, volumes={str(trial_dir / "agent"): {"bind": "/logs/agent"}})
+    agent = {str(trial_dir / "agent"): {"bind": "/logs/agent", "mode": "ro"}}
+    _agent(docker_client, base_image, project, volumes=agent)
     snapshot = collect_snapshot(project)
     assert inspect_policy(
         snapshot.engine_version, snapshot.containers, snapshot.networks, mode="none",

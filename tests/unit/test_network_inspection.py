@@ -2,7 +2,9 @@
 
 EGRESS and NONE were captured on Docker Engine 28.5.2 from
 IsolatedDockerEnvironment trials (codex-like allowlist with a gateway, and
-no allowlist) and trimmed to the fields inspection reads. Each deviation
+no allowlist) and trimmed to the fields inspection reads; the agent's
+writable log mounts Pier added then were dropped, as the environment now
+mounts nothing into the agent. Each deviation
 test breaks exactly one thing on a copy and expects the matching failure.
 """
 
@@ -49,26 +51,7 @@ EGRESS: dict[str, Any] = json.loads(
     "Sysctls": null,
     "SecurityOpt": null
    },
-   "Mounts": [
-    {
-     "Type": "bind",
-     "Source": "/var/tmp/jobs/fixture/trial/verifier",
-     "Destination": "/logs/verifier",
-     "RW": true
-    },
-    {
-     "Type": "bind",
-     "Source": "/var/tmp/jobs/fixture/trial/agent",
-     "Destination": "/logs/agent",
-     "RW": true
-    },
-    {
-     "Type": "bind",
-     "Source": "/var/tmp/jobs/fixture/trial/artifacts",
-     "Destination": "/logs/artifacts",
-     "RW": true
-    }
-   ],
+   "Mounts": [],
    "NetworkSettings": {
     "Networks": {
      "task_002__fixtureegress_sb-internal": {
@@ -225,26 +208,7 @@ NONE: dict[str, Any] = json.loads(
     "Sysctls": null,
     "SecurityOpt": null
    },
-   "Mounts": [
-    {
-     "Type": "bind",
-     "Source": "/var/tmp/jobs/fixture/trial/artifacts",
-     "Destination": "/logs/artifacts",
-     "RW": true
-    },
-    {
-     "Type": "bind",
-     "Source": "/var/tmp/jobs/fixture/trial/verifier",
-     "Destination": "/logs/verifier",
-     "RW": true
-    },
-    {
-     "Type": "bind",
-     "Source": "/var/tmp/jobs/fixture/trial/agent",
-     "Destination": "/logs/agent",
-     "RW": true
-    }
-   ],
+   "Mounts": [],
    "NetworkSettings": {
     "Networks": {
      "none": {
@@ -490,9 +454,39 @@ def test_proxy_not_on_the_internal_network_fails() -> None:
 def test_docker_socket_mount_fails() -> None:
     snap = egress()
     container(snap, "main")["Mounts"].append(
-        {"Type": "bind", "Source": "/var/run/docker.sock", "Destination": "/var/run/docker.sock"}
+        {"Type": "bind", "Source": "/var/run/docker.sock", "Destination": "/var/run/docker.sock", "RW": False}
     )
     only(verdict(snap), "main", "Docker socket")
+
+
+@pytest.mark.parametrize("rw", [True, None])
+def test_a_writable_bind_mount_fails_even_from_the_trial_directory(rw: bool | None) -> None:
+    snap = none()
+    mount: dict[str, Any] = {"Type": "bind", "Source": "/var/tmp/jobs/fixture/trial/artifacts"}
+    mount |= {"Destination": "/logs/artifacts"} | ({"RW": rw} if rw is not None else {})
+    container(snap, "main")["Mounts"].append(mount)
+    failures = inspect_policy(
+        snap["engine_version"], snap["containers"], snap["networks"], mode="none",
+        mount_roots=["/var/tmp/jobs/fixture/trial"],
+    )  # fmt: skip
+    assert len(failures) == 1 and "is writable" in failures[0] and "/logs/artifacts" in failures[0], failures
+
+
+def test_a_read_only_bind_mount_from_the_task_passes() -> None:
+    snap = none()
+    container(snap, "main")["Mounts"].append(
+        {"Type": "bind", "Source": "/tasks/t/tests/grader.py", "Destination": "/tests/grader.py", "RW": False}
+    )
+    assert (
+        inspect_policy(
+            snap["engine_version"],
+            snap["containers"],
+            snap["networks"],
+            mode="none",
+            mount_roots=["/tasks/t"],
+        )
+        == []
+    )
 
 
 def test_missing_proxy_fails() -> None:

@@ -12,6 +12,11 @@ from typing import Any
 # Pier names trial directories `<task dir name[:32]>__<7 random chars>`.
 TRIAL_DIR = re.compile(r"^(task_\d{3,})__([A-Za-z0-9]+)$")
 STAGES = ("environment_setup", "agent_setup", "agent_execution", "verifier")
+# What the policy environment refused to copy from a container (`network.transfer.record_refusals`).
+TRANSFER_REFUSALS = "transfer-refusals.json"
+# The exception type a trial's record gets when something was refused and Pier recorded no exception.
+TRANSFER_REFUSED = "TransferRefused"
+_MESSAGE_CHARS = 2000
 
 
 def find_trial_dirs(pier_job_dir: Path) -> list[Path]:
@@ -29,6 +34,7 @@ class TrialOutcome:
     exception_type: str | None
     exception_message: str | None
     timings_sec: dict[str, float]
+    transfer_refusals: tuple[str, ...] = ()
 
 
 def _seconds(timing: Any) -> float | None:
@@ -39,16 +45,57 @@ def _seconds(timing: Any) -> float | None:
     return round((end - start).total_seconds(), 3)
 
 
+def read_transfer_refusals(trial_dir: Path) -> tuple[str, ...]:
+    """What the environment refused to copy to the host, one line each (`download /logs/artifacts: ...`).
+
+    Empty when the file is absent, not a regular file, or unreadable.
+    """
+    path = trial_dir / TRANSFER_REFUSALS
+    try:
+        if path.is_symlink() or not path.is_file():
+            return ()
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ()
+    entries = data.get("refusals") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        return ()
+    return tuple(
+        f"{e.get('direction')} {e.get('source')}: {e.get('item') or '.'}: {e.get('reason')}"
+        for e in entries
+        if isinstance(e, dict)
+    )
+
+
+def _refusal_note(refusals: tuple[str, ...]) -> str:
+    shown = "; ".join(refusals[:5])
+    more = f"; and {len(refusals) - 5} more" if len(refusals) > 5 else ""
+    count = len(refusals)
+    return f"host-side transfer refused {count} item(s) from a container ({TRANSFER_REFUSALS}): {shown}{more}"
+
+
 def read_trial_outcome(trial_dir: Path) -> TrialOutcome:
-    """Read a trial's `result.json` (Pier's TrialResult). Raises OSError/ValueError."""
+    """Read a trial's `result.json` (Pier's TrialResult) and its transfer refusals. Raises OSError/ValueError.
+
+    A refusal (a link, a device, an over-large file the container left for
+    the host) is named in the exception message; a trial Pier recorded no
+    exception for gets the type `TransferRefused`.
+    """
     data = json.loads((trial_dir / "result.json").read_text(encoding="utf-8"))
     verifier = data.get("verifier_result") or {}
     rewards = verifier.get("rewards")
     exception = data.get("exception_info") or {}
     timings = {stage: s for stage in STAGES if (s := _seconds(data.get(stage))) is not None}
+    exception_type = exception.get("exception_type")
+    message = exception.get("exception_message") or ""
+    refusals = read_transfer_refusals(trial_dir)
+    if refusals:
+        exception_type = exception_type or TRANSFER_REFUSED
+        message = f"{_refusal_note(refusals)}; {message}" if message else _refusal_note(refusals)
     return TrialOutcome(
         rewards={k: float(v) for k, v in rewards.items()} if isinstance(rewards, dict) else None,
-        exception_type=exception.get("exception_type"),
-        exception_message=(exception.get("exception_message") or "")[:2000] or None,
+        exception_type=exception_type,
+        exception_message=message[:_MESSAGE_CHARS] or None,
         timings_sec=timings,
+        transfer_refusals=refusals,
     )
