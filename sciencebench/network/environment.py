@@ -518,7 +518,7 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
             model = json.loads(rendered.stdout or "")
         except json.JSONDecodeError:
             return "docker compose config printed no JSON model"
-        # No bind mount may be written: Pier's log mounts are gone (the logs are copied), the task's read-only.
+        # No bind mount may be written: Pier's log mounts are gone (logs are copied), the task's read-only.
         problems = build_network_problems(model, self._online_context())
         if self._uses_compose:
             problems += compose_problems(
