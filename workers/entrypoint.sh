@@ -67,6 +67,12 @@ if [ "$uid" = 0 ] && [ "$SCIENCEBENCH_ALLOW_ROOT" != 1 ]; then
     grep -q "^[^:]*:[^:]*:$socket_gid:" /etc/group || echo "docker-host:x:$socket_gid:" >>/etc/group
     grep -q "^[^:]*:[^:]*:$want_uid:" /etc/passwd \
         || echo "sciencebench:x:$want_uid:$want_gid:sciencebench worker:$HOME:/usr/sbin/nologin" >>/etc/passwd
+    # The host-local scratch of running trials is the account's alone (the worker refuses one others may write).
+    if [ -n "${SCIENCEBENCH_SCRATCH_DIR:-}" ]; then
+        mkdir -p "$SCIENCEBENCH_SCRATCH_DIR"
+        chown "$want_uid:$want_gid" "$SCIENCEBENCH_SCRATCH_DIR"
+        chmod 700 "$SCIENCEBENCH_SCRATCH_DIR"
+    fi
     # Run this script again as the account: its groups are its own and the
     # socket's only, and it keeps no capability.
     exec setpriv --reuid="$want_uid" --regid="$want_gid" --groups="$want_gid,$socket_gid" \

@@ -15,7 +15,7 @@ from typing import Any
 from sciencebench.coordination.history import record_durations
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.core.models import JobSpec, TrialRecord, agent_env_file_name, agent_kwargs_file_name
-from sciencebench.core.paths import JobPaths, write_atomic
+from sciencebench.core.paths import JobPaths, write_in_job
 from sciencebench.core.summary import write_summary
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ def store_records_to_disk(coord: Coordinator, job: JobSpec, paths: JobPaths) -> 
             continue
         try:
             TrialRecord.model_validate_json(stored)
-            write_atomic(target, stored)
+            write_in_job(paths, target.relative_to(paths.job_dir), stored)
         except (OSError, ValueError) as exc:
             log.warning("job %s: record of %s not written (%s)", job.job_name, key, exc)
 

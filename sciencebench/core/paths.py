@@ -11,21 +11,30 @@
     └── .sciencebench/
         ├── job.json                 the JobSpec of the submit
         ├── trials/002-1.json        the latest TrialRecord of task 002, attempt 1
-        ├── scratch/<id>-<attempt>.<owner>/  private Pier job directories of running trials
         └── superseded/              trial directories replaced by a later run
 
-Scratch lives inside the job directory so that moving a finished trial into
-place is a rename on one filesystem: a trial directory is either absent or
-complete.
+The job directory belongs to its submitter, who may rename, swap or link
+anything in it at any time. A worker therefore keeps nothing there while a
+trial runs (its scratch is host-local: `Settings.scratch_dir`) and writes
+into it only through directory descriptors opened one component at a time
+without following a link (`open_job_dir`, `write_atomic_at`): whatever the
+submitter does, the worker's writes stay inside the job directory.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
+import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 # Where jobs go unless --jobs-dir says otherwise (relative to the working directory).
 DEFAULT_JOBS_DIR = Path("jobs")
+META_DIR_NAME = ".sciencebench"
+SUPERSEDED_DIR_NAME = "superseded"
 
 
 @dataclass(frozen=True)
@@ -58,7 +67,7 @@ class JobPaths:
     @property
     def meta_dir(self) -> Path:
         """The job's own sciencebench files: `.sciencebench/`."""
-        return self.job_dir / ".sciencebench"
+        return self.job_dir / META_DIR_NAME
 
     @property
     def job_spec(self) -> Path:
@@ -71,9 +80,9 @@ class JobPaths:
         return self.meta_dir / "trials"
 
     @property
-    def scratch_dir(self) -> Path:
-        """Private Pier job directories of running trials."""
-        return self.meta_dir / "scratch"
+    def superseded_dir(self) -> Path:
+        """Trial directories replaced by a later try or run: `.sciencebench/superseded/`."""
+        return self.meta_dir / SUPERSEDED_DIR_NAME
 
     def trial_record(self, task_id: str, attempt: int) -> Path:
         """The record of one trial: `.sciencebench/trials/<task id>-<attempt>.json`."""
@@ -86,7 +95,6 @@ def write_atomic(path: Path, data: str | bytes, mode: int = 0o644) -> None:
     The temporary file sits beside the target (same filesystem) and is
     fsynced before the rename.
     """
-    import os
     import tempfile
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -102,3 +110,105 @@ def write_atomic(path: Path, data: str | bytes, mode: int = 0o644) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_job_dir(paths: JobPaths, parts: Sequence[str] = (), *, create: bool = False) -> int:
+    """A descriptor of `<job dir>/<parts...>`, each component opened without following a link.
+
+    The jobs directory itself is the worker's configured root (checked at
+    admission); from the job directory down every component must be a real
+    directory, created (mode 0755) when `create` and missing. Raises OSError
+    (ELOOP for a link, ENOTDIR for anything else).
+    """
+    fd = os.open(paths.jobs_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in (paths.job_name, *parts):
+            if part in ("", ".", "..") or "/" in part:
+                raise OSError(errno.EINVAL, "not one path component", part)
+            try:
+                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def write_atomic_at(dir_fd: int, name: str, data: str | bytes, mode: int = 0o644) -> None:
+    """`write_atomic` of `name` in the directory `dir_fd`: a fresh temporary file, fsynced, renamed over it.
+
+    The temporary file is created exclusively and without following a link;
+    the rename replaces whatever `name` is (a link included) and follows none.
+    """
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, _NEW_FILE_FLAGS, mode, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fchmod(handle.fileno(), mode)
+            os.fsync(handle.fileno())
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+
+
+def write_in_job(paths: JobPaths, relative: Path, data: str | bytes, mode: int = 0o644) -> None:
+    """Write `<job dir>/<relative>` atomically through `open_job_dir` (its directories created as needed)."""
+    parts = relative.parts
+    fd = open_job_dir(paths, parts[:-1], create=True)
+    try:
+        write_atomic_at(fd, parts[-1], data, mode)
+    finally:
+        os.close(fd)
+
+
+def copy_tree_at(source: Path, parent_fd: int, name: str) -> None:
+    """Copy the directory `source` to a new directory `name` in `parent_fd`, following no link on either side.
+
+    `source` is the worker's own (a trial's scratch); links and special files
+    in it are left out. The copy's entries are created exclusively, relative
+    to descriptors of the directories just made. Raises OSError
+    (FileExistsError when `name` exists).
+    """
+    os.mkdir(name, 0o755, dir_fd=parent_fd)
+    fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    try:
+        with os.scandir(source) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    copy_tree_at(Path(entry.path), fd, entry.name)
+                elif entry.is_file(follow_symlinks=False):
+                    _copy_file_at(entry.path, fd, entry.name)
+    finally:
+        os.close(fd)
+
+
+def _copy_file_at(source: str, dir_fd: int, name: str) -> None:
+    src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        mode = 0o755 if os.fstat(src).st_mode & 0o100 else 0o644
+        dst = os.open(name, _NEW_FILE_FLAGS, mode, dir_fd=dir_fd)
+        try:
+            while chunk := os.read(src, 1 << 20):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(dst, view) :]
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)

@@ -28,6 +28,7 @@ DEFAULT_BROKER_URL = "redis://localhost:6379/0"
 VISIBILITY_TIMEOUT_FLOOR_SEC = 6 * 3600
 RESULT_EXPIRES_SEC = 14 * 24 * 3600
 STATE_DIR_ENV = f"{ENV_PREFIX}STATE_DIR"
+SCRATCH_DIR_ENV = f"{ENV_PREFIX}SCRATCH_DIR"
 # A fixed host-local directory shared by every worker process of a host (not a temp file).
 DEFAULT_STATE_DIR = Path("/var/tmp/sciencebench")  # noqa: S108
 
@@ -47,6 +48,9 @@ class Settings(BaseSettings):
     # At least the floor; 0 (or unset) means the floor.
     visibility_timeout: int = Field(default=0, ge=0)
     state_dir: Path = DEFAULT_STATE_DIR
+    # Where running trials' Pier jobs live: host-local, the worker's own (0700), at the same path on the
+    # host as in a worker container (bind sources come from it). Empty: `<state_dir>/scratch`.
+    scratch_dir: Path | None = None
     hostname: str = Field(default_factory=socket.gethostname, min_length=1)
     # Start Pier from a zygote that imported it once (see worker/pier/zygote.py).
     warm_pier: bool = True
@@ -78,6 +82,18 @@ class Settings(BaseSettings):
         ours = [name for name in value if name.upper().startswith(ENV_PREFIX)]
         if ours:
             raise ValueError(f"{ours[0]}: sciencebench's own settings never reach Pier")
+        return value
+
+    @property
+    def scratch_root(self) -> Path:
+        """The host-local scratch directory of running trials (`scratch_dir`, else `<state_dir>/scratch`)."""
+        return self.scratch_dir or self.state_dir / "scratch"
+
+    @field_validator("scratch_dir")
+    @classmethod
+    def _absolute_dir(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_absolute():
+            raise ValueError(f"must be an absolute path (got {str(value)!r})")
         return value
 
     @field_validator("jobs_roots", "selection_roots", "env_file_roots")

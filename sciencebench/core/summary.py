@@ -28,7 +28,7 @@ import pydantic_core
 from pydantic import ValidationError
 
 from sciencebench.core.models import JobSpec, TrialRecord
-from sciencebench.core.paths import JobPaths, write_atomic
+from sciencebench.core.paths import JobPaths, open_job_dir, write_atomic_at
 from sciencebench.core.pierjob import job_config, job_result, pier_trials
 
 SUMMARY_COLUMNS = [
@@ -191,8 +191,16 @@ def write_summary(job: JobSpec, now: datetime | None = None) -> Summary:
     writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
-    write_atomic(paths.result_json, json.dumps(result, indent=4) + "\n")
-    write_atomic(paths.job_dir / CONFIG_JSON, json.dumps(config, indent=4) + "\n")
-    write_atomic(paths.summary_json, _summary_json(job, rows, now))
-    write_atomic(paths.summary_csv, buffer.getvalue())
+    files = {
+        paths.result_json.name: json.dumps(result, indent=4) + "\n",
+        CONFIG_JSON: json.dumps(config, indent=4) + "\n",
+        paths.summary_json.name: _summary_json(job, rows, now),
+        paths.summary_csv.name: buffer.getvalue(),
+    }
+    job_fd = open_job_dir(paths, create=True)  # the job's owner may have put links in it: none is followed
+    try:
+        for name, text in files.items():
+            write_atomic_at(job_fd, name, text)
+    finally:
+        os.close(job_fd)
     return Summary(result=result, config=config, rows=rows)

@@ -30,7 +30,7 @@ def build_run_record(
     job: JobSpec, first_trial: TrialSpec, broker_url: str, secrets: list[str]
 ) -> dict[str, Any]:
     """The batch-run.json content for a job (pure)."""
-    argv = render_argv(job, first_trial, job.job_dir / ".sciencebench" / "scratch", "<trial>")
+    argv = render_argv(job, first_trial, Path("<worker scratch>"), "<trial>")  # a worker-local directory
     provider = job.agent.provider
     record: dict[str, Any] = {
         "task_ids": job.task_ids,

@@ -183,7 +183,7 @@ def verified_paths_of(
 def _confined_layout(paths: JobPaths) -> None:
     """What the worker reads and writes inside the job directory stays there (no symlinks out)."""
     job_dir = paths.job_dir.resolve()
-    for part in (paths.meta_dir, paths.job_spec, paths.trials_dir, paths.scratch_dir):
+    for part in (paths.meta_dir, paths.job_spec, paths.trials_dir, paths.superseded_dir):
         if part.is_symlink() or (os.path.lexists(part) and not part.resolve().is_relative_to(job_dir)):
             raise RefusedError(f"{part} is a symbolic link; the job directory's layout is sciencebench's")
 

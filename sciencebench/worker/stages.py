@@ -20,6 +20,7 @@ host that lost its lease never touches the job's files.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
@@ -41,8 +42,9 @@ from sciencebench.core.errors import (
     WorkspaceError,
 )
 from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec
-from sciencebench.core.paths import JobPaths
+from sciencebench.core.paths import META_DIR_NAME, SUPERSEDED_DIR_NAME, JobPaths, copy_tree_at, open_job_dir
 from sciencebench.core.pier_argv import render_argv
+from sciencebench.core.settings import SCRATCH_DIR_ENV, Settings
 from sciencebench.worker.context import HostRuntime, WorkerContext
 from sciencebench.worker.pier import process
 from sciencebench.worker.pier.agentconfig import redact_pier_files, write_agent_config
@@ -69,9 +71,35 @@ class Try:
     retryable: bool
 
 
-def scratch_root(paths: JobPaths, spec: TrialSpec, owner: str) -> Path:
-    """This run's private scratch directory (inside the job dir: one filesystem with it)."""
-    return paths.scratch_dir / f"{spec.task_id}-{spec.attempt}.{owner}"
+def scratch_root(settings: Settings, spec: TrialSpec, owner: str) -> Path:
+    """This run's private scratch directory: host-local, the worker's own, never in the job directory.
+
+    `<scratch root>/<job id>/<task id>-<attempt>.<owner>`: the job directory
+    is its submitter's, who could rename or swap anything in it while a trial
+    runs there; nobody but the worker can touch this one (`_private_dir`).
+    """
+    return settings.scratch_root / str(spec.job_id) / f"{spec.task_id}-{spec.attempt}.{owner}"
+
+
+def _private_dir(path: Path) -> None:
+    """Create `path` (and missing parents) with mode 0700; refuse one that is not the worker's own.
+
+    Refused (WorkspaceError): a link, something other than a directory, a
+    directory of another account or one that others may write.
+    """
+    try:
+        missing = [p for p in (path, *path.parents) if not os.path.lexists(p)]
+        for directory in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                directory.mkdir(mode=0o700)
+        info = path.lstat()
+    except OSError as exc:
+        raise WorkspaceError(f"scratch directory {path}: unusable ({exc.strerror})") from None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise WorkspaceError(
+            f"scratch directory {path} must be a directory of the worker's own account that no one else "
+            f"may write (set {SCRATCH_DIR_ENV} to one)"
+        )
 
 
 def trial_record(spec: TrialSpec, ctx: WorkerContext, started: datetime, **fields: Any) -> TrialRecord:
@@ -101,11 +129,15 @@ class TaskSnapshot:
 
 
 def _check_writable(paths: JobPaths) -> None:
+    """The job's `.sciencebench/` takes files (records, trial directories) from this worker."""
+    probe = f".probe-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     try:
-        paths.scratch_dir.mkdir(parents=True, exist_ok=True)
-        probe = paths.scratch_dir / f".probe-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        fd = open_job_dir(paths, (META_DIR_NAME,), create=True)
+        try:
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd))
+            os.unlink(probe, dir_fd=fd)
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise WorkspaceError(f"{paths.job_dir}: not writable on this worker ({exc.strerror})") from None
 
@@ -150,12 +182,14 @@ def run_try(
             timings[stage] = round(time.monotonic() - t0, 3)
 
     _check_writable(paths)
-    root = scratch_root(paths, spec, ctx.owner)
-    if number == 1:  # a crashed earlier run's leftovers go first
-        for leftover in paths.scratch_dir.glob(f"{spec.task_id}-{spec.attempt}.*"):
+    root = scratch_root(ctx.settings, spec, ctx.owner)
+    _private_dir(ctx.settings.scratch_root)
+    _private_dir(root.parent)
+    if number == 1:  # a crashed earlier run's leftovers on this host go first
+        for leftover in root.parent.glob(f"{spec.task_id}-{spec.attempt}.*"):
             shutil.rmtree(leftover, ignore_errors=True)
     scratch = root / f"try-{number}"
-    scratch.mkdir(parents=True)
+    scratch.mkdir(mode=0o700, parents=True)
     snapshot = timed("snapshot", lambda: _take_snapshot(spec, scratch))
     timed("workspace", lambda: _check_workspace(spec, snapshot))
     secrets = timed("secrets", lambda: load_secrets(job, owner_uid))
@@ -258,24 +292,46 @@ def _collect(
 
 
 def publish_dirs(paths: JobPaths, spec: TrialSpec, tries: list[Try]) -> None:
-    """Move the committed try's trial directory into the job, earlier ones to `superseded/`.
+    """Copy the committed try's trial directory into the job, earlier ones into `superseded/`.
 
-    Pier's layout and naming: `<jobs-dir>/<job-name>/<task>__<trial>/`, one
-    rename on one filesystem. An earlier run's directory (`retry --failed`)
-    is superseded too. Raises OSError when the job directory cannot take them.
+    Pier's layout and naming: `<jobs-dir>/<job-name>/<task>__<trial>/`. The
+    copy is made under a temporary name and renamed into place, so a trial
+    directory is either absent or complete; every step goes through
+    directory descriptors that follow no link (`core.paths.open_job_dir`), so
+    nothing the job's owner put in the job directory takes a write outside
+    it. An earlier run's directory (`retry --failed`) is moved to
+    `superseded/` too. Raises OSError when the job directory cannot take them.
     """
-    superseded = paths.meta_dir / "superseded"
     previous = _previous_trial_dir(paths, spec)
     final = tries[-1].pier_dir if tries else None
-    if previous is not None and (final is None or previous.name != final.name):
-        superseded.mkdir(parents=True, exist_ok=True)
-        previous.rename(superseded / previous.name)
-    for earlier in tries[:-1]:
-        if earlier.pier_dir is not None and earlier.pier_dir.is_dir():
-            superseded.mkdir(parents=True, exist_ok=True)
-            os.replace(earlier.pier_dir, superseded / earlier.pier_dir.name)
-    if final is not None and final.is_dir():
-        os.replace(final, paths.job_dir / final.name)
+    earlier = [t.pier_dir for t in tries[:-1] if t.pier_dir is not None and t.pier_dir.is_dir()]
+    job_fd = open_job_dir(paths)
+    try:
+        if (previous is not None and (final is None or previous != final.name)) or earlier:
+            superseded_fd = open_job_dir(paths, (META_DIR_NAME, SUPERSEDED_DIR_NAME), create=True)
+            try:
+                if previous is not None and (final is None or previous != final.name):
+                    os.rename(previous, _free_name(superseded_fd, previous), src_dir_fd=job_fd,
+                              dst_dir_fd=superseded_fd)  # fmt: skip
+                for directory in earlier:
+                    copy_tree_at(directory, superseded_fd, _free_name(superseded_fd, directory.name))
+            finally:
+                os.close(superseded_fd)
+        if final is not None and final.is_dir():
+            incoming = f".incoming-{uuid.uuid4().hex[:12]}"
+            copy_tree_at(final, job_fd, incoming)
+            os.rename(incoming, final.name, src_dir_fd=job_fd, dst_dir_fd=job_fd)
+    finally:
+        os.close(job_fd)
+
+
+def _free_name(dir_fd: int, name: str) -> str:
+    """`name`, or `name` with a suffix when the directory `dir_fd` has an entry of that name."""
+    try:
+        os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return name
+    return f"{name}.{uuid.uuid4().hex[:6]}"
 
 
 def _regular_file(path: Path) -> bool:
@@ -286,10 +342,12 @@ def _regular_file(path: Path) -> bool:
         return False
 
 
-def _previous_trial_dir(paths: JobPaths, spec: TrialSpec) -> Path | None:
-    """The trial directory of an earlier run of this trial (retry --failed): one entry of the job directory.
+def _previous_trial_dir(paths: JobPaths, spec: TrialSpec) -> str | None:
+    """The name of an earlier run's trial directory of this trial (retry --failed) in the job directory.
 
-    A record names it by its name alone; anything else (a path, `..`, a link) is not moved.
+    A record names it by its name alone; anything else (a path, `..`) is not
+    moved, and what that name is now (a link included) only ever moves
+    within the job directory.
     """
     try:
         old = TrialRecord.model_validate_json(paths.trial_record(spec.task_id, spec.attempt).read_bytes())
@@ -298,8 +356,4 @@ def _previous_trial_dir(paths: JobPaths, spec: TrialSpec) -> Path | None:
     name = old.trial_dir
     if not name or name in (".", "..") or "/" in name or os.sep in name:
         return None
-    candidate = paths.job_dir / name
-    try:
-        return candidate if stat.S_ISDIR(candidate.lstat().st_mode) else None
-    except OSError:
-        return None
+    return name if os.path.lexists(paths.job_dir / name) else None

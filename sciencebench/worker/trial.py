@@ -22,6 +22,7 @@ traceback.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import shutil
@@ -34,7 +35,7 @@ from sciencebench.coordination.heartbeat import Heartbeat
 from sciencebench.coordination.protocol import Claim, parking_token
 from sciencebench.core.errors import NoRoomError, PreflightError, RefusedError, TrialError, UnfitError
 from sciencebench.core.models import Redispatch, TrialRecord, TrialSpec, TrialState, TrialStatus, TryRecord
-from sciencebench.core.paths import write_atomic
+from sciencebench.core.paths import JobPaths, write_in_job
 from sciencebench.worker.admission import Admitted, admit, verified_paths
 from sciencebench.worker.context import WorkerContext
 from sciencebench.worker.stages import CANCELLED, Try, publish_dirs, run_try, scratch_root, trial_record
@@ -188,7 +189,10 @@ def _run_claimed(
             return Answer(record)
     finally:
         heartbeat.stop()
-        shutil.rmtree(scratch_root(admitted.paths, spec, ctx.owner), ignore_errors=True)
+        root = scratch_root(ctx.settings, spec, ctx.owner)
+        shutil.rmtree(root, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            root.parent.rmdir()  # the job's directory in scratch, once no trial of it runs here
         try:
             coord.finish(job, key, ctx.owner)
         except Exception:  # its lease lapses by itself; the watchdog finds nothing to re-send
@@ -279,7 +283,7 @@ def _commit(
         return Duplicate()
     try:
         publish_dirs(admitted.paths, spec, tries)
-        write_atomic(admitted.paths.trial_record(spec.task_id, spec.attempt), record_json)
+        write_record(admitted.paths, spec, record_json)
     except OSError as exc:
         # The store carries the record; the finalizer and the login node write it when they can.
         log.error("%s: cannot write to the job directory (%s); the record is in the store", spec.label, exc)
@@ -331,7 +335,7 @@ def _publish_unleased(spec: TrialSpec, ctx: WorkerContext, record: TrialRecord) 
     paths = verified_paths(spec, ctx.settings)
     if paths is not None:  # only into the job directory the submit made, if this host serves it
         try:
-            write_atomic(paths.trial_record(spec.task_id, spec.attempt), record.model_dump_json())
+            write_record(paths, spec, record.model_dump_json())
         except OSError as exc:
             log.error("%s: cannot write the record (%s); the store carries it", spec.label, exc.strerror)
     return Answer(record)
@@ -343,3 +347,10 @@ def backoff(ctx: WorkerContext) -> float:
     The jitter keeps hand-backs from falling into step with the hosts' polling.
     """
     return min(max(ctx.settings.lease_seconds / 4, 1.0), 5.0) * random.uniform(1.0, 1.5)  # noqa: S311
+
+
+def write_record(paths: JobPaths, spec: TrialSpec, record_json: str) -> None:
+    """Write the trial's record into `.sciencebench/trials/` (no link followed on the way). Raises OSError."""
+    write_in_job(
+        paths, paths.trial_record(spec.task_id, spec.attempt).relative_to(paths.job_dir), record_json
+    )

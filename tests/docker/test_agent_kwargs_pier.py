@@ -56,14 +56,14 @@ class Watch:
                 self.pier_cmdlines.append(cmdline)
 
     def _sample_configs(self) -> None:
-        for config in self.scratch.glob("*/try-*/job/**/config.json"):
+        for config in self.scratch.glob("*/*/try-*/job/**/config.json"):
             try:
                 data = json.loads(config.read_text())
             except (OSError, ValueError):
                 continue
             agents = data.get("agents") or [data.get("agent")]
             self.pier_kwargs += [agent["kwargs"] for agent in agents if isinstance(agent, dict)]
-        for try_dir in self.scratch.glob("*/try-*"):
+        for try_dir in self.scratch.glob("*/*/try-*"):
             try:
                 self.scratch_modes.add(stat.S_IMODE(try_dir.stat().st_mode))
             except OSError:
@@ -109,7 +109,7 @@ def test_a_credential_looking_kwarg_reaches_pier_on_no_command_line(
         "--agent-kwarg", f"max_thinking_tokens={THINKING}", "--agent-kwarg", "plain_setting=visible",
         "--jobs-dir", str(jobs), "--job-name", "kwargs",
     ]  # fmt: skip
-    watch = Watch(jobs / "kwargs" / ".sciencebench" / "scratch")
+    watch = Watch(state_dir / "scratch")  # the host-local scratch of every job: `*/` is a job id
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     watch.submit_pid = proc.pid  # before the first sample; Pier starts seconds later
     with watch:

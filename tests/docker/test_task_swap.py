@@ -157,9 +157,10 @@ def test_a_bind_source_swapped_for_a_symlink_during_the_trial_never_reaches_the_
     assert record["exception_type"] is None, (record, seen, mounts, output)
     assert CANARY not in seen and "canary.txt" not in seen, seen
     assert seen.startswith(SNAPSHOT_DATA), seen
-    # The mount came from the worker's snapshot in the job's scratch directory, never the selection.
+    # The mount came from the worker's snapshot in its host-local scratch, never the selection.
     assert str(host_dir) not in mounts and str(selection) not in mounts, mounts
-    assert "/.sciencebench/scratch/" in mounts and "/task/task_001/environment/data" in mounts, mounts
+    assert "/scratch/" in mounts and "/task/task_001/environment/data" in mounts, mounts
+    assert "/.sciencebench/" not in mounts, mounts
     for path in (jobs / "swap").rglob("*"):
         if path.is_file() and not path.is_symlink():
             assert CANARY not in path.read_text(errors="replace"), path

@@ -126,8 +126,8 @@ def test_a_forged_job_spec_reads_no_worker_file_and_pulls_no_other_image(
     assert pulls["exception_type"] == "RefusedError", pulls
     assert "is not one of the job's images" in pulls["exception_message"]
     outside = tmp_path_factory.mktemp("outside")
-    shutil.rmtree(meta / "scratch", ignore_errors=True)
-    (meta / "scratch").symlink_to(outside)  # the worker would write Pier's output there
+    shutil.rmtree(meta / "superseded", ignore_errors=True)
+    (meta / "superseded").symlink_to(outside)  # the worker would move trial directories there
     escapes = _send(cluster, _trial(job, attempt=4))
     assert escapes["exception_type"] == "RefusedError" and "symbolic link" in escapes["exception_message"]
     assert list(outside.iterdir()) == []

@@ -105,8 +105,19 @@ def _proc(pid: int) -> Proc | None:
     return Proc(pid=pid, ppid=int(fields[1]), argv=args)
 
 
-def pier_procs(scope: Path, marker: str = "run") -> list[Proc]:
-    """Live Pier (real or fake) processes whose `--jobs-dir` lies under `scope`."""
+def job_id_of(job_dir: Path) -> str:
+    """The job id of a submitted job (its `.sciencebench/job.json`)."""
+    return str(json.loads((job_dir / ".sciencebench" / "job.json").read_text())["job_id"])
+
+
+def job_scratch(job_dir: Path, state_dir: Path) -> Path:
+    """The job's host-local scratch on a worker whose state directory is `state_dir` (its default scratch)."""
+    return state_dir / "scratch" / job_id_of(job_dir)
+
+
+def pier_procs(job_dir: Path, marker: str = "run") -> list[Proc]:
+    """Live Pier (real or fake) processes of the job of `job_dir` (their `--jobs-dir` is in its scratch)."""
+    scope = f"/scratch/{job_id_of(job_dir)}/"
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -114,14 +125,14 @@ def pier_procs(scope: Path, marker: str = "run") -> list[Proc]:
         proc = _proc(int(entry))
         if proc is None or marker not in proc.argv or "--jobs-dir" not in proc.argv:
             continue
-        if proc.option("--jobs-dir").startswith(str(scope)) and any("pier" in a for a in proc.argv[:2]):
+        if scope in proc.option("--jobs-dir") and any("pier" in a for a in proc.argv[:2]):
             found.append(proc)
     return found
 
 
-def fake_pier_completions(runs: list[dict[str, Any]], job: str) -> list[dict[str, Any]]:
-    """FAKE_PIER_LOG entries (completed fake Pier runs) of one job."""
-    marker = f"/{job}/.sciencebench/scratch/"
+def fake_pier_completions(runs: list[dict[str, Any]], job_dir: Path) -> list[dict[str, Any]]:
+    """FAKE_PIER_LOG entries (completed fake Pier runs) of the job of `job_dir`."""
+    marker = f"/scratch/{job_id_of(job_dir)}/"
     return [r for r in runs if marker in r["argv"][r["argv"].index("--jobs-dir") + 1]]
 
 

@@ -123,7 +123,7 @@ def test_task_or_env_file_changed_after_submit_fails_the_trial_fast(cluster: Clu
     assert rows["task_002"]["failure_class"] == "SecretsMismatchError"
     result = json.loads((job_dir / "result.json").read_text())
     assert result["stats"]["n_errored_trials"] == 2
-    assert fake_pier_completions(cluster.pier_runs(), "changed") == []  # Pier never started
+    assert fake_pier_completions(cluster.pier_runs(), job_dir) == []  # Pier never started
     for text in (
         json.dumps(recs),
         (job_dir / "summary.csv").read_text(),

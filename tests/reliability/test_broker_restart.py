@@ -96,7 +96,7 @@ class _Run:
         return [line.strip()[:300] for line in lines if "ChordError" in line]
 
     def runs_per_task(self) -> dict[str, int]:
-        completed = fake_pier_completions(self.cluster.pier_runs(), self.job)
+        completed = fake_pier_completions(self.cluster.pier_runs(), self.job_dir)
         return {f"task_{t}": sum(r["task"] == f"task_{t}" for r in completed) for t in TASKS}
 
     def check_recorded_once(self) -> None:

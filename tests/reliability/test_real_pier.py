@@ -35,7 +35,15 @@ from sciencebench.worker.pier import naming
 from tests.fixtures.flower import Flower
 from tests.fixtures.services import VENV_BIN, RedisServer, Worker
 from tests.integration.test_secrets_and_local import _all_redis_text, _tree_text
-from tests.reliability.support import dir_bytes, figure, pier_procs, records, summary_rows, wait_for
+from tests.reliability.support import (
+    dir_bytes,
+    figure,
+    job_scratch,
+    pier_procs,
+    records,
+    summary_rows,
+    wait_for,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -62,6 +70,7 @@ class Real:
     worker: Worker
     flower: Flower
     redis_url: str
+    state_dir: Path
 
     @property
     def jobs_dir(self) -> Path:
@@ -87,7 +96,8 @@ def real(
     worker = Worker("rel", env, root, concurrency=2, serves=tmp_path_factory.getbasetemp())
     try:
         worker.start().wait_ready(timeout=180)
-        yield Real(root=root, env=env, worker=worker, flower=flower, redis_url=redis_server.url)
+        yield Real(root=root, env=env, worker=worker, flower=flower, redis_url=redis_server.url,
+                   state_dir=state_dir)  # fmt: skip
     finally:
         worker.stop()
         flower.stop()
@@ -185,7 +195,8 @@ def test_many_real_trials_leave_nothing_behind(soak: Soak, docker_client: docker
     names = {r["trial_dir"] for r in recs.values() if r["trial_dir"]}
     dirs = {d.name for d in soak.job_dir.iterdir() if d.name.startswith("task_")}
     left = _projects_of(docker_client, names | dirs)
-    scratch = list((soak.job_dir / ".sciencebench" / "scratch").iterdir())
+    host_scratch = job_scratch(soak.job_dir, state_dir)
+    scratch = list(host_scratch.iterdir()) if host_scratch.exists() else []
     per_trial = dir_bytes(soak.job_dir) / TRIALS
     # Lease files of this soak's task only: the host state is shared with the session's other tests.
     leases = list((state_dir / "live").glob("task_001__*.lock"))
@@ -266,7 +277,7 @@ def _start_slow_job(real: Real, demo_selection: Path, client: docker.DockerClien
                     "--n-attempts", str(attempts), "--n-concurrent", "1", "--jobs-dir", str(real.jobs_dir),
                     "--job-name", job)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    scratch = real.jobs_dir / job / ".sciencebench" / "scratch"
+    scratch = job_scratch(real.jobs_dir / job, real.state_dir)
 
     def agent_sleeping() -> bool:
         for name in _trial_names_in(scratch):
@@ -294,7 +305,7 @@ def test_cancel_mid_run_with_real_pier(
     assert len(running) == 1, running
     assert real.worker.zygote_pids() == [running[0].ppid]
     assert f"Pier starts warm: forked by zygote pid {running[0].ppid}" in real.worker.log_path.read_text()
-    scratch = job_dir / ".sciencebench" / "scratch"
+    scratch = job_scratch(job_dir, real.state_dir)
     cancelled_at = time.monotonic()
     cancel = real.cli("cancel", "cancelled", "--jobs-dir", str(real.jobs_dir), timeout=60)
     assert cancel.returncode == 0, cancel.stderr
@@ -308,7 +319,7 @@ def test_cancel_mid_run_with_real_pier(
     assert {r["failure_class"] for r in summary_rows(job_dir)} == {"Cancelled"}
     assert pier_procs(job_dir) == []
     assert _projects_of(docker_client, names) == NOTHING
-    assert list(scratch.iterdir()) == []
+    assert not scratch.exists() or list(scratch.iterdir()) == []
     figure("real_pier_cancel", {"trials": 2, "records_cancelled": 2, "leaked": NO_LEAKS,
                                 "cancel_to_summary_sec": round(to_summary, 1)})  # fmt: skip
 

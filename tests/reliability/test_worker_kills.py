@@ -23,6 +23,7 @@ from tests.reliability.support import (
     fake_pier_completions,
     figure,
     job_keys,
+    job_scratch,
     pier_procs,
     records,
     spread,
@@ -57,8 +58,9 @@ def _audit(cluster: Cluster, job: str, tasks: list[str]) -> None:
     assert {r["failure_class"] for r in rows} == {""}
     # One trial directory per trial: a killed run left no second copy behind.
     assert [d.split("__")[0] for d in trial_dirs(job_dir)] == [f"task_{t}" for t in tasks]
-    assert list((job_dir / ".sciencebench" / "scratch").iterdir()) == []
-    completed = fake_pier_completions(cluster.pier_runs(), job)
+    scratch = job_scratch(job_dir, cluster.state_dir)  # the host's scratch of the job: gone with its trials
+    assert not scratch.exists() or list(scratch.iterdir()) == []
+    completed = fake_pier_completions(cluster.pier_runs(), job_dir)
     assert sorted(r["task"] for r in completed) == [f"task_{t}" for t in tasks]
     results = [k for k in job_keys(cluster.redis.url, job_dir) if ":result:" in k]
     job_id = json.loads((job_dir / ".sciencebench" / "job.json").read_text())["job_id"]
@@ -90,7 +92,8 @@ def test_pool_process_sigkilled_ten_times(cluster: Cluster) -> None:
         wait_for(lambda: (job_dir / "summary.csv").exists(), 90, f"{job}: the summary")  # noqa: B023
         finish.append(time.monotonic() - killed_at)
         _audit(cluster, job, tasks)
-        redo = next(r for r in fake_pier_completions(cluster.pier_runs(), job) if r["task"] == target.task)
+        redos = fake_pier_completions(cluster.pier_runs(), cluster.jobs_dir / job)
+        redo = next(r for r in redos if r["task"] == target.task)
         recover.append(redo["start"] - killed_at)
         # The killed run's Pier died with its pool process; the worker replaced the pool process.
         assert redo["pid"] != target.pid
