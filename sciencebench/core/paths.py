@@ -120,10 +120,13 @@ def open_job_dir(paths: JobPaths, parts: Sequence[str] = (), *, create: bool = F
     """A descriptor of `<job dir>/<parts...>`, each component opened without following a link.
 
     The jobs directory itself is the worker's configured root (checked at
-    admission); from the job directory down every component must be a real
-    directory, created (mode 0755) when `create` and missing. Raises OSError
+    admission; created when `create` and missing); from the job directory
+    down every component must be a real directory, created (mode 0755) when
+    `create` and missing. Raises OSError
     (ELOOP for a link, ENOTDIR for anything else).
     """
+    if create:
+        paths.jobs_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(paths.jobs_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for part in (paths.job_name, *parts):
