@@ -5,6 +5,11 @@ Pier's agents read some keywords as paths on the host that runs Pier
 worker host that is any file the worker can read, shipped into the agent's
 container. A job passes the content itself instead (`config_toml`).
 
+An agent's `version` must be a plain version (`AGENT_VERSION`, or `latest`):
+Pier's installed agents put it unquoted into their install script
+(`npm install -g @openai/codex@<version>` in a `bash -c`), run by the online
+agent-install build, which keeps the network.
+
 Any other keyword travels, whatever its name. One whose name looks like a
 credential (`max_thinking_tokens`, `api_key`, ...) is redacted in every
 record, as the original runner redacts it: its value rides in a private
@@ -15,6 +20,8 @@ reaches Pier in the trial's private config file, never on a command line.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Mapping
 from typing import Any
 
 # Keyword names Pier's agents treat as host paths end like these.
@@ -23,15 +30,30 @@ HOST_PATH_SUFFIXES = ("_file", "_path", "_dir")
 SENSITIVE_WORDS = ("key", "token", "secret", "password", "authorization")
 # What a record shows, and a job spec holds, in place of a credential-looking value.
 REDACTED = "<redacted>"
+# What an agent `version` may be: Pier's install scripts put it, unquoted, into a shell command.
+AGENT_VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}")
 
 
-def agent_kwarg_problem(key: str) -> str | None:
-    """Why the agent keyword `key` may not travel in a job, or None when it may."""
+def agent_kwarg_problem(key: str, value: str) -> str | None:
+    """Why the agent keyword `key` (with `value`) may not travel in a job, or None when it may."""
     if key.endswith(HOST_PATH_SUFFIXES):
         return (
             f"--agent-kwarg {key}: names a file on the worker hosts, which a job may not read; "
             "pass the content itself (e.g. config_toml)"
         )
+    if key == "version" and not (isinstance(value, str) and AGENT_VERSION.fullmatch(value)):
+        return (
+            "--agent-kwarg version (CODEX_VERSION): not a plain version "
+            "(letters, digits, '.', '+', '_', '-', at most 64; or 'latest')"
+        )
+    return None
+
+
+def agent_kwargs_problem(kwargs: Mapping[str, str]) -> str | None:
+    """The first of `agent_kwarg_problem` over the keywords of a job, in name order, or None."""
+    for key in sorted(kwargs):
+        if problem := agent_kwarg_problem(key, kwargs[key]):
+            return problem
     return None
 
 

@@ -29,7 +29,10 @@ refused everywhere. A compose project directory may not hold a `.env` file
 (compose would read it for interpolation), and nothing in a task may be a
 symlink or a special file, at any depth.
 No task.toml artifact path may hold `..`, and a step name must be one plain name
-(Pier joins both onto paths on the worker).
+(Pier joins both onto paths on the worker). Every user a task.toml names (`[agent]`,
+`[verifier]`, a step's `agent` and `verifier`) must be one plain user name or a
+`uid[:gid]`: Pier writes the agent's into its online agent-install Dockerfile as
+`USER <user>`, the one build that keeps the network.
 """
 
 from __future__ import annotations
@@ -567,6 +570,44 @@ def _step_problems(raw: Any) -> list[str]:
     ]
 
 
+# A plain user name (as useradd accepts by default) or a numeric uid, optionally with a gid.
+TASK_USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}|[0-9]{1,10}(:[0-9]{1,10})?")
+
+
+def task_user_problem(where: str, user: object) -> str | None:
+    """Why `user` (a task.toml user field, at `where`) is refused, or None for a plain name, uid or absent.
+
+    Pier puts the agent's user into a Dockerfile line (`USER <user>`) and onto
+    `docker exec --user`: anything but a plain name or `uid[:gid]` (a newline,
+    a space, a `$`) could add an instruction or an option.
+    """
+    if user is None:
+        return None
+    if isinstance(user, int) and not isinstance(user, bool) and 0 <= user < 2**32:
+        return None
+    if isinstance(user, str) and TASK_USER.fullmatch(user):
+        return None
+    return f"task.toml {where}: not a plain user name or uid[:gid]"
+
+
+def _user_problems(raw: Any) -> list[str]:
+    """The user fields of task.toml (the task's and each step's agent and verifier) that are refused."""
+    if not isinstance(raw, Mapping):
+        return []
+    steps = raw.get("steps")
+    numbered = enumerate(steps if isinstance(steps, list) else [])
+    owners = [("", raw), *((f"steps[{i}].", step) for i, step in numbered)]
+    problems: list[str] = []
+    for prefix, owner in owners:
+        for section in ("agent", "verifier"):
+            table = owner.get(section) if isinstance(owner, Mapping) else None
+            if isinstance(table, Mapping) and (
+                problem := task_user_problem(f"{prefix}{section}.user", table.get("user"))
+            ):
+                problems.append(problem)
+    return problems
+
+
 def _entry_problems(task_dir: Path) -> list[str]:
     """Symlinks and special files anywhere in a task, and `.env` files compose would read."""
     problems = list(_tree_problems(task_dir))
@@ -638,6 +679,7 @@ def review_task(task_dir: Path, raw: Mapping[str, Any], scan: TaskScan | None = 
     entries = _entry_problems(task_dir) if scan is None else _scanned_entry_problems(task_dir, scan)
     tables = list(_env_tables(raw))
     problems = entries + _env_key_problems(tables) + _artifact_problems(raw) + _step_problems(raw)
+    problems += _user_problems(raw)
     own_env = _own_env(raw)
     if scan is None:
         files = [(path, _read_compose(path)) for path in compose_paths(task_dir)]

@@ -11,7 +11,7 @@ import hashlib
 import tomllib
 from pathlib import Path
 
-from sciencebench.core.agent_kwargs import agent_kwarg_problem, is_sensitive_name
+from sciencebench.core.agent_kwargs import agent_kwargs_problem, is_sensitive_name
 from sciencebench.core.envfile import VARIABLE_NAME, EnvFile, parse_env_text
 from sciencebench.core.errors import ProfileError
 from sciencebench.core.gateways import (
@@ -178,9 +178,8 @@ def plan_agent(
     missing credential (unless `dry_run`). Any keyword may be given except
     those naming host files; credential-looking ones are redacted in records.
     """
-    problems = [problem for key in sorted(agent_kwargs) if (problem := agent_kwarg_problem(key))]
-    if problems:
-        raise ProfileError(problems[0])
+    if problem := agent_kwargs_problem(agent_kwargs):
+        raise ProfileError(problem)
     adapter = agent == "codex" and agent_import_path is None and auto_agent_adapter
     if "config_toml" in agent_kwargs and adapter and auto_provider:
         raise ProfileError(
@@ -206,6 +205,8 @@ def plan_agent(
             if value := _setting(env_values, variable):
                 gateways.append(parse_gateway(value, variable))
 
+    if problem := agent_kwargs_problem(kwargs):  # the keywords taken from the env file too
+        raise ProfileError(problem)
     if adapter:
         agent_import_path = CODEX_ADAPTER
     return AgentPlan(

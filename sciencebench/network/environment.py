@@ -51,7 +51,9 @@ import io
 import json
 import os
 import posixpath
+import stat
 import tarfile
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,7 +63,7 @@ import docker
 import requests
 import yaml
 from docker.errors import DockerException, NotFound
-from pier.environments.agent_setup import new_proxy_token, proxy_environment
+from pier.environments.agent_setup import new_proxy_token, proxy_environment, write_agent_dockerfile
 from pier.environments.base import ExecResult
 from pier.environments.capabilities import EnvironmentCapabilities
 from pier.environments.docker.docker import _sanitize_docker_compose_project_name
@@ -73,6 +75,7 @@ from sciencebench.core.compose_policy import (
     interpolation,
     review_task,
     review_task_dir,
+    task_user_problem,
 )
 from sciencebench.core.envfile import harness_key_problem
 from sciencebench.core.errors import ProfileError
@@ -238,6 +241,15 @@ def _exact_hosts(allowlist_domains: Sequence[str]) -> list[str]:
         ) from None
 
 
+def _read_no_follow(path: Path) -> bytes:
+    """The bytes of the regular file `path` (not a symlink, not special); OSError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise OSError(f"{path.name}: not a regular file")
+        return handle.read()
+
+
 class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
     """Pier's DockerEnvironment with the offline network policy enforced and verified.
 
@@ -399,6 +411,8 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
             if here.is_symlink():
                 raise PolicyRefused(f"{here.name} is a symlink; a task's files must be inside it")
             here = here.parent
+        if task_dir.is_symlink():  # `_task_dir` and `_mount_roots` would follow it
+            raise PolicyRefused(f"the task directory {task_dir.name} is a symlink; refused")
         try:
             # Pier needs a task.toml; without one (the class used directly) there are no env tables.
             has_toml = os.path.lexists(task_dir / "task.toml")
@@ -652,19 +666,35 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
             )
 
     def _online_context(self) -> Path | None:
-        """Pier's online agent-install build context, if it holds only a Dockerfile `FROM` the task image."""
+        """Pier's online agent-install build context, if it holds only the Dockerfile Pier writes for it.
+
+        That Dockerfile is written again here, by Pier's own
+        `write_agent_dockerfile`, from the same install spec, the task's
+        pinned image and the agent's user (which must be a plain name or
+        `uid[:gid]`, as the task review requires): the context's must be
+        byte for byte the same, so no line of anyone else's builds with the
+        network.
+        """
         context = self._agent_build_context_dir
         image = self.task_env_config.docker_image
-        if not self._online_install or context is None or not image:
+        install = self.agent_install_spec
+        if not self._online_install or context is None or not image or install is None:
+            return None
+        user = self._resolve_user(None)
+        if task_user_problem("agent.user", user) is not None:
             return None
         try:
-            entries = os.listdir(context)
-            first = (Path(context) / "Dockerfile").read_text(encoding="utf-8").splitlines()[:1]
-        except (OSError, UnicodeDecodeError):
+            if os.listdir(context) != ["Dockerfile"]:
+                return None
+            written = _read_no_follow(Path(context) / "Dockerfile")
+            with tempfile.TemporaryDirectory(prefix="sciencebench-online-") as scratch:
+                expected = write_agent_dockerfile(
+                    build_dir=Path(scratch), source_environment_dir=Path(scratch),
+                    prebuilt_image_name=image, install=install, user=user,
+                ).read_bytes()  # fmt: skip
+        except OSError:
             return None
-        if entries != ["Dockerfile"] or first != [f"FROM {image}"]:
-            return None
-        return Path(context).resolve()
+        return Path(context).resolve() if written == expected else None
 
     async def _enforce(self, plan: EgressPlan) -> None:
         try:

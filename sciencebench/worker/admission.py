@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from importlib.machinery import PathFinder
 from pathlib import Path
 
-from sciencebench.core.agent_kwargs import agent_kwarg_problem
+from sciencebench.core.agent_kwargs import agent_kwargs_problem
 from sciencebench.core.errors import RefusedError, UnfitError, WorkspaceError
 from sciencebench.core.models import JobSpec, TrialSpec, agent_env_file_name, check_job_name
 from sciencebench.core.paths import JobPaths
@@ -90,9 +90,8 @@ def admit(spec: TrialSpec, settings: Settings) -> Admitted:
     allowed = {*job.image_refs, *(baked.image for baked in job.agent_images.values())}
     if strays := sorted(set(spec.image_refs) - allowed):
         raise RefusedError(f"image {strays[0]} is not one of the job's images")
-    for key in sorted(job.agent.agent_kwargs):
-        if problem := agent_kwarg_problem(key):
-            raise RefusedError(problem)
+    if problem := agent_kwargs_problem(job.agent.agent_kwargs):
+        raise RefusedError(problem)
     if job.agent.agent_import_path:
         _admit_agent(job.agent.agent_import_path)
     return Admitted(job=job, paths=paths, owner_uid=owner_uid)

@@ -202,7 +202,7 @@ def run_try(
         # Pier reads the snapshot only; the record keeps the selection's path.
         job, spec.model_copy(update={"task_dir": snapshot.path}), scratch, pier_job,
         pier_bin=ctx.settings.pier_bin, environment_kwargs=ctx.runtime.environment_kwargs(),
-        agent_config=write_agent_config(spec, job, scratch),
+        agent_config=write_agent_config(spec, job, scratch, owner_uid),
     )  # fmt: skip
     passed = ctx.settings.pier_env
     env = process.pier_environment(dict(os.environ), secrets, job.platform, process.SCIENCEBENCH_PATH, passed)

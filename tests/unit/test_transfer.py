@@ -34,6 +34,7 @@ from sciencebench.network.transfer import (
     record_refusals,
     trial_relative,
 )
+from sciencebench.worker.pier.layout import TRANSFER_REFUSALS as TRANSFER_REFUSALS_NAME
 from sciencebench.worker.pier.layout import TRANSFER_REFUSED, read_transfer_refusals, read_trial_outcome
 
 pytestmark = pytest.mark.unit
@@ -351,3 +352,22 @@ def test_a_trial_without_refusals_reads_as_before(tmp_path: Path) -> None:
     outcome = read_trial_outcome(trial)
     assert outcome.exception_type is None and outcome.exception_message is None
     assert outcome.transfer_refusals == () and outcome.rewards == {"reward": 0.5}
+
+
+def test_a_symlinked_refusals_file_is_not_read_by_the_worker(tmp_path: Path) -> None:
+    """The worker reads `transfer-refusals.json` through no link: a planted one names nothing."""
+    trial = tmp_path / "trial"
+    trial.mkdir()
+    planted = tmp_path / "planted.json"
+    planted.write_text(json.dumps({"refusals": [{"direction": "download", "source": "/x", "reason": "r"}]}))
+    (trial / TRANSFER_REFUSALS_NAME).symlink_to(planted)
+    assert read_transfer_refusals(trial) == ()
+    (trial / TRANSFER_REFUSALS_NAME).unlink()
+    os.mkfifo(trial / TRANSFER_REFUSALS_NAME)  # a FIFO neither blocks the reader nor counts
+    assert read_transfer_refusals(trial) == ()
+    (trial / TRANSFER_REFUSALS_NAME).unlink()
+    linked = tmp_path / "linked-trial"
+    linked.symlink_to(trial)  # nor is a trial directory followed
+    record_refusals(trial, "download", "/logs/agent", str(trial / "agent"), [Refusal("fifo", "FIFO")])
+    assert len(read_transfer_refusals(trial)) == 1
+    assert read_transfer_refusals(linked) == ()

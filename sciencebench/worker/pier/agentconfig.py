@@ -6,8 +6,10 @@ models, keywords, `--ae` templates) there, readable by its owner only, in
 the try's private scratch directory: no keyword value is on Pier's command
 line. The values of credential-looking keywords come from the private file
 submit wrote beside the selection (its path and SHA-256 are in the job
-spec); once Pier ran, they are redacted again in the files Pier wrote
-(`config.json`, `result.json`), so they never reach the job directory.
+spec), read as the env files are (`worker.secrets.read_owned`): not through
+a symlink, and only when the job directory's owner owns it. Once Pier ran,
+they are redacted again in the files Pier wrote (`config.json`,
+`result.json`), so they never reach the job directory.
 """
 
 from __future__ import annotations
@@ -23,16 +25,19 @@ from sciencebench.core.errors import RefusedError, SecretsMismatchError
 from sciencebench.core.models import JobSpec, TrialSpec, agent_kwargs_file_name
 from sciencebench.core.paths import write_atomic
 from sciencebench.core.pier_argv import render_agent_config
+from sciencebench.worker.secrets import read_owned
 
 CONFIG_NAME = "pier-agents.json"
 
 
-def load_secret_kwargs(job: JobSpec) -> dict[str, str]:
+def load_secret_kwargs(job: JobSpec, owner_uid: int) -> dict[str, str]:
     """The credential-looking keyword values of the job, from its private file (checked), or {}.
 
-    Raises RefusedError when the job spec names a file where submit does not
-    write them, SecretsMismatchError when it is unreadable, changed or not
-    what submit wrote, or lacks a keyword the spec holds redacted.
+    `owner_uid` owns the job's directory; the file must be that account's,
+    and is not read through a symlink. Raises RefusedError when the job spec
+    names a file where submit does not write them, or one that is a link or
+    another account's; SecretsMismatchError when it is unreadable, changed or
+    not what submit wrote, or lacks a keyword the spec holds redacted.
     """
     wanted = {
         key for key, value in job.agent.agent_kwargs.items() if is_sensitive_name(key) and value == REDACTED
@@ -47,10 +52,7 @@ def load_secret_kwargs(job: JobSpec) -> dict[str, str]:
     secrets_dir = job.selection_path / ".sciencebench" / "secrets"
     if identity.path.parent != secrets_dir or identity.path.name != agent_kwargs_file_name(job):
         raise RefusedError(f"--agent-kwarg file {identity.path} is not in {secrets_dir}")
-    try:
-        data = identity.path.read_bytes()
-    except OSError as exc:
-        raise SecretsMismatchError(f"{identity.path}: unreadable on this worker ({exc.strerror})") from None
+    data = read_owned(identity, owner_uid, "--agent-kwarg file")
     if hashlib.sha256(data).hexdigest() != identity.sha256:
         raise SecretsMismatchError(f"{identity.path}: changed since submit (SHA-256 differs)")
     try:
@@ -64,15 +66,16 @@ def load_secret_kwargs(job: JobSpec) -> dict[str, str]:
     return {key: values[key] for key in sorted(wanted)}
 
 
-def write_agent_config(trial: TrialSpec, job: JobSpec, scratch: Path) -> Path:
+def write_agent_config(trial: TrialSpec, job: JobSpec, scratch: Path, owner_uid: int) -> Path:
     """Write the try's `pier run --config` file (mode 0600, created exclusively); its path.
 
     The try's scratch directory becomes its owner's only (0700): while Pier
     runs, its own job and trial `config.json` there hold the keyword values.
+    `owner_uid` owns the job's directory (`load_secret_kwargs`).
     """
     os.chmod(scratch, 0o700)
     path = scratch / CONFIG_NAME
-    text = render_agent_config(trial, job, load_secret_kwargs(job))
+    text = render_agent_config(trial, job, load_secret_kwargs(job, owner_uid))
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)

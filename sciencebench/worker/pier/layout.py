@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -17,6 +19,9 @@ TRANSFER_REFUSALS = "transfer-refusals.json"
 # The exception type a trial's record gets when something was refused and Pier recorded no exception.
 TRANSFER_REFUSED = "TransferRefused"
 _MESSAGE_CHARS = 2000
+# The writer keeps a bounded number of entries; a larger file is not one it wrote.
+_REFUSALS_MAX_BYTES = 8 * 1024 * 1024
+_NO_FOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def find_trial_dirs(pier_job_dir: Path) -> list[Path]:
@@ -45,16 +50,30 @@ def _seconds(timing: Any) -> float | None:
     return round((end - start).total_seconds(), 3)
 
 
+def _read_no_follow(directory: Path, name: str) -> bytes | None:
+    """The bytes of the regular file `name` in `directory`, None when it is not one; no link followed."""
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fd = os.open(name, _NO_FOLLOW, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            return None
+        data = handle.read(_REFUSALS_MAX_BYTES + 1)
+    return data if len(data) <= _REFUSALS_MAX_BYTES else None
+
+
 def read_transfer_refusals(trial_dir: Path) -> tuple[str, ...]:
     """What the environment refused to copy to the host, one line each (`download /logs/artifacts: ...`).
 
-    Empty when the file is absent, not a regular file, or unreadable.
+    Empty when the file is absent, not a regular file, or unreadable. It is
+    opened relative to the trial directory, following no link (neither the
+    trial directory nor the file), and checked on the descriptor it is read
+    from, as `network.transfer` writes it.
     """
-    path = trial_dir / TRANSFER_REFUSALS
     try:
-        if path.is_symlink() or not path.is_file():
-            return ()
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(_read_no_follow(trial_dir, TRANSFER_REFUSALS) or b"null")
     except (OSError, ValueError):
         return ()
     entries = data.get("refusals") if isinstance(data, dict) else None
