@@ -72,7 +72,7 @@ def test_the_snapshot_and_pier_config_stay_when_the_job_owner_swaps_their_direct
     scratch.mkdir(parents=True)
     snapshot = stages._take_snapshot(spec, scratch)
     stages._check_workspace(spec, snapshot)
-    config = write_agent_config(spec, done.job, scratch)
+    config = write_agent_config(spec, done.job, scratch, os.getuid())
     written = config.read_text()
     _owner_replaces_everything(paths)
     # What Pier reads from here on (`--path`, `--config`) is what the worker checked and wrote.
