@@ -97,7 +97,13 @@ def _once(h: Harness, tls: Any, i: int, found: Findings) -> dict[str, Any]:
     h.pull_state.mkdir(parents=True, exist_ok=True)
     job = f"agents-codex-{i}"
     with GatewayLab(
-        image=h.base_image, root=h.work / f"gateway-{i}", selection=demo, key=key, scripts=scripts, tls=tls
+        image=h.base_image,
+        root=h.work / f"gateway-{i}",
+        selection=demo,
+        key=key,
+        scripts=scripts,
+        tls=tls,
+        scratch=h.pull_state / "scratch",
     ):
         proc = subprocess.run(
             [str(h.venv_bin / "sciencebench"), "submit", "--local", "--path", str(demo),

@@ -48,7 +48,7 @@ from sciencebench.core.settings import SCRATCH_DIR_ENV, Settings
 from sciencebench.worker.context import HostRuntime, WorkerContext
 from sciencebench.worker.pier import process
 from sciencebench.worker.pier.agentconfig import redact_pier_files, write_agent_config
-from sciencebench.worker.pier.layout import find_trial_dirs, read_trial_outcome
+from sciencebench.worker.pier.layout import find_trial_dirs, name_the_selection, read_trial_outcome
 from sciencebench.worker.secrets import load_secrets
 from sciencebench.worker.snapshot import snapshot_task
 
@@ -215,6 +215,7 @@ def run_try(
         ))  # fmt: skip
     trial_dirs = find_trial_dirs(scratch / pier_job)
     redact_pier_files(scratch / pier_job, trial_dirs)
+    name_the_selection(trial_dirs, snapshot.path, spec.task_dir)
     timed("cleanup", lambda: _cleanup(ctx.runtime, trial_dirs))
     if run.cancelled:
         record = trial_record(spec, ctx, started, exception_type=CANCELLED,

@@ -113,11 +113,16 @@ def baked(demo_selection: Path, tls: TLSFiles, registry: str) -> Baked:
 
 @pytest.fixture(scope="module")
 def lab(
-    demo_selection: Path, base_image: str, tls: TLSFiles, tmp_path_factory: pytest.TempPathFactory
+    demo_selection: Path,
+    base_image: str,
+    tls: TLSFiles,
+    tmp_path_factory: pytest.TempPathFactory,
+    state_dir: Path,
 ) -> Iterator[GatewayLab]:
     root = tmp_path_factory.mktemp("gateway")
     with GatewayLab(
         image=base_image, root=root, selection=demo_selection, key=CANARY, scripts=SCRIPTS, tls=tls,
+        scratch=state_dir / "scratch",
         http_ports=(ALLOWED_PORTS["http"], DENIED_PORT), tls_ports=(ALLOWED_PORTS["https"],),
     ) as running:  # fmt: skip
         yield running

@@ -11,6 +11,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from sciencebench.core.paths import write_atomic
+
 # Pier names trial directories `<task dir name[:32]>__<7 random chars>`.
 TRIAL_DIR = re.compile(r"^(task_\d{3,})__([A-Za-z0-9]+)$")
 STAGES = ("environment_setup", "agent_setup", "agent_execution", "verifier")
@@ -118,3 +120,27 @@ def read_trial_outcome(trial_dir: Path) -> TrialOutcome:
         timings_sec=timings,
         transfer_refusals=refusals,
     )
+
+
+def name_the_selection(trial_dirs: list[Path], snapshot: Path, task_dir: Path) -> None:
+    """Name the selection's task directory where Pier recorded the snapshot (`config.json`, `result.json`).
+
+    Pier ran on the worker's snapshot of the task (deleted with the scratch);
+    its trial files name the task as the job's `config.json` does, so `pier
+    view` and Pier's own statistics match them, as for a `pier run` of the
+    selection. Unreadable files are left alone.
+    """
+    for trial_dir in trial_dirs:
+        for name, where in (("config.json", ()), ("result.json", ("config",))):
+            path = trial_dir / name
+            try:
+                data = json.loads(path.read_bytes())
+            except (OSError, ValueError):
+                continue
+            config = data
+            for key in where:
+                config = config.get(key) if isinstance(config, dict) else None
+            task = config.get("task") if isinstance(config, dict) else None
+            if isinstance(task, dict) and task.get("path") == str(snapshot):
+                task["path"] = str(task_dir)
+                write_atomic(path, json.dumps(data, indent=4))
