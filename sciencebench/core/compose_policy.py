@@ -523,6 +523,15 @@ def _tree_problems(task_dir: Path) -> Iterator[str]:
                 yield f"{entry.path[len(root) + 1 :]} is not a regular file or directory"
 
 
+def _task_and_steps(raw: Any) -> list[tuple[str, Any]]:
+    """The task.toml table and each of its steps, with the prefix that names them in a message."""
+    if not isinstance(raw, Mapping):
+        return []
+    steps = raw.get("steps")
+    numbered = enumerate(steps if isinstance(steps, list) else [])
+    return [("", raw), *((f"steps[{i}].", step) for i, step in numbered)]
+
+
 def _artifact_problems(raw: Any) -> list[str]:
     """Artifacts Pier would write outside the trial's artifacts directory on the worker.
 
@@ -530,13 +539,8 @@ def _artifact_problems(raw: Any) -> list[str]:
     destination defaulting to the source's last name, with `..` kept; so
     neither may hold a `..` part. Applies to the task's and each step's list.
     """
-    if not isinstance(raw, Mapping):
-        return []
-    steps = raw.get("steps")
-    numbered = enumerate(steps if isinstance(steps, list) else [])
-    owners = [("", raw), *((f"steps[{i}].", step) for i, step in numbered)]
     problems: list[str] = []
-    for prefix, owner in owners:
+    for prefix, owner in _task_and_steps(raw):
         artifacts = owner.get("artifacts") if isinstance(owner, Mapping) else None
         for position, artifact in enumerate(artifacts if isinstance(artifacts, list) else []):
             entry = artifact if isinstance(artifact, Mapping) else {"source": artifact}
@@ -592,13 +596,8 @@ def task_user_problem(where: str, user: object) -> str | None:
 
 def _user_problems(raw: Any) -> list[str]:
     """The user fields of task.toml (the task's and each step's agent and verifier) that are refused."""
-    if not isinstance(raw, Mapping):
-        return []
-    steps = raw.get("steps")
-    numbered = enumerate(steps if isinstance(steps, list) else [])
-    owners = [("", raw), *((f"steps[{i}].", step) for i, step in numbered)]
     problems: list[str] = []
-    for prefix, owner in owners:
+    for prefix, owner in _task_and_steps(raw):
         for section in ("agent", "verifier"):
             table = owner.get(section) if isinstance(owner, Mapping) else None
             if isinstance(table, Mapping) and (

@@ -33,7 +33,7 @@ from sciencebench.core.settings import STATE_DIR_ENV
 from sciencebench.worker import preflight
 from sciencebench.worker.docker import budget, cleanup, engine, hostlocks, images, labels
 from sciencebench.worker.pier import naming
-from tests.fixtures.registry import Published
+from tests.fixtures.registry import Published, present
 from tests.fixtures.registry import docker_cli as _docker
 
 pytestmark = pytest.mark.docker
@@ -100,14 +100,6 @@ def published(registry: str) -> Iterator[Published]:
     images.cleanup()
 
 
-def _present(client: docker.DockerClient, ref: str) -> bool:
-    try:
-        image = client.images.get(ref)
-    except docker.errors.ImageNotFound:
-        return False
-    return images.repo_digests_contain(image.attrs.get("RepoDigests") or [], ref)
-
-
 # --- engine facts and preflight -----------------------------------------------
 
 
@@ -136,7 +128,7 @@ def test_ensure_pulls_by_digest_and_verifies(
     uid = _uid()
     fresh = published.unique(f"pull-{uid}")
     retagged = published.retag(base_image, f"retag-{uid}")
-    assert not _present(client, fresh) and not _present(client, retagged)
+    assert not present(client, fresh) and not present(client, retagged)
 
     puller = images.ImagePuller()
     statuses = puller.ensure_images([fresh, retagged], PLATFORM, skip_pull=False)
@@ -203,7 +195,7 @@ def test_pull_uses_the_hosts_credential_helper(
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
 
     statuses = images.ImagePuller().ensure_images([ref], PLATFORM, skip_pull=False)
-    assert statuses[0].pulled and _present(client, ref)
+    assert statuses[0].pulled and present(client, ref)
     assert calls.read_text() == f"get {registry}\n"
 
 
@@ -226,7 +218,7 @@ def test_concurrent_trials_share_one_pull_per_image(
         published.unique(f"conc-a-{uid}", size=8 << 20),
         published.unique(f"conc-b-{uid}", size=8 << 20),
     ]
-    assert not any(_present(client, ref) for ref in refs)
+    assert not any(present(client, ref) for ref in refs)
 
     start_at = time.time() + 3.0
     procs = [
@@ -265,7 +257,7 @@ def test_concurrent_trials_share_one_pull_per_image(
     assert counts == {ref.split("@")[1]: 1 for ref in refs}
     pulled = sorted(s["ref"] for statuses in results for s in statuses if s["pulled"])
     assert pulled == sorted(refs)
-    assert all(_present(client, ref) for ref in refs)
+    assert all(present(client, ref) for ref in refs)
     log = images.read_pull_log(state)
     waits = [s["waited_sec"] for statuses in results for s in statuses if not s["pulled"]]
     print(
@@ -281,7 +273,7 @@ MIB = 1 << 20
 
 
 def _held_sizes(client: docker.DockerClient, refs: list[str]) -> int:
-    return sum(int(client.images.get(ref).attrs["Size"]) for ref in refs if _present(client, ref))
+    return sum(int(client.images.get(ref).attrs["Size"]) for ref in refs if present(client, ref))
 
 
 def test_budget_evicts_the_least_recently_used_free_image(
@@ -292,13 +284,13 @@ def test_budget_evicts_the_least_recently_used_free_image(
     for ref in (small, middle):  # two trials, one after the other
         with budget.hold_images([ref], state):
             puller.ensure([ref], PLATFORM, skip_pull=False)
-    assert _present(client, small) and _present(client, middle)
+    assert present(client, small) and present(client, middle)
 
     with budget.hold_images([large], state):
         puller.ensure([large], PLATFORM, skip_pull=False)
         # `small` was used least recently and nothing holds it: it went, and only it.
-        assert not _present(client, small)
-        assert _present(client, middle) and _present(client, large)
+        assert not present(client, small)
+        assert present(client, middle) and present(client, large)
         assert _held_sizes(client, [small, middle, large]) <= 21 * MIB
     evictions = budget.read_evictions(images.pull_log_path(state))
     assert [(e.event, e.ref) for e in evictions] == [("evicted", small)]
@@ -308,7 +300,7 @@ def test_budget_evicts_the_least_recently_used_free_image(
     # Needed again: pulled again (its size known from the log now), evicting the least recent, `middle`.
     with budget.hold_images([small], state):
         puller.ensure([small], PLATFORM, skip_pull=False)
-    assert _present(client, small) and not _present(client, middle) and _present(client, large)
+    assert present(client, small) and not present(client, middle) and present(client, large)
     assert images.pull_counts(state)[small.split("@")[1]] == 2
 
 
@@ -321,16 +313,16 @@ def test_budget_never_evicts_an_image_a_trial_holds(
         with budget.hold_images([third], state):
             # Its size is unknown before its first pull here: it runs, over the budget by its own image.
             images.ImagePuller(image_budget=20 * MIB).ensure([third], PLATFORM, skip_pull=False)
-        assert _present(client, first) and _present(client, second) and _present(client, third)
+        assert present(client, first) and present(client, second) and present(client, third)
         client.images.remove(third)
         with budget.hold_images([third], state), pytest.raises(NoRoomError, match="exceed its image budget"):
             # Now its size is known: it cannot fit beside the two held images, so it goes back to the queue.
             images.ImagePuller(image_budget=20 * MIB).ensure([third], PLATFORM, skip_pull=False)
-        assert _present(client, first) and _present(client, second) and not _present(client, third)
+        assert present(client, first) and present(client, second) and not present(client, third)
     # The trials ended: now the third fits by evicting the least recently used.
     with budget.hold_images([third], state):
         images.ImagePuller(image_budget=20 * MIB).ensure([third], PLATFORM, skip_pull=False)
-    assert _present(client, third) and _present(client, first) != _present(client, second)
+    assert present(client, third) and present(client, first) != present(client, second)
     assert len(budget.read_evictions(images.pull_log_path(state))) == 1
 
 
@@ -341,7 +333,7 @@ def test_budget_leaves_images_it_did_not_pull_alone(
     big = published.unique(f"alone-{_uid()}", size=6 * MIB)
     with budget.hold_images([big], state):
         images.ImagePuller(image_budget=1 * MIB).ensure([big], PLATFORM, skip_pull=False)  # over: runs anyway
-    assert _present(client, base_image) and _present(client, big)
+    assert present(client, base_image) and present(client, big)
     assert budget.read_evictions(images.pull_log_path(state)) == []
 
 
@@ -453,8 +445,8 @@ def test_cleanup_trial_removes_project_objects_but_not_pinned_images(
             "volumes": [],
             "images": [],
         }
-        assert _present(client, base_image)
-        assert _present(client, labelled_ref)
+        assert present(client, base_image)
+        assert present(client, labelled_ref)
         # Idempotent.
         again = cleanup.remove_projects([agent_project, verifier_project])
         assert (again.containers, again.networks, again.images, again.errors) == ([], [], [], [])
@@ -498,7 +490,7 @@ def test_sweep_removes_orphans_only(
         }
         for project in projects[1:]:
             assert len(_project_objects(client, project)["containers"]) == 1, project
-        assert _present(client, base_image)
+        assert present(client, base_image)
 
         # The lease ended with the block: the next sweep takes the leased trial too.
         report = cleanup.sweep_leftovers(active={active}, prefix=prefix, state=state)
@@ -509,7 +501,7 @@ def test_sweep_removes_orphans_only(
     finally:
         cleanup.remove_projects(projects)
     assert not {p for p in cleanup.compose_projects(client) if p.startswith(prefix)}
-    assert _present(client, base_image)
+    assert present(client, base_image)
 
 
 # --- Pier's own naming ----------------------------------------------------------

@@ -19,7 +19,7 @@ import docker
 import pytest
 
 from sciencebench.worker.docker import budget, images
-from tests.fixtures.registry import Published
+from tests.fixtures.registry import Published, present
 from tests.fixtures.services import Worker
 from tests.integration.conftest import FAKE_WORKER, Cluster
 
@@ -33,14 +33,6 @@ def published() -> Iterator[Published]:
     pushed = Published(os.environ["SCIENCEBENCH_TEST_REGISTRY"])
     yield pushed
     pushed.cleanup()
-
-
-def _present(client: docker.DockerClient, ref: str) -> bool:
-    try:
-        image = client.images.get(ref)
-    except docker.errors.ImageNotFound:
-        return False
-    return images.repo_digests_contain(image.attrs.get("RepoDigests") or [], ref)
 
 
 def _wait_runs(cluster: Cluster, count: int, timeout: float = 60) -> None:
@@ -71,7 +63,7 @@ def test_a_budgeted_host_evicts_and_hands_back_but_never_pauses(
         done = cluster.submit(first, f"first-{task}", "--task-id", task)
         assert done.returncode == 0, done.stderr
     client = docker.from_env()
-    assert [_present(client, refs[t]) for t in ("003", "001", "002")] == [False, True, True]
+    assert [present(client, refs[t]) for t in ("003", "001", "002")] == [False, True, True]
     log = images.pull_log_path(cluster.state_dir)
     assert [e.ref for e in budget.read_evictions(log) if e.event == "evicted"] == [refs["003"]]
 
@@ -96,6 +88,6 @@ def test_a_budgeted_host_evicts_and_hands_back_but_never_pauses(
     assert "unhealthy" not in worker_log and "healthy again" not in worker_log  # never paused
     # Each trial ran once; the host never held more than its budget beside what running trials held.
     assert len(cluster.pier_runs()) == 3 + 2 + 1
-    present = sum(int(client.images.get(r).attrs["Size"]) for r in refs.values() if _present(client, r))
-    assert present <= 20 * MIB
+    held = sum(int(client.images.get(r).attrs["Size"]) for r in refs.values() if present(client, r))
+    assert held <= 20 * MIB
     client.close()
