@@ -47,7 +47,7 @@ def run_measured(
 
 
 def pier_runs(h: Harness, job_name: str) -> list[dict[str, Any]]:
-    """Fake Pier runs of one job, from FAKE_PIER_LOG (scratch dirs live under the job).
+    """Fake Pier runs of one job, from FAKE_PIER_LOG (by the job id in their scratch directories).
 
     Each run gets `startup` (s): from its process start (the wrapper's
     record) to the fake's first log timestamp, i.e. Python's start-up and
@@ -61,7 +61,9 @@ def pier_runs(h: Harness, job_name: str) -> list[dict[str, Any]]:
             pid, _, when = line.partition(" ")
             with contextlib.suppress(ValueError):
                 starts.setdefault(int(pid), []).append(float(when))
-    marker = f"/{job_name}/.sciencebench/"
+    # A worker runs Pier in its host-local scratch, one directory per job id.
+    job_id = json.loads((h.jobs_dir / job_name / ".sciencebench" / "job.json").read_text())["job_id"]
+    marker = f"/scratch/{job_id}/"
     runs = []
     for line in h.fake_log.read_text().splitlines():
         entry = json.loads(line)
