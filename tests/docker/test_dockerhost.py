@@ -292,8 +292,9 @@ def test_budget_evicts_the_least_recently_used_free_image(
         assert not present(client, small)
         assert present(client, middle) and present(client, large)
         assert _held_sizes(client, [small, middle, large]) <= 21 * MIB
-    evictions = budget.read_evictions(images.pull_log_path(state))
-    assert [(e.event, e.ref) for e in evictions] == [("evicted", small)]
+    # Only `small` was evicted (the build cache other builds left on the engine may be pruned with it).
+    evictions = [e for e in budget.read_evictions(images.pull_log_path(state)) if e.event == "evicted"]
+    assert [e.ref for e in evictions] == [small]
     assert evictions[0].size >= 4 * MIB
     assert "task images" in puller.budget.summary(client) and "1 evicted" in puller.budget.summary(client)
 
@@ -323,7 +324,7 @@ def test_budget_never_evicts_an_image_a_trial_holds(
     with budget.hold_images([third], state):
         images.ImagePuller(image_budget=20 * MIB).ensure([third], PLATFORM, skip_pull=False)
     assert present(client, third) and present(client, first) != present(client, second)
-    assert len(budget.read_evictions(images.pull_log_path(state))) == 1
+    assert len([e for e in budget.read_evictions(images.pull_log_path(state)) if e.event == "evicted"]) == 1
 
 
 def test_budget_leaves_images_it_did_not_pull_alone(
