@@ -292,38 +292,87 @@ def _collect(
     )
 
 
-def publish_dirs(paths: JobPaths, spec: TrialSpec, tries: list[Try]) -> None:
-    """Copy the committed try's trial directory into the job, earlier ones into `superseded/`.
+@dataclass
+class Staged:
+    """A try's trial directories copied into the job directory, the final one under a temporary name.
+
+    `stage_dirs` makes it before the record is committed (a job directory
+    that cannot take the copy, a full disk, fails the try instead of losing
+    its files); `publish` renames it into place once the record is stored,
+    `discard` removes it when the lease was lost.
+    """
+
+    paths: JobPaths
+    previous: str | None  # an earlier run's trial directory, to move to superseded/
+    incoming: str | None  # the final try's copy, under its temporary name
+    final_name: str | None
+
+    def publish(self) -> None:
+        """Move an earlier run's directory to `superseded/` and the final copy into place. Raises OSError."""
+        job_fd = open_job_dir(self.paths)
+        try:
+            if self.previous is not None and self.previous != self.final_name:
+                superseded_fd = open_job_dir(self.paths, (META_DIR_NAME, SUPERSEDED_DIR_NAME), create=True)
+                try:
+                    os.rename(self.previous, _free_name(superseded_fd, self.previous), src_dir_fd=job_fd,
+                              dst_dir_fd=superseded_fd)  # fmt: skip
+                finally:
+                    os.close(superseded_fd)
+            if self.incoming is not None and self.final_name is not None:
+                os.rename(self.incoming, self.final_name, src_dir_fd=job_fd, dst_dir_fd=job_fd)
+        finally:
+            os.close(job_fd)
+
+    def discard(self) -> None:
+        """Remove the final copy (best effort): its record was not stored."""
+        if self.incoming is None:
+            return
+        with contextlib.suppress(OSError):
+            job_fd = open_job_dir(self.paths)
+            try:
+                shutil.rmtree(self.incoming, dir_fd=job_fd)
+            finally:
+                os.close(job_fd)
+
+
+def stage_dirs(paths: JobPaths, spec: TrialSpec, tries: list[Try]) -> Staged:
+    """Copy the try's trial directories into the job directory: earlier tries' into `superseded/`.
 
     Pier's layout and naming: `<jobs-dir>/<job-name>/<task>__<trial>/`. The
-    copy is made under a temporary name and renamed into place, so a trial
+    final copy keeps a temporary name until `Staged.publish`, so a trial
     directory is either absent or complete; every step goes through
     directory descriptors that follow no link (`core.paths.open_job_dir`), so
     nothing the job's owner put in the job directory takes a write outside
-    it. An earlier run's directory (`retry --failed`) is moved to
-    `superseded/` too. Raises OSError when the job directory cannot take them.
+    it. Raises OSError when the job directory cannot take them.
     """
-    previous = _previous_trial_dir(paths, spec)
     final = tries[-1].pier_dir if tries else None
     earlier = [t.pier_dir for t in tries[:-1] if t.pier_dir is not None and t.pier_dir.is_dir()]
+    staged = Staged(paths, _previous_trial_dir(paths, spec), None, final.name if final else None)
     job_fd = open_job_dir(paths)
     try:
-        if (previous is not None and (final is None or previous != final.name)) or earlier:
+        if earlier:
             superseded_fd = open_job_dir(paths, (META_DIR_NAME, SUPERSEDED_DIR_NAME), create=True)
             try:
-                if previous is not None and (final is None or previous != final.name):
-                    os.rename(previous, _free_name(superseded_fd, previous), src_dir_fd=job_fd,
-                              dst_dir_fd=superseded_fd)  # fmt: skip
                 for directory in earlier:
                     copy_tree_at(directory, superseded_fd, _free_name(superseded_fd, directory.name))
             finally:
                 os.close(superseded_fd)
         if final is not None and final.is_dir():
             incoming = f".incoming-{uuid.uuid4().hex[:12]}"
-            copy_tree_at(final, job_fd, incoming)
-            os.rename(incoming, final.name, src_dir_fd=job_fd, dst_dir_fd=job_fd)
+            staged.incoming = incoming
+            try:
+                copy_tree_at(final, job_fd, incoming)
+            except OSError:
+                staged.discard()
+                raise
     finally:
         os.close(job_fd)
+    return staged
+
+
+def publish_dirs(paths: JobPaths, spec: TrialSpec, tries: list[Try]) -> None:
+    """`stage_dirs`, then `Staged.publish`: the try's trial directories into the job. Raises OSError."""
+    stage_dirs(paths, spec, tries).publish()
 
 
 def _free_name(dir_fd: int, name: str) -> str:

@@ -33,12 +33,19 @@ from datetime import UTC, datetime
 
 from sciencebench.coordination.heartbeat import Heartbeat
 from sciencebench.coordination.protocol import Claim, parking_token
-from sciencebench.core.errors import NoRoomError, PreflightError, RefusedError, TrialError, UnfitError
+from sciencebench.core.errors import (
+    NoRoomError,
+    PreflightError,
+    RefusedError,
+    TrialError,
+    UnfitError,
+    WorkspaceError,
+)
 from sciencebench.core.models import Redispatch, TrialRecord, TrialSpec, TrialState, TrialStatus, TryRecord
 from sciencebench.core.paths import JobPaths, write_in_job
 from sciencebench.worker.admission import Admitted, admit, verified_paths
 from sciencebench.worker.context import WorkerContext
-from sciencebench.worker.stages import CANCELLED, Try, publish_dirs, run_try, scratch_root, trial_record
+from sciencebench.worker.stages import CANCELLED, Staged, Try, run_try, scratch_root, stage_dirs, trial_record
 
 log = logging.getLogger(__name__)
 
@@ -273,16 +280,35 @@ def _summary_of(record: TrialRecord) -> TryRecord:
 def _commit(
     spec: TrialSpec, ctx: WorkerContext, admitted: Admitted, record: TrialRecord, tries: list[Try]
 ) -> Outcome:
-    """Store the record while the lease is ours, then move the trial directories into place."""
+    """Copy the trial directories into the job, store the record while the lease is ours, put them in place.
+
+    The copy comes first: a job directory that cannot take it (a full disk)
+    makes the trial's record an error (`WorkspaceError`) rather than a result
+    whose files are gone.
+    """
     coord, job, key = ctx.coord, spec.job_key, spec.key
+    staged: Staged | None = None
+    try:
+        staged = stage_dirs(admitted.paths, spec, tries)
+    except OSError as exc:
+        log.error("%s: cannot write its trial directory into the job directory (%s)", spec.label, exc)
+        if not record.errored:
+            record = record.model_copy(update={
+                "exception_type": WorkspaceError.__name__, "stage": WorkspaceError.stage,
+                "exception_message": f"its trial directory could not be written into "
+                f"{admitted.paths.job_dir} ({exc.strerror or exc})",
+            })  # fmt: skip
     state = TrialState.FAILED if record.errored else TrialState.DONE
     status = TrialStatus(state=state, host=ctx.settings.hostname, at=time.time())
     record_json = record.model_dump_json()
     if not coord.commit_result(job, key, ctx.owner, record_json, status):
         log.warning("%s: lease lost before its result was stored; the result is discarded", spec.label)
+        if staged is not None:
+            staged.discard()
         return Duplicate()
     try:
-        publish_dirs(admitted.paths, spec, tries)
+        if staged is not None:
+            staged.publish()
         write_record(admitted.paths, spec, record_json)
     except OSError as exc:
         # The store carries the record; the finalizer and the login node write it when they can.

@@ -47,7 +47,11 @@ def test_a_budgeted_host_evicts_and_hands_back_but_never_pauses(
 ) -> None:
     uid = uuid.uuid4().hex[:6]
     refs = {task: published.unique(f"budget-{task}-{uid}", size=8 * MIB) for task in ("001", "002", "003")}
-    worker = Worker("w0", cluster.env, cluster.root, 3, [*FAKE_WORKER, "--image-budget", "20M"]).start()
+    # A state directory of its own: the budget counts every task image its host's pull log names, and the
+    # session's is shared with other tests (their images must neither count nor be evicted here).
+    state = cluster.root / "budget-state"
+    env = {**cluster.env, "SCIENCEBENCH_STATE_DIR": str(state)}
+    worker = Worker("w0", env, cluster.root, 3, [*FAKE_WORKER, "--image-budget", "20M"]).start()
     cluster.workers.append(worker)
     worker.wait_ready()
 
@@ -64,7 +68,7 @@ def test_a_budgeted_host_evicts_and_hands_back_but_never_pauses(
         assert done.returncode == 0, done.stderr
     client = docker.from_env()
     assert [present(client, refs[t]) for t in ("003", "001", "002")] == [False, True, True]
-    log = images.pull_log_path(cluster.state_dir)
+    log = images.pull_log_path(state)
     assert [e.ref for e in budget.read_evictions(log) if e.event == "evicted"] == [refs["003"]]
 
     # 001 and 002 run (their images held); 003 needs a pull that cannot fit beside them: handed back.
