@@ -23,10 +23,11 @@ SLEEP = {"001": 0.2, "002": 1.4, "003": 0.5, "004": 1.0, "005": 0.05, "006": 0.7
 
 def _started(cluster: Cluster, job: str) -> list[str]:
     """The job's fake Pier runs in the order they started (task ids)."""
-    runs = [
+    job_id = json.loads((cluster.jobs_dir / job / ".sciencebench" / "job.json").read_text())["job_id"]
+    runs = [  # a worker runs Pier in its scratch, one directory per job id
         r
         for r in cluster.pier_runs()
-        if f"/{job}/.sciencebench/" in r["argv"][r["argv"].index("--jobs-dir") + 1]
+        if f"/scratch/{job_id}/" in r["argv"][r["argv"].index("--jobs-dir") + 1]
     ]
     return [r["task"].removeprefix("task_") for r in sorted(runs, key=lambda r: r["start"])]
 

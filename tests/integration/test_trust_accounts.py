@@ -161,7 +161,8 @@ def test_a_job_cannot_use_another_accounts_env_file(
     assert str(cluster.root) not in answer["exception_message"]  # the file's name only
     # The key reached Pier for alice's job, and no Pier run of bob's ever saw it.
     runs = [json.loads(line) for line in pier_log.read_text().splitlines()]
-    seen = {run["jobs_dir"].startswith(str(bob_jobs)): run["key"] for run in runs}
+    # A worker's Pier runs in its scratch, one directory per job id: a run not of alice's job is bob's.
+    seen = {f"/{alices.job_id}/" not in run["jobs_dir"]: run["key"] for run in runs}
     assert len(runs) == 2 and seen == {
         False: hashlib.sha256(KEY.encode()).hexdigest(),
         True: hashlib.sha256(b"").hexdigest(),

@@ -117,6 +117,8 @@ def job_scratch(job_dir: Path, state_dir: Path) -> Path:
 
 def pier_procs(job_dir: Path, marker: str = "run") -> list[Proc]:
     """Live Pier (real or fake) processes of the job of `job_dir` (their `--jobs-dir` is in its scratch)."""
+    if not (job_dir / ".sciencebench" / "job.json").is_file():
+        return []  # not submitted yet: nothing of it runs
     scope = f"/scratch/{job_id_of(job_dir)}/"
     found = []
     for entry in os.listdir("/proc"):
