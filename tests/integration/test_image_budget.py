@@ -43,7 +43,7 @@ def _wait_runs(cluster: Cluster, count: int, timeout: float = 60) -> None:
 
 
 def test_a_budgeted_host_evicts_and_hands_back_but_never_pauses(
-    cluster: Cluster, published: Published
+    cluster: Cluster, published: Published, request: pytest.FixtureRequest
 ) -> None:
     uid = uuid.uuid4().hex[:6]
     refs = {task: published.unique(f"budget-{task}-{uid}", size=8 * MIB) for task in ("001", "002", "003")}
@@ -67,6 +67,7 @@ def test_a_budgeted_host_evicts_and_hands_back_but_never_pauses(
         done = cluster.submit(first, f"first-{task}", "--task-id", task)
         assert done.returncode == 0, done.stderr
     client = docker.from_env()
+    request.addfinalizer(client.close)
     assert [present(client, refs[t]) for t in ("003", "001", "002")] == [False, True, True]
     log = images.pull_log_path(state)
     assert [e.ref for e in budget.read_evictions(log) if e.event == "evicted"] == [refs["003"]]
@@ -94,4 +95,3 @@ def test_a_budgeted_host_evicts_and_hands_back_but_never_pauses(
     assert len(cluster.pier_runs()) == 3 + 2 + 1
     held = sum(int(client.images.get(r).attrs["Size"]) for r in refs.values() if present(client, r))
     assert held <= 20 * MIB
-    client.close()

@@ -120,10 +120,11 @@ def _send(cluster: Cluster, job: JobSpec, attempt: int) -> dict[str, Any]:
         task_dir=job.selection_path / "task_001", task_toml_sha256=job.task_hashes["001"], image_refs=[],
         expected_sec=30.0,
     )  # fmt: skip
-    answer = create_app(Settings.from_env(cluster.env)).send_task(
-        RUN_TRIAL, args=[spec.model_dump(mode="json")]
-    )
-    result = answer.get(timeout=60)
+    app = create_app(Settings.from_env(cluster.env))
+    try:
+        result = app.send_task(RUN_TRIAL, args=[spec.model_dump(mode="json")]).get(timeout=60)
+    finally:
+        app.close()  # its broker and backend connections, not left to the garbage collector
     assert isinstance(result, dict)
     return result
 
