@@ -246,11 +246,25 @@ class TrialRecord(BaseModel):
     finished_at: datetime | None = None
     tries: int = 1
     earlier_tries: list[TryRecord] = Field(default_factory=list)
+    # The gateway's answer that ended the trial when its model provider failed it (an HTTP
+    # status such as "429" or "500", or "reset", "refused", "timeout"): not the model's failure.
+    provider_status: str | None = None
+    # Why the trial never started (e.g. "budget": the job's --max-cost/--max-tokens was reached).
+    not_started: str | None = None
+    # What the trial's Pier run spent (Pier's totals), when it reported them.
+    n_input_tokens: int | None = None
+    n_output_tokens: int | None = None
+    cost_usd: float | None = None
 
     @property
     def key(self) -> str:
         """The trial's key within its job (`002#1`)."""
         return trial_key(self.task_id, self.attempt)
+
+    @property
+    def scored(self) -> bool:
+        """Whether the reward counts for the model: not a provider failure, not a trial never started."""
+        return self.provider_status is None and self.not_started is None
 
     @property
     def errored(self) -> bool:

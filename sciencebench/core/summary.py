@@ -45,6 +45,9 @@ SUMMARY_COLUMNS = [
 # After the original's columns, for a job of several `--model`s: the model of each trial.
 MODEL_COLUMN = "model"
 MISSING_PATCH = "MissingPatch"
+# Trials whose reward does not count for the model (TrialRecord.scored): their own classes.
+PROVIDER_ERROR = "provider_error"
+NOT_STARTED = "not_started"
 CONFIG_JSON = "config.json"  # Pier's name for a job's JobConfig
 
 
@@ -80,7 +83,11 @@ def load_records(paths: JobPaths) -> list[TrialRecord]:
 
 
 def failure_class(record: TrialRecord) -> str:
-    """The summary's `failure_class`: the exception type, `MissingPatch`, or empty."""
+    """The summary's `failure_class`: provider, not started, the exception type, `MissingPatch`, or empty."""
+    if record.provider_status is not None:
+        return PROVIDER_ERROR
+    if record.not_started is not None:
+        return NOT_STARTED
     if record.exception_type:
         return record.exception_type
     if record.patch_collected is False:
