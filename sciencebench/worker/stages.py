@@ -278,9 +278,11 @@ def _collect(
         raise CollectError(f"{trial_dir.name}: no readable result.json ({exc.__class__.__name__})") from None
     timings.update(outcome.timings_sec)
     exception_type = outcome.exception_type
+    n_input, _, n_output, cost = outcome.tokens
     record = trial_record(
         spec, ctx, started,
         trial_dir=trial_dir.name, rewards=outcome.rewards,
+        n_input_tokens=n_input, n_output_tokens=n_output, cost_usd=cost,
         exception_type=exception_type, exception_message=outcome.exception_message,
         stage="harness" if exception_type else None,
         timings_sec=timings, patch_collected=_regular_file(trial_dir / "artifacts" / "model.patch"),

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sciencebench.core.paths import write_atomic
+from sciencebench.core.pierjob import NO_TOKENS, Tokens, parse_trial_result
 
 # Pier names trial directories `<task dir name[:32]>__<7 random chars>`.
 TRIAL_DIR = re.compile(r"^(task_\d{3,})__([A-Za-z0-9]+)$")
@@ -42,6 +43,8 @@ class TrialOutcome:
     exception_message: str | None
     timings_sec: dict[str, float]
     transfer_refusals: tuple[str, ...] = ()
+    # Pier's totals over the trial's agent contexts (input, cache, output tokens, cost USD).
+    tokens: Tokens = NO_TOKENS
 
 
 def _seconds(timing: Any) -> float | None:
@@ -103,6 +106,7 @@ def read_trial_outcome(trial_dir: Path) -> TrialOutcome:
     exception for gets the type `TransferRefused`.
     """
     data = json.loads((trial_dir / "result.json").read_text(encoding="utf-8"))
+    parsed = parse_trial_result(data) if isinstance(data, dict) else None
     verifier = data.get("verifier_result") or {}
     rewards = verifier.get("rewards")
     exception = data.get("exception_info") or {}
@@ -119,6 +123,7 @@ def read_trial_outcome(trial_dir: Path) -> TrialOutcome:
         exception_message=message[:_MESSAGE_CHARS] or None,
         timings_sec=timings,
         transfer_refusals=refusals,
+        tokens=parsed.tokens if parsed is not None else NO_TOKENS,
     )
 
 
