@@ -101,10 +101,21 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
     Exits the process with the job's exit code when it waited for the job.
     """
     from sciencebench.login import submit as submitting
+    from sciencebench.login.cluster import Cluster
     from sciencebench.login.runrecord import build_run_record, write_run_record
 
     settings = Settings.from_env()
-    prepared = submitting.prepare(opts, None if local else settings.visibility_timeout_sec, local=local)
+    coord: Coordinator | None = None
+
+    def hosts() -> Cluster:  # asked once the input is known good
+        nonlocal coord
+        if local:
+            return Cluster.this_host(settings)
+        coord = _broker(settings)
+        return Cluster.live(coord, settings.lease_seconds)
+
+    timeout = None if local else settings.visibility_timeout_sec
+    prepared = submitting.prepare(opts, timeout, local=local, hosts=hosts)
     broker = "embedded (in-process)" if local else settings.broker_url
     record = build_run_record(prepared.job, prepared.trials[0], broker, prepared.secret_values)
 
@@ -114,7 +125,7 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
                   f"task(s); selection sha256 {prepared.selection.sha256}", soft_wrap=True)  # fmt: skip
         out.print("pier command: " + record["pier_command"], markup=False, soft_wrap=True)
         out.print(f"run record: {opts.path / 'batch-run.json'}")
-        if not (local or opts.skip_pull):
+        if coord is not None and not opts.skip_pull:
             _prewarm(settings, prepared.job, err)
         return
 
@@ -126,12 +137,10 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
         sys.exit(_conclude(prepared.job, run_local(prepared, settings, out)))
 
     from sciencebench.coordination.celery_app import create_app
-    from sciencebench.coordination.redis import RedisCoordinator
     from sciencebench.login.dispatch import dispatch
     from sciencebench.login.follow import follow
 
-    coord = RedisCoordinator(settings.broker_url)
-    coord.ping()
+    assert coord is not None
     app = create_app(settings)
     with submitting.persisted(prepared, record) as prepared:  # undone if sending fails
         final = dispatch(app, coord, prepared.job, prepared.trials)
@@ -141,6 +150,15 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
     if wait:
         answer = follow(coord, job, [t.key for t in prepared.trials], final, err)
         sys.exit(_conclude(job, answer, coord))
+
+
+def _broker(settings: Settings) -> Coordinator:
+    """The cluster's store, reachable (BrokerUnavailableError, one line, when not): submit reads its hosts."""
+    from sciencebench.coordination.redis import RedisCoordinator
+
+    coord = RedisCoordinator(settings.broker_url)
+    coord.ping()
+    return coord
 
 
 def _conclude(job: JobSpec, answer: dict[str, Any], coord: Coordinator | None = None) -> int:
@@ -176,17 +194,10 @@ def _conclude(job: JobSpec, answer: dict[str, Any], coord: Coordinator | None = 
 
 
 def _prewarm(settings: Settings, job: JobSpec, console: Console) -> None:
-    """With a reachable broker, every live worker host pulls the job's images."""
+    """Every live worker host pulls the job's images."""
     from sciencebench.coordination.celery_app import create_app
-    from sciencebench.coordination.redis import RedisCoordinator
-    from sciencebench.core.errors import BrokerUnavailableError
     from sciencebench.login.prewarm import prewarm
 
-    try:
-        RedisCoordinator(settings.broker_url).ping()
-    except BrokerUnavailableError:
-        console.print("pre-warm: broker not reachable; images not pulled")
-        return
     prewarm(create_app(settings), job.image_refs, job.platform, console)
 
 
@@ -426,17 +437,25 @@ def _print_counts(paths: JobPaths, result: dict[str, Any], rows: list[dict[str, 
               help="Disk the task images this host pulls may take, e.g. 200G: least recently used "
               "images not in use are evicted before a pull would exceed it [env: SCIENCEBENCH_IMAGE_BUDGET; "
               "default: no budget].")  # fmt: skip
+@click.option("--agent-install", type=click.Choice(["online", "baked"]),
+              help="How this host gets agents: online, Pier installs them in its build (a host with "
+              "internet, as the original runner's); baked, only baked agent images run "
+              "[env: SCIENCEBENCH_AGENT_INSTALL; default: online].")  # fmt: skip
 @_handle_errors
 def worker(concurrency: int, hostname: str | None, queues: str | None, loglevel: str, platform: str,
            pier_bin: str | None, jobs_roots: tuple[Path, ...], selection_roots: tuple[Path, ...],
-           env_file_roots: tuple[Path, ...], image_budget: str | None) -> None:  # fmt: skip
+           env_file_roots: tuple[Path, ...], image_budget: str | None,
+           agent_install: str | None) -> None:  # fmt: skip
     """Run a Celery worker that executes trials on this host.
 
     The worker runs its own Pier and serves only the jobs directories,
     selections and env files under its roots: every path a job names must
-    resolve under one of them. Late acks, prefetch 1, task events on, a
-    watchdog that re-dispatches trials of lost hosts; a host that turns
-    unhealthy pauses and resumes by itself.
+    resolve under one of them. It needs the digest-pinned inference-proxy
+    image (SCIENCEBENCH_PROXY_IMAGE), pulled at start, and tells the cluster
+    what it brings (agent install, proxy image, roots), which submit checks.
+    Late acks, prefetch 1, task events on, a watchdog that re-dispatches
+    trials of lost hosts; a host that turns unhealthy pauses and resumes by
+    itself.
     """
     _require_worker_extra("worker")
     from sciencebench.worker.main import run_worker, worker_settings
@@ -448,6 +467,7 @@ def worker(concurrency: int, hostname: str | None, queues: str | None, loglevel:
         selection_roots=tuple(p.absolute() for p in selection_roots),
         env_file_roots=tuple(p.absolute() for p in env_file_roots),
         image_budget=_size_option("--image-budget", image_budget),
+        agent_install=agent_install,
     )
     run_worker(concurrency=concurrency, hostname=hostname, queues=queues, loglevel=loglevel,
                platform=platform, settings=settings)  # fmt: skip

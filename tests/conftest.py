@@ -10,14 +10,6 @@ import pytest
 
 from tests.fixtures.services import RedisServer
 
-# Submits of codex, claude-code or mini-swe-agent need baked agent images
-# (sciencebench.login.agentimages). Most tests exercise provider translation,
-# argv and records with no baked image, so they let Pier install, as a worker
-# with internet would; tests/unit/test_agent_images.py and
-# tests/docker/test_real_agents.py set the default ("baked") back.
-os.environ.setdefault("SCIENCEBENCH_AGENT_INSTALL", "pier")
-
-
 TIERS = ("unit", "integration", "docker")
 
 
@@ -55,3 +47,16 @@ def base_image() -> str:
 def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Host-local state (pull locks, pull log) private to this test session."""
     return tmp_path_factory.mktemp("host-state")
+
+
+@pytest.fixture
+def ready_broker(redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The session's broker, with one live worker host that can run any job, as SCIENCEBENCH_BROKER_URL.
+
+    For tests of `submit --dry-run` (and submits that stop before sending): they check the live hosts.
+    """
+    from tests.fixtures.hosts import register_ready_host
+
+    register_ready_host(redis_server.url)
+    monkeypatch.setenv("SCIENCEBENCH_BROKER_URL", redis_server.url)
+    return redis_server.url

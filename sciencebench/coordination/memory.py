@@ -17,6 +17,7 @@ from sciencebench.coordination.protocol import (
     Claim,
     Coordinator,
     Held,
+    HostKit,
     HostStatus,
     Start,
     Unfit,
@@ -51,6 +52,7 @@ class MemoryCoordinator(Coordinator):
         self._expiry: dict[str, float] = {}
         self._seen: dict[str, float] = {}
         self._paused: dict[str, str] = {}
+        self._kits: dict[str, HostKit] = {}
         self._images: dict[str, str] = {}
 
     def _get(self, name: str) -> Any:
@@ -429,11 +431,17 @@ class MemoryCoordinator(Coordinator):
             self._images[host] = line
 
     @override
+    def describe_host(self, host: str, kit: HostKit) -> None:
+        with self._lock:
+            self._kits[host] = kit
+
+    @override
     def forget_host(self, host: str) -> None:
         with self._lock:
             self._seen.pop(host, None)
             self._paused.pop(host, None)
             self._images.pop(host, None)
+            self._kits.pop(host, None)
 
     @override
     def hosts(self) -> dict[str, HostStatus]:
@@ -444,6 +452,7 @@ class MemoryCoordinator(Coordinator):
                     paused=host in self._paused,
                     reason=self._paused.get(host, ""),
                     images=self._images.get(host, ""),
+                    kit=self._kits.get(host),
                 )
                 for host, seen in self._seen.items()
             }

@@ -19,6 +19,7 @@ Keys (Redis), for a job `J` (the submit's job id, a UUID) and a trial key
     sciencebench:jobs                 set of job ids with live state
     sciencebench:hosts                hash host -> last heartbeat (the store's clock, s)
     sciencebench:hosts:paused         hash host -> why it takes no trials now
+    sciencebench:hosts:kit            hash host -> HostKit JSON: its agent install, proxy image, roots
     sciencebench:J:result:K           the trial's TrialRecord JSON
     sciencebench:J:counted:K          the chord has been told about K
     sciencebench:J:lease:K            owner id, expires unless renewed
@@ -48,7 +49,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from sciencebench.core.models import Redispatch, TrialState, TrialStatus
 
@@ -57,6 +58,7 @@ JOBS_KEY = f"{PREFIX}:jobs"
 HOSTS_KEY = f"{PREFIX}:hosts"
 PAUSED_KEY = f"{PREFIX}:hosts:paused"
 IMAGES_KEY = f"{PREFIX}:hosts:images"
+KIT_KEY = f"{PREFIX}:hosts:kit"
 HISTORY_KEY = f"{PREFIX}:history"
 
 
@@ -92,6 +94,21 @@ class Held(BaseModel):
     expected_sec: float
 
 
+class HostKit(BaseModel):
+    """What a worker host brings to a job, as it reports it at start: submit checks a job against it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    # "online": Pier may install agents in its derived build; "baked": only baked agent images run.
+    agent_install: str = "online"
+    # The digest-pinned inference-proxy image model-agent trials need ("" when the host has none).
+    proxy_image: str = ""
+    # The directories the host serves (`worker --jobs-root`, `--selection-root`, `--env-file-root`).
+    jobs_roots: tuple[str, ...] = ()
+    selection_roots: tuple[str, ...] = ()
+    env_file_roots: tuple[str, ...] = ()
+
+
 class HostStatus(BaseModel):
     """A worker host as the store knows it: last heartbeat (store clock, s) and health."""
 
@@ -100,6 +117,8 @@ class HostStatus(BaseModel):
     reason: str = ""
     # What its task images take of its image budget, with its evictions (`worker --image-budget`).
     images: str = ""
+    # What it reported it brings (None: a host that has not said, e.g. an older worker).
+    kit: HostKit | None = None
 
 
 @dataclass(frozen=True)
@@ -368,6 +387,10 @@ class Board(Protocol):
 
     def report_images(self, host: str, line: str) -> None:
         """One line on what the host's task images take of its image budget (shown by `status`)."""
+        ...
+
+    def describe_host(self, host: str, kit: HostKit) -> None:
+        """What the host brings to a job (reported at its start, and again with its heartbeats)."""
         ...
 
     def forget_host(self, host: str) -> None:

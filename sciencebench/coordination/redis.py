@@ -23,11 +23,13 @@ from sciencebench.coordination.protocol import (
     HOSTS_KEY,
     IMAGES_KEY,
     JOBS_KEY,
+    KIT_KEY,
     PAUSED_KEY,
     PREFIX,
     Claim,
     Coordinator,
     Held,
+    HostKit,
     HostStatus,
     Start,
     Unfit,
@@ -359,6 +361,10 @@ class RedisCoordinator(Coordinator):
         self._next_waiting_script = self._redis.register_script(_NEXT_WAITING)
         self._release_held_script = self._redis.register_script(_RELEASE_HELD)
         self._add_durations_script = self._redis.register_script(_ADD_DURATIONS)
+
+    def close(self) -> None:
+        """Close this coordinator's connections (it may not be used afterwards)."""
+        self._redis.close()
 
     @property
     @override
@@ -777,20 +783,37 @@ class RedisCoordinator(Coordinator):
         self.patiently(lambda: self._redis.hset(IMAGES_KEY, host, line))
 
     @override
+    def describe_host(self, host: str, kit: HostKit) -> None:
+        """What the host brings to a job."""
+        self.patiently(lambda: self._redis.hset(KIT_KEY, host, kit.model_dump_json()))
+
+    @override
     def forget_host(self, host: str) -> None:
         """A worker host stopped on purpose."""
-        self.patiently(lambda: [self._redis.hdel(key, host) for key in (HOSTS_KEY, PAUSED_KEY, IMAGES_KEY)])
+        keys = (HOSTS_KEY, PAUSED_KEY, IMAGES_KEY, KIT_KEY)
+        self.patiently(lambda: [self._redis.hdel(key, host) for key in keys])
 
     @override
     def hosts(self) -> dict[str, HostStatus]:
         """Every worker host that beat and was not forgotten."""
-        paused, images = self._hash(PAUSED_KEY), self._hash(IMAGES_KEY)
+        paused, images, kits = self._hash(PAUSED_KEY), self._hash(IMAGES_KEY), self._hash(KIT_KEY)
         return {
             host: HostStatus(
                 seen_at=float(seen),
                 paused=host in paused,
                 reason=paused.get(host, ""),
                 images=images.get(host, ""),
+                kit=_kit(kits.get(host)),
             )
             for host, seen in self._hash(HOSTS_KEY).items()
         }
+
+
+def _kit(raw: str | None) -> HostKit | None:
+    """A stored HostKit; None when absent or not one (a host reporting what this version cannot read)."""
+    if raw is None:
+        return None
+    try:
+        return HostKit.model_validate_json(raw)
+    except ValueError:
+        return None

@@ -44,8 +44,6 @@ AGENT_ADAPTERS = frozenset(
 BAKEABLE_AGENTS = ("codex", "claude-code", "mini-swe-agent")
 # The environment keyword (`--ek agent_image=<json>`) naming a trial's baked image.
 AGENT_IMAGE_KEYWORD = "agent_image"
-# `SCIENCEBENCH_AGENT_INSTALL=pier` lets Pier install agents at trial time (build hosts with internet).
-AGENT_INSTALL_ENV = "SCIENCEBENCH_AGENT_INSTALL"
 
 
 class BakedImage(BaseModel):

@@ -11,7 +11,7 @@ import os
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator
@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     pier_bin: str = Field(default="pier", min_length=1)
     # The digest-pinned inference-proxy image of the network policy (worker hosts).
     proxy_image: str = ""
+    # How this host gets agents: "online", Pier installs them in its derived build (hosts with
+    # internet, as the original runner's); "baked", only baked agent images run (`images bake`).
+    agent_install: Literal["online", "baked"] = "online"
     # Bytes the task images a worker host pulled may take (`50G`; 0: no budget); see worker/docker/budget.py.
     image_budget: int = Field(default=0, ge=0)
     # Names of further variables of the worker's environment that Pier gets (colon-separated);

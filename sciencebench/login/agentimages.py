@@ -1,25 +1,21 @@
 """Which baked agent image each trial runs, decided at submit from the recorded file alone.
 
-Offline workers cannot run Pier's agent installers, so a job whose harness
-Pier would install (codex, claude-code, mini-swe-agent, ...) needs, for
-every task, the task image with that agent baked in
+A job whose harness Pier installs (codex, claude-code, mini-swe-agent, ...)
+runs, for every task that has one, the task image with that agent baked in
 (`sciencebench images bake`, recorded in `<selection>/.sciencebench/agent-images.json`).
-A missing one is refused here with one line (exit 2) instead of failing an
-install on every worker. This module reads that file and nothing else: the
-login node never talks to Docker.
-
-`SCIENCEBENCH_AGENT_INSTALL=pier` turns the requirement off, for clusters
-whose workers may let Pier install agents at trial time; recorded images
-are still used where they exist.
+A task without one needs a host that lets Pier install the agent online,
+as the original runner's hosts do: `login.cluster` checks that some host
+would (`worker --agent-install online`, the default), else the submit is
+refused in one line naming both ways out. This module reads the record
+and nothing else: the login node never talks to Docker.
 """
 
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass
 
 from sciencebench.core.agentimages import (
     AGENT_ADAPTERS,
-    AGENT_INSTALL_ENV,
     PIER_INSTALLED_AGENTS,
     BakedImage,
     agent_images_path,
@@ -37,10 +33,8 @@ def _ids(task_ids: list[str]) -> str:
     return shown + (", ..." if len(task_ids) > _LISTED else "")
 
 
-def _required(plan: AgentPlan, dry_run: bool) -> bool:
-    """Whether Pier's own installer would run for this plan (and may not)."""
-    if dry_run or os.environ.get(AGENT_INSTALL_ENV, "baked") == "pier":
-        return False
+def _installed_by_pier(plan: AgentPlan) -> bool:
+    """Whether Pier's own installer runs for this plan's agent where no baked image replaces it."""
     return plan.harness in PIER_INSTALLED_AGENTS and (
         plan.agent_import_path is None or plan.agent_import_path in AGENT_ADAPTERS
     )
@@ -54,31 +48,45 @@ def _bake_hint(selection: Selection, plan: AgentPlan, version: str | None) -> st
     )
 
 
-def resolve_agent_images(
-    selection: Selection, plan: AgentPlan, *, dry_run: bool = False
-) -> tuple[AgentPlan, dict[str, BakedImage]]:
-    """The baked image of every task (task id -> image) and the plan pinned to their version.
+@dataclass(frozen=True)
+class AgentImagesPlan:
+    """The plan pinned to the baked version, each task's baked image, and the tasks Pier must install on."""
+
+    plan: AgentPlan
+    images: dict[str, BakedImage]
+    missing: list[str]  # task ids with no baked image whose agent Pier installs (an online install)
+    hint: str  # the bake command that would give them one
+
+    def missing_line(self) -> str:
+        """What is missing, and the bake command: the first half of the refusal `login.cluster` makes."""
+        version = self.plan.agent_kwargs.get("version")
+        what = f"{self.plan.harness} {version}" if version not in (None, "", "latest") else self.plan.harness
+        return f"no baked {what} image for task(s) {_ids(self.missing)} (`{self.hint}`)"
+
+
+def resolve_agent_images(selection: Selection, plan: AgentPlan) -> AgentImagesPlan:
+    """The baked image of every task that has one, the plan pinned to their version, and what is missing.
 
     The version asked for is the agent keyword `version` (CODEX_VERSION for
     codex); none or `latest` means the one version baked. The plan gains that
     `version` keyword, so Pier records it. For codex the wire API must be one
-    the baked binary accepts (probed when it was baked).
+    the baked binary accepts (probed when it was baked). Tasks without a
+    baked image are listed in `missing` (their agent is installed by Pier,
+    online) for `login.cluster` to check a host would.
 
-    Raises ProfileError (exit 2) naming the fix when a required image is
-    missing (not for a `dry_run`, which shows what would run, as it does
-    without a credential), several versions would fit, the record is
-    unreadable, or the baked Codex refuses the wire API.
+    Raises ProfileError (exit 2) naming the fix when several versions would
+    fit, the record is unreadable, or the baked Codex refuses the wire API.
     """
+    requested = plan.agent_kwargs.get("version")
+    wanted = None if requested in (None, "", "latest") else requested
+    hint = _bake_hint(selection, plan, wanted)
     if plan.harness not in PIER_INSTALLED_AGENTS:
-        return plan, {}
-    required = _required(plan, dry_run)
+        return AgentImagesPlan(plan, {}, [], hint)
     path = agent_images_path(selection.path)
     try:
         record = load_agent_images(path)
     except ValueError as exc:
         raise ProfileError(str(exc)) from None
-    requested = plan.agent_kwargs.get("version")
-    wanted = None if requested in (None, "", "latest") else requested
     chosen: dict[str, BakedImage] = {}
     missing: list[str] = []
     for task_id in selection.task_ids:
@@ -91,14 +99,8 @@ def resolve_agent_images(
             )
         if found:
             chosen[task_id] = found[0]
-        elif required:
+        elif _installed_by_pier(plan):
             missing.append(task_id)
-    if missing:
-        what = f"{plan.harness} {wanted}" if wanted else plan.harness
-        raise ProfileError(
-            f"no baked {what} image for task(s) {_ids(missing)} (offline workers cannot install agents); "
-            f"run `{_bake_hint(selection, plan, wanted)}`"
-        )
     versions = sorted({image.version for image in chosen.values()})
     if len(versions) > 1:
         raise ProfileError(
@@ -106,13 +108,13 @@ def resolve_agent_images(
             f"re-run `{_bake_hint(selection, plan, versions[-1])}`"
         )
     if not chosen:
-        return plan, {}
+        return AgentImagesPlan(plan, {}, missing, hint)
     version = versions[0]
     if plan.harness == "codex":
         _check_wire_api(plan, version, list(chosen.values()))
     kwargs = dict(plan.agent_kwargs)
     kwargs["version"] = version
-    return plan.model_copy(update={"agent_kwargs": kwargs}), chosen
+    return AgentImagesPlan(plan.model_copy(update={"agent_kwargs": kwargs}), chosen, missing, hint)
 
 
 def _check_wire_api(plan: AgentPlan, version: str, images: list[BakedImage]) -> None:

@@ -35,6 +35,7 @@ from sciencebench.core.models import (
 from sciencebench.core.paths import JobPaths, write_atomic
 from sciencebench.core.settings import required_visibility_timeout
 from sciencebench.login.agentimages import resolve_agent_images
+from sciencebench.login.cluster import MODEL_FREE_AGENTS, Cluster, Needs, check_cluster
 from sciencebench.login.options import SubmitOptions, describe
 from sciencebench.login.plan import expand
 from sciencebench.login.profiles import (
@@ -113,11 +114,19 @@ def default_job_name(agent: str) -> str:
 
 
 def prepare(
-    opts: SubmitOptions, visibility_timeout_sec: int | None = None, *, local: bool = False
+    opts: SubmitOptions,
+    visibility_timeout_sec: int | None = None,
+    *,
+    local: bool = False,
+    hosts: Callable[[], Cluster],
 ) -> Prepared:
     """Validate everything a submit needs; write nothing. Raises InputError.
 
     `local`: the trials run in this process (`--local`), not on workers.
+    `hosts`: the hosts that would run them (`login.cluster`: this host, or
+    the live workers in the store), asked last, once the input is known
+    good. A dry run is validated the same way; only a missing credential is
+    allowed in one, as the original runner allows it ("required for a real run").
     """
     _check_options(opts, local)
     selection = load_selection(opts.path, opts.task_id)
@@ -146,7 +155,8 @@ def prepare(
         auto_agent_adapter=opts.auto_agent_adapter,
         dry_run=opts.dry_run,
     )
-    agent_plan, agent_images = resolve_agent_images(selection, agent_plan, dry_run=opts.dry_run)
+    baked = resolve_agent_images(selection, agent_plan)
+    agent_plan, agent_images = baked.plan, baked.images
     # Credential-looking keyword values leave the job spec: they travel in a private file.
     public_kwargs, secret_kwargs = split_secret_kwargs(agent_plan.agent_kwargs)
     agent_plan = agent_plan.model_copy(update={"agent_kwargs": public_kwargs})
@@ -175,6 +185,12 @@ def prepare(
     trials = expand(selection, job, hashes)
     if visibility_timeout_sec is not None:
         check_visibility_timeout(trials, visibility_timeout_sec)
+    needs = Needs(
+        proxy=opts.agent not in MODEL_FREE_AGENTS,
+        online_install=agent_plan.harness if baked.missing else None,
+        paths=_served_paths(opts, selection, env_file),
+    )
+    check_cluster(hosts(), needs, baked.missing_line)
     return Prepared(
         selection=selection,
         job=job,
@@ -183,6 +199,16 @@ def prepare(
         agent_env_values=agent_env,
         agent_kwarg_values=secret_kwargs,
     )
+
+
+def _served_paths(
+    opts: SubmitOptions, selection: Selection, env_file: EnvFile | None
+) -> tuple[tuple[str, Path, str], ...]:
+    """The paths a worker must serve for this job, with the kit field of roots that would serve each."""
+    paths = [("--jobs-dir", opts.jobs_dir, "jobs_roots"), ("--path", selection.path, "selection_roots")]
+    if env_file is not None:
+        paths.append(("--env-file", env_file.path, "env_file_roots"))
+    return tuple(paths)
 
 
 def check_job_name_free(job: JobSpec) -> None:

@@ -18,7 +18,7 @@ from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
 from celery.utils.nodenames import default_nodename, host_format
 
-from sciencebench.coordination.protocol import Coordinator
+from sciencebench.coordination.protocol import Coordinator, HostKit
 from sciencebench.coordination.redis import RedisCoordinator
 from sciencebench.coordination.watchdog import start_watchdog
 from sciencebench.core.errors import InputError, PreflightError, PullError
@@ -43,6 +43,10 @@ def worker_settings(settings: Settings, **overrides: Any) -> Settings:
             "a worker serves only the directories it is given: set --jobs-root and --selection-root "
             "(or SCIENCEBENCH_JOBS_ROOTS and SCIENCEBENCH_SELECTION_ROOTS)"
         )
+    try:
+        preflight.check_proxy_ref(settings.proxy_image)
+    except PreflightError as exc:
+        raise InputError(str(exc)) from None
     return settings
 
 
@@ -52,12 +56,14 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     coord = RedisCoordinator(settings.broker_url)
     coord.ping()
     prepare_host(platform, settings)
+    log.info(preflight.ensure_proxy_image(settings.proxy_image))
     # One name for this worker everywhere: Celery's node name (`w1@host`) is
     # what heartbeats, pauses, unfit marks and records say.
     nodename = host_format(default_nodename(hostname or ""))
     settings = settings.model_copy(update={"hostname": nodename})
     # Live before its first trial: a host that cannot serve a job hands trials back only while
     # another live host may (`worker.trial._unfit`), and the keeper's first beat is a quarter lease away.
+    coord.describe_host(nodename, host_kit(settings))
     coord.beat(nodename)
     # Forked pool processes build their context from these, not from the environment alone.
     use_settings(settings)
@@ -100,6 +106,17 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     app.worker_main(argv)
 
 
+def host_kit(settings: Settings) -> HostKit:
+    """What this host brings to a job, for submit to check: agent install, proxy image, roots."""
+    return HostKit(
+        agent_install=settings.agent_install,
+        proxy_image=settings.proxy_image,
+        jobs_roots=tuple(str(root) for root in settings.jobs_roots),
+        selection_roots=tuple(str(root) for root in settings.selection_roots),
+        env_file_roots=tuple(str(root) for root in settings.env_file_roots),
+    )
+
+
 def _report_images(coord: Coordinator, settings: Settings) -> None:
     """Tell the store what the host's task images take of its budget (best effort)."""
     try:
@@ -126,6 +143,8 @@ def keep_host(app: Celery, coord: Coordinator, settings: Settings, stop: threadi
         ticks += 1
         try:
             coord.beat(hostname)
+            if ticks % reaffirm_every == 0:  # again after a broker that lost its data
+                coord.describe_host(hostname, host_kit(settings))
             if settings.image_budget and (ticks == 1 or ticks % reaffirm_every == 0):
                 _report_images(coord, settings)
             status = coord.hosts().get(hostname)

@@ -13,11 +13,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sciencebench.core.errors import PreflightError
+from sciencebench.core.errors import PreflightError, PullError
 from sciencebench.core.harness import PIER_VERSION
-from sciencebench.core.images import DEFAULT_PLATFORM, parse_platform
+from sciencebench.core.images import DEFAULT_PLATFORM, check_image_ref, parse_platform
 from sciencebench.core.versions import parse_version
 from sciencebench.worker.docker import engine
+from sciencebench.worker.docker.images import ensure_kit_image
 from sciencebench.worker.pier.process import pier_version
 
 MIN_ENGINE = (28, 0)
@@ -159,3 +160,34 @@ def check_host(
         pier_version=pier,
         jobs_dir=jobs_dir,
     )
+
+
+PROXY_IMAGE_ENV = "SCIENCEBENCH_PROXY_IMAGE"
+
+
+def check_proxy_ref(ref: str) -> str:
+    """The proxy image ref when it is set and pinned by digest; else PreflightError (one line)."""
+    if not ref.strip():
+        raise PreflightError(
+            f"{PROXY_IMAGE_ENV} is unset: model-agent trials need the digest-pinned inference-proxy image "
+            "(workers/proxy, built offline by compose/build.yml; docs/deployment.md)"
+        )
+    try:
+        return check_image_ref(ref)
+    except ValueError as exc:
+        raise PreflightError(f"{PROXY_IMAGE_ENV}: {exc}") from None
+
+
+def ensure_proxy_image(ref: str) -> str:
+    """Make the pinned proxy image present on this host's engine (pulled by digest when missing).
+
+    It is the worker's own kit, not a task image: never in the pull log, so
+    no image budget evicts it. Returns one line for a report; raises
+    PreflightError naming the ref when it is unset, unpinned or cannot be had.
+    """
+    check_proxy_ref(ref)
+    try:
+        pulled = ensure_kit_image(ref)
+    except PullError as exc:
+        raise PreflightError(f"{PROXY_IMAGE_ENV}: {exc}") from None
+    return f"proxy image {ref} {'pulled' if pulled else 'present'}"

@@ -71,8 +71,8 @@ class DockerRuntime:
             raise RefusedError(str(exc)) from None
 
     def environment_kwargs(self) -> dict[str, str]:
-        """Host-side keywords of the policy environment: the proxy image and this host state's owner id."""
-        kwargs = {"owner": owner_id(self.settings.state_dir)}
+        """Host-side keywords of the policy environment: proxy image, agent install, the host's owner id."""
+        kwargs = {"owner": owner_id(self.settings.state_dir), "agent_install": self.settings.agent_install}
         if self.settings.proxy_image:
             kwargs["proxy_image"] = self.settings.proxy_image
         return kwargs
@@ -127,8 +127,12 @@ def host_preflight(platform: str, jobs_dir: Path | None, pier_bin: str, broker: 
     """Lines for `sciencebench preflight`; raises PreflightError on the first failure."""
     report = preflight.check_host(platform=platform, jobs_dir=jobs_dir, pier_bin=pier_bin)
     lines = [f"ok: {line}" for line in report.lines()]
+    settings = Settings.from_env()
+    lines.append(f"ok: {preflight.ensure_proxy_image(settings.proxy_image)}")
+    lines.append(
+        f"ok: agents {'installed by Pier online' if settings.agent_install == 'online' else 'baked only'}"
+    )
     if broker:
-        settings = Settings.from_env()
         try:
             RedisCoordinator(settings.broker_url).ping()
         except BrokerUnavailableError as exc:

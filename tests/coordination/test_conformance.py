@@ -18,7 +18,7 @@ import redis
 
 from sciencebench.coordination.history import SAMPLES
 from sciencebench.coordination.memory import MemoryCoordinator
-from sciencebench.coordination.protocol import Claim, Coordinator, Held
+from sciencebench.coordination.protocol import Claim, Coordinator, Held, HostKit
 from sciencebench.coordination.redis import RedisCoordinator
 from sciencebench.core.models import Redispatch, TrialSpec, TrialState, TrialStatus
 from tests.fixtures.services import RedisServer
@@ -549,6 +549,21 @@ def test_a_hosts_image_budget_line_is_kept_until_it_is_forgotten(coord: Coordina
     coord.forget_host("w1@a")
     coord.beat("w1@a")  # back after a restart: nothing of before
     assert coord.hosts()["w1@a"].images == ""
+
+
+def test_a_hosts_kit_is_kept_until_it_is_forgotten(coord: Coordinator) -> None:
+    coord.beat("w1@a")
+    coord.beat("w2@b")
+    assert coord.hosts()["w1@a"].kit is None  # a host that has not said
+    kit = HostKit(agent_install="baked", proxy_image="reg/proxy@sha256:" + "a" * 64,
+                  jobs_roots=("/srv/jobs",), selection_roots=("/srv/sel",))  # fmt: skip
+    coord.describe_host("w1@a", HostKit())
+    coord.describe_host("w1@a", kit)  # the latest wins
+    hosts = coord.hosts()
+    assert hosts["w1@a"].kit == kit and hosts["w2@b"].kit is None
+    coord.forget_host("w1@a")
+    coord.beat("w1@a")  # back after a restart: nothing of before
+    assert coord.hosts()["w1@a"].kit is None
 
 
 def test_patiently_returns_what_the_call_returns(coord: Coordinator) -> None:

@@ -18,13 +18,14 @@ from sciencebench.core.pier_argv import render_argv
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.retry import failed_trials
 from sciencebench.login.runrecord import build_run_record
-from sciencebench.login.submit import Prepared, persist, prepare
+from sciencebench.login.submit import Prepared, persist
 from sciencebench.worker.pier.agentconfig import (
     CONFIG_NAME,
     load_secret_kwargs,
     redact_pier_files,
     write_agent_config,
 )
+from tests.fixtures.hosts import prepare
 from tests.fixtures.selection import make_selection
 
 pytestmark = pytest.mark.unit

@@ -20,8 +20,9 @@ from sciencebench.core.errors import ProfileError
 from sciencebench.core.pier_argv import render_argv
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.runrecord import build_run_record
-from sciencebench.login.submit import Prepared, prepare
+from sciencebench.login.submit import Prepared
 from sciencebench.network.execenv import exec_env_args
+from tests.fixtures.hosts import BAKED_ONLY, READY, prepare
 from tests.fixtures.selection import DEFAULT_AGENT_IMAGE, DEFAULT_VERIFIER_IMAGE, make_selection
 
 pytestmark = pytest.mark.unit
@@ -29,11 +30,6 @@ pytestmark = pytest.mark.unit
 KEY = "sk-unit-canary-7f3a"
 BAKED_CODEX = "127.0.0.1:5555/sciencebench-agents/codex:0.169.0-a1a1@sha256:" + "c3" * 32
 BAKED_OTHER = "127.0.0.1:5555/sciencebench-agents/codex:0.170.0-a1a1@sha256:" + "d4" * 32
-
-
-@pytest.fixture(autouse=True)
-def baked_images_required(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SCIENCEBENCH_AGENT_INSTALL", "baked")  # the default (tests/conftest.py relaxes it)
 
 
 def baked(agent: str = "codex", version: str = "0.169.0", image: str = BAKED_CODEX, **kw: Any) -> BakedImage:
@@ -61,8 +57,10 @@ def submit(root: Path, tmp_path: Path, env_text: str, **kw: Any) -> Prepared:
     env_file = tmp_path / "provider.env"
     env_file.write_text(env_text)
     kw.setdefault("agent", "codex")
+    # Hosts that run baked images only: a task without one is refused.
     return prepare(
-        SubmitOptions(path=root, env_file=env_file, jobs_dir=tmp_path / "jobs", job_name="j", **kw)
+        SubmitOptions(path=root, env_file=env_file, jobs_dir=tmp_path / "jobs", job_name="j", **kw),
+        cluster=BAKED_ONLY,
     )
 
 
@@ -147,7 +145,10 @@ def test_a_missing_baked_image_is_one_line_naming_the_command(tmp_path: Path) ->
     assert "no baked codex image for task(s) 002, 005" in message
     assert f"sciencebench images bake --path {root} --agent codex" in message
     # Where to push: a task image's registry (docker.io for the benchmark) is not the user's to push to.
-    assert message.endswith("--registry HOST[:PORT]`")
+    assert "--registry HOST[:PORT]`)" in message
+    # Both ways out: bake, or a host that installs agents online.
+    assert "no live worker host installs agents online" in message
+    assert "sciencebench worker --agent-install online" in message
 
 
 def test_bake_requires_a_registry_to_push_to(tmp_path: Path) -> None:
@@ -185,15 +186,20 @@ def test_chat_is_refused_when_the_baked_codex_refuses_it(tmp_path: Path) -> None
     assert submit(root_old, tmp_path, f"OPENAI_API_KEY={KEY}\nCODEX_WIRE_API=chat\n").job.agent_images
 
 
-def test_no_baked_image_is_needed_for_a_dry_run_nop_oracle_or_pier_installs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_no_baked_image_is_needed_for_nop_oracle_or_where_a_host_installs_online(tmp_path: Path) -> None:
     root = selection(tmp_path)
-    assert submit(root, tmp_path, f"OPENAI_API_KEY={KEY}\n", dry_run=True).job.agent_images == {}
     for agent in ("nop", "oracle"):
         assert submit(root, tmp_path, "", agent=agent).job.agent_images == {}
-    monkeypatch.setenv("SCIENCEBENCH_AGENT_INSTALL", "pier")
-    assert submit(root, tmp_path, f"OPENAI_API_KEY={KEY}\n").job.agent_images == {}
+    (tmp_path / "provider.env").write_text(f"OPENAI_API_KEY={KEY}\n")
+    online = prepare(SubmitOptions(path=root, env_file=tmp_path / "provider.env", agent="codex",
+                                   jobs_dir=tmp_path / "jobs", job_name="j"), cluster=READY)  # fmt: skip
+    assert online.job.agent_images == {}  # Pier installs codex in its build, as the original's does
+
+
+def test_a_dry_run_is_refused_as_the_real_submit_is(tmp_path: Path) -> None:
+    root = selection(tmp_path)
+    with pytest.raises(ProfileError, match=r"no baked codex image for task.* installs agents online"):
+        submit(root, tmp_path, f"OPENAI_API_KEY={KEY}\n", dry_run=True)
 
 
 def test_claude_code_and_the_mini_swe_agent_adapter_use_their_own_images(tmp_path: Path) -> None:

@@ -19,8 +19,9 @@ from sciencebench.core.settings import Settings
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.profiles import plan_agent
 from sciencebench.login.runrecord import build_run_record
-from sciencebench.login.submit import persist, prepare
+from sciencebench.login.submit import persist
 from sciencebench.worker.admission import admit
+from tests.fixtures.hosts import prepare
 from tests.fixtures.selection import make_selection
 
 pytestmark = pytest.mark.unit

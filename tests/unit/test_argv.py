@@ -12,7 +12,8 @@ import pytest
 from sciencebench.core.harness import CODEX_ADAPTER, POLICY_ENVIRONMENT
 from sciencebench.core.pier_argv import render_argv
 from sciencebench.login.options import SubmitOptions
-from sciencebench.login.submit import Prepared, prepare
+from sciencebench.login.submit import Prepared
+from tests.fixtures.hosts import prepare
 from tests.fixtures.selection import make_selection
 
 pytestmark = pytest.mark.unit

@@ -1,7 +1,9 @@
 """The installed `sciencebench` entry point: help, dry runs and bad input.
 
 Runs the console script from the virtualenv as a user would, on fixture
-selections in temporary directories. A dry run never talks to the broker.
+selections in temporary directories. A dry run checks the live worker hosts
+as a submit does: a real redis-server (with a password, the canary) with one
+registered host that brings everything (`tests.fixtures.hosts`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +23,9 @@ from click.testing import CliRunner
 
 from sciencebench import cli
 from sciencebench.login.options import SubmitOptions
-from sciencebench.login.submit import prepare
+from tests.fixtures.hosts import prepare, register_ready_host
 from tests.fixtures.selection import DEFAULT_VERIFIER_IMAGE, make_selection, make_task
+from tests.fixtures.services import RedisServer
 
 pytestmark = pytest.mark.unit
 
@@ -79,9 +82,28 @@ RECORD_KEYS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis-cli"), password=CANARY_BROKER)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def live_host(broker: RedisServer) -> None:
+    """A live worker host that could run any job, beating afresh for each test."""
+    global BROKER_URL
+    BROKER_URL = broker.url
+    register_ready_host(broker.url)
+
+
+BROKER_URL = ""
+
+
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("SCIENCEBENCH_")}
-    env["SCIENCEBENCH_BROKER_URL"] = f"redis://default:{CANARY_BROKER}@broker.invalid:6379/0"
+    env["SCIENCEBENCH_BROKER_URL"] = BROKER_URL
     env["COLUMNS"] = "200"
     return subprocess.run(
         [str(SCIENCEBENCH), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60, check=False
@@ -154,7 +176,7 @@ def test_dry_run_writes_the_run_record_and_nothing_else(tmp_path: Path) -> None:
     assert record["n_attempts"] == 2
     assert record["job_name"] == "dry"
     assert record["agent"] == "nop"
-    assert record["broker"] == "redis://broker.invalid:6379/0"
+    assert record["broker"] == BROKER_URL.replace(f"default:{CANARY_BROKER}@", "")
     assert not jobs.exists()
     after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     assert sorted(set(after) - set(before)) == [Path("sel/batch-run.json")]
@@ -201,7 +223,7 @@ def test_dry_run_prints_the_selection_hash_on_one_line(
     result = CliRunner().invoke(
         cli.main,
         ["submit", "--path", str(selection), "--jobs-dir", "jobs", "--job-name", "w", "--dry-run"],
-        env={"SCIENCEBENCH_BROKER_URL": "redis://x:1/0", "COLUMNS": None},
+        env={"SCIENCEBENCH_BROKER_URL": BROKER_URL, "COLUMNS": None},
     )
     assert result.exit_code == 0, result.output
     expected = "0bf1341706f5de2f6c82676ff391855b9dd606e4c435484e0eff1dbee3516810"

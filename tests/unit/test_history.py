@@ -20,8 +20,9 @@ from sciencebench.core.paths import JobPaths, write_atomic
 from sciencebench.login.dispatch import dispatch
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.plan import order, schedule
-from sciencebench.login.submit import Prepared, persist, prepare
+from sciencebench.login.submit import Prepared, persist
 from sciencebench.worker.stages import CANCELLED
+from tests.fixtures.hosts import prepare
 from tests.fixtures.selection import make_selection
 
 pytestmark = pytest.mark.unit

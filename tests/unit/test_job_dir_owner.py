@@ -20,9 +20,10 @@ from sciencebench.core.paths import JobPaths, open_job_dir, write_in_job
 from sciencebench.core.settings import Settings
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.runrecord import build_run_record
-from sciencebench.login.submit import Prepared, persist, prepare
+from sciencebench.login.submit import Prepared, persist
 from sciencebench.worker import stages
 from sciencebench.worker.pier.agentconfig import write_agent_config
+from tests.fixtures.hosts import prepare
 from tests.fixtures.selection import make_selection
 
 pytestmark = pytest.mark.unit

@@ -66,6 +66,7 @@ def test_a_broken_constraint_names_the_option(tmp_path: Path, args: list[str], m
     assert not (selection / "batch-run.json").exists()
 
 
+@pytest.mark.usefixtures("ready_broker")
 def test_negated_flags_turn_their_field_off(tmp_path: Path) -> None:
     selection = make_selection(tmp_path / "sel", ["001"])
     result = CliRunner().invoke(

@@ -13,7 +13,8 @@ from sciencebench.core.errors import InputError
 from sciencebench.core.paths import JobPaths
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.runrecord import build_run_record
-from sciencebench.login.submit import Prepared, persist, persisted, prepare
+from sciencebench.login.submit import Prepared, persist, persisted
+from tests.fixtures.hosts import prepare
 from tests.fixtures.selection import make_selection
 
 pytestmark = pytest.mark.unit

@@ -38,7 +38,8 @@ from sciencebench.core.pierjob import (
     pier_trials,
 )
 from sciencebench.login.options import SubmitOptions
-from sciencebench.login.submit import Prepared, prepare
+from sciencebench.login.submit import Prepared
+from tests.fixtures.hosts import prepare
 from tests.fixtures.pier_results import pier_final_stats, trial_result
 from tests.fixtures.selection import make_selection
 

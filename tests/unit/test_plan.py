@@ -13,7 +13,7 @@ from sciencebench.core.taskdir import task_toml_sha256
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.plan import expand, expected_trial_seconds
 from sciencebench.login.selection import Selection, load_selection
-from sciencebench.login.submit import prepare
+from tests.fixtures.hosts import prepare
 from tests.fixtures.selection import DEFAULT_AGENT_IMAGE, DEFAULT_VERIFIER_IMAGE, make_selection
 
 pytestmark = pytest.mark.unit

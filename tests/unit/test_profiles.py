@@ -21,7 +21,7 @@ from sciencebench.login.profiles import (
     proxy_variable_problem,
     read_env_file,
 )
-from sciencebench.login.submit import prepare
+from tests.fixtures.hosts import prepare
 from tests.fixtures.selection import make_selection
 
 pytestmark = pytest.mark.unit

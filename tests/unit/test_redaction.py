@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.redaction import REDACTED, mask_secrets, redact_argv
 from sciencebench.login.runrecord import build_run_record, write_run_record
-from sciencebench.login.submit import prepare
+from tests.fixtures.hosts import prepare
 from tests.fixtures.selection import DEFAULT_VERIFIER_IMAGE, make_selection
 
 pytestmark = pytest.mark.unit

@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 
 import sciencebench
-from sciencebench.core.agentimages import AGENT_INSTALL_ENV
 from sciencebench.core.errors import ProfileError
 from sciencebench.core.gateways import public_url
 from sciencebench.core.harness import CODEX_ADAPTER
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.redaction import REDACTED
 from sciencebench.login.runrecord import build_run_record, write_run_record
-from sciencebench.login.submit import Prepared, prepare
+from sciencebench.login.submit import Prepared
+from tests.fixtures.hosts import prepare
 from tests.fixtures.selection import DEFAULT_AGENT_IMAGE, DEFAULT_VERIFIER_IMAGE, make_selection
 
 pytestmark = pytest.mark.unit
@@ -286,15 +286,14 @@ def real_records(
     selection = root / "tasks-selected-small"
     shutil.copytree(REAL_TASKS, selection)
     records = {}
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(AGENT_INSTALL_ENV, "pier")  # agents install as the original's do: no bake step
-        for name, scenario in SCENARIOS.items():
-            kw = {key: value for key, value in scenario.items() if key != "env_text"}
-            if "env_text" in scenario:
-                (root / f"{name}.env").write_text(scenario["env_text"])
-                kw["env_file"] = root / f"{name}.env"
-            prepared = prepare(SubmitOptions(path=selection, jobs_dir=root / "jobs", **kw))
-            records[name] = (_record(prepared), _original_record(selection, scenario))
+    # The hosts install agents online, as the original's do: no bake step.
+    for name, scenario in SCENARIOS.items():
+        kw = {key: value for key, value in scenario.items() if key != "env_text"}
+        if "env_text" in scenario:
+            (root / f"{name}.env").write_text(scenario["env_text"])
+            kw["env_file"] = root / f"{name}.env"
+        prepared = prepare(SubmitOptions(path=selection, jobs_dir=root / "jobs", **kw))
+        records[name] = (_record(prepared), _original_record(selection, scenario))
     return records
 
 

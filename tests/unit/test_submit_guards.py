@@ -9,7 +9,8 @@ import pytest
 from sciencebench.core.errors import InputError, JobConflictError
 from sciencebench.core.settings import VISIBILITY_TIMEOUT_FLOOR_SEC
 from sciencebench.login.options import SubmitOptions
-from sciencebench.login.submit import prepare, write_job_spec
+from sciencebench.login.submit import write_job_spec
+from tests.fixtures.hosts import prepare
 from tests.fixtures.selection import make_selection
 
 pytestmark = pytest.mark.unit

@@ -23,7 +23,7 @@ from sciencebench.core.models import JobSpec, TrialRecord
 from sciencebench.core.paths import JobPaths
 from sciencebench.core.summary import CONFIG_JSON, MISSING_PATCH, SUMMARY_COLUMNS, write_summary
 from sciencebench.login.options import SubmitOptions
-from sciencebench.login.submit import prepare
+from tests.fixtures.hosts import prepare
 from tests.fixtures.pier_results import trial_result
 from tests.fixtures.selection import make_selection
 

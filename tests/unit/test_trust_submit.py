@@ -141,6 +141,7 @@ def test_codex_adapter_refuses_an_explicit_config_toml(tmp_path: Path, selection
     assert "--no-auto-agent-adapter" in result.stderr
 
 
+@pytest.mark.usefixtures("ready_broker")
 def test_builtin_codex_gets_the_gateway_of_its_config_toml(tmp_path: Path, selection: Path) -> None:
     config = 'model_provider = "x"\n[model_providers.x]\nbase_url = "http://gw.example:4000/v1"\n'
     args = ["--agent", "codex", "--no-auto-agent-adapter", "--dry-run", "--no-auto-provider", "--model", "m"]
@@ -181,6 +182,7 @@ def test_an_undeclared_template_is_refused(tmp_path: Path, extra: str) -> None:
     assert "neither --env-file nor --agent-env provides" in result.stderr
 
 
+@pytest.mark.usefixtures("ready_broker")
 def test_a_declared_template_is_accepted(tmp_path: Path) -> None:
     selection = _with_toml(tmp_path, "")
     toml = selection / "task_001" / "task.toml"
@@ -221,6 +223,7 @@ def test_a_task_compose_file_asking_for_the_host_is_refused(tmp_path: Path, comp
     assert "refused by the network policy" in result.stderr and says in result.stderr
 
 
+@pytest.mark.usefixtures("ready_broker")
 def test_a_task_compose_file_may_mount_its_own_files(tmp_path: Path) -> None:
     selection = make_selection(tmp_path / "csel", ["001"])
     tests = selection / "task_001" / "tests"

@@ -331,3 +331,32 @@ def _append_line(path: Path, line: str) -> None:
         os.write(fd, (line + "\n").encode("utf-8"))
     finally:
         os.close(fd)
+
+
+def ensure_kit_image(ref: str) -> bool:
+    """Make a pinned image of the worker's own kit (the proxy) present; True when it had to be pulled.
+
+    Not a task image: it is not written to the pull log, so no image budget
+    counts or evicts it. Raises PullError (one line, naming the ref).
+    """
+    name = pinned_name(ref)
+    try:
+        client = connect()
+    except PreflightError as exc:
+        raise PullError(f"{ref}: {exc}") from None
+    try:
+        try:
+            client.images.get(name)
+            return False
+        except docker.errors.ImageNotFound:
+            pass
+        repository, digest = image_repository(ref), image_digest(ref)
+        registry, _ = docker.auth.resolve_repository_name(repository)
+        client.images.pull(repository, tag=digest, auth_config=registry_auth(registry) or {})
+        return True
+    except docker.errors.APIError as exc:
+        raise PullError(f"{ref}: cannot be pulled ({one_line(str(exc), 200)})") from None
+    except docker.errors.DockerException as exc:
+        raise PullError(f"{ref}: the engine failed ({exc.__class__.__name__})") from None
+    finally:
+        client.close()

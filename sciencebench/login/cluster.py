@@ -1,0 +1,125 @@
+"""What the hosts that would run a job bring, and whether that is enough: checked at submit and dry run alike.
+
+A job needs of its hosts what its agent and selection ask: the inference
+proxy for a model agent, Pier's online agent install where a task has no
+baked agent image, and roots that serve its jobs directory, selection and
+env file. A worker reports what it brings at start (`HostKit`: `worker
+--agent-install`, `SCIENCEBENCH_PROXY_IMAGE`, its roots); with a broker,
+the hosts are the live ones in the store; with `--local`, this host as its
+settings say. A job no host could run is refused here, in one line naming
+both ways out, instead of failing on every worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sciencebench.coordination.protocol import Coordinator, HostKit
+from sciencebench.core.errors import ProfileError
+from sciencebench.core.settings import Settings
+
+# Agents that call no model: their trials run with no egress, so no proxy.
+MODEL_FREE_AGENTS = frozenset({"nop", "oracle"})
+# A host counts as live when it beat within this many lease periods (its keeper beats every quarter).
+LIVE_LEASES = 2.0
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The hosts a job would run on, each with what it reported (`where`: how they were found)."""
+
+    kits: dict[str, HostKit]
+    where: str
+    local: bool = False
+
+    @classmethod
+    def this_host(cls, settings: Settings) -> Cluster:
+        """`--local`: this host, as its settings say (it serves every path, as its user can read them)."""
+        kit = HostKit(agent_install=settings.agent_install, proxy_image=settings.proxy_image)
+        return cls(kits={"this host": kit}, where="this host", local=True)
+
+    @classmethod
+    def live(cls, coord: Coordinator, lease_seconds: float) -> Cluster:
+        """The live worker hosts in the store (beat within two leases), with the kit each reported."""
+        now = coord.now()
+        horizon = LIVE_LEASES * lease_seconds
+        kits = {
+            host: status.kit or HostKit()
+            for host, status in coord.hosts().items()
+            if now - status.seen_at < horizon
+        }
+        return cls(kits=kits, where="live worker hosts")
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a job asks of the hosts that run it."""
+
+    proxy: bool  # a model agent: the inference proxy image
+    online_install: str | None  # the harness Pier must install where no baked image exists, or None
+    paths: tuple[tuple[str, Path, str], ...] = ()  # (option, path, the HostKit roots field serving it)
+
+
+def check_cluster(cluster: Cluster, needs: Needs, missing_baked: Callable[[], str]) -> None:
+    """Refuse (ProfileError, exit 2) a job that none of the cluster's hosts can run; one line naming the fix.
+
+    Hosts are narrowed requirement by requirement (roots, proxy, online
+    install); the first requirement that leaves none is the one named.
+    `missing_baked` says which tasks lack a baked image and how to bake them.
+    A broker with no live host at all refuses only what needs something of
+    the hosts (a job of nop trials waits for hosts to come).
+    """
+    kits = dict(cluster.kits)
+    if not cluster.local and not kits:
+        if needs.proxy or needs.online_install:
+            wanted = "the inference proxy image" if needs.proxy else "online agent installs"
+            raise ProfileError(
+                f"no live worker host: this job needs one with {wanted}; start the workers, then submit"
+            )
+        return
+    for option, path, field in needs.paths:
+        if cluster.local:
+            break
+        serving = {host: kit for host, kit in kits.items() if _serves(getattr(kit, field), path)}
+        if not serving:
+            roots = sorted({root for kit in kits.values() for root in getattr(kit, field)})
+            shown = ", ".join(roots[:4]) or "none reported"
+            raise ProfileError(
+                f"{option} {path}: no live worker host serves it (their {_ROOT_OPTIONS[field]}: {shown}); "
+                f"put it under one, or start a worker with {_ROOT_OPTIONS[field]} covering it"
+            )
+        kits = serving
+    if needs.proxy:
+        kits = {host: kit for host, kit in kits.items() if kit.proxy_image}
+        if not kits:
+            where = "this host" if cluster.local else "no live worker host"
+            raise ProfileError(
+                f"model agents run behind the inference proxy, and {where} has its image: set "
+                "SCIENCEBENCH_PROXY_IMAGE (digest-pinned, built by compose/build.yml) on "
+                + ("this host" if cluster.local else "the worker hosts, and start them")
+            )
+    if needs.online_install and not any(kit.agent_install == "online" for kit in kits.values()):
+        if cluster.local:
+            raise ProfileError(
+                f"{missing_baked()}, and this host does not install agents online "
+                "(SCIENCEBENCH_AGENT_INSTALL=baked); bake them, or unset it on a host with internet"
+            )
+        raise ProfileError(
+            f"{missing_baked()}, and no live worker host installs agents online; bake them, or run a "
+            "worker that does (`sciencebench worker --agent-install online`, a host with internet)"
+        )
+
+
+_ROOT_OPTIONS = {
+    "jobs_roots": "--jobs-root",
+    "selection_roots": "--selection-root",
+    "env_file_roots": "--env-file-root",
+}
+
+
+def _serves(roots: tuple[str, ...], path: Path) -> bool:
+    """Whether `path` is one of `roots` or under one (as the worker's confinement decides, resolved)."""
+    resolved = path.resolve()
+    return any(resolved.is_relative_to(Path(root).resolve()) for root in roots)
