@@ -54,19 +54,24 @@ def test_the_worker_extra_is_absent(login_python: Path) -> None:
         assert "ModuleNotFoundError" in probe.stderr
 
 
-def test_submit_dry_run_on_the_login_side(login_python: Path, tmp_path: Path) -> None:
+def test_submit_dry_run_on_the_login_side(login_python: Path, tmp_path: Path, ready_broker: str) -> None:
     selection = make_selection(tmp_path / "sel", ["001", "002"])
-    env = dict(os.environ)
-    # No broker listens there: the dry run's pre-warm says so and carries on.
-    env["SCIENCEBENCH_BROKER_URL"] = f"redis://127.0.0.1:{free_port()}/0"
-    done = _run(
-        login_python, "-m", "sciencebench", "submit", "--path", str(selection), "--agent", "oracle",
-        "--jobs-dir", str(tmp_path / "jobs"), "--job-name", "login-only", "--dry-run", env=env,
-    )  # fmt: skip
+    args = ["-m", "sciencebench", "submit", "--path", str(selection), "--agent", "oracle",
+            "--jobs-dir", str(tmp_path / "jobs"), "--job-name", "login-only",
+            "--skip-pull", "--dry-run"]  # fmt: skip
+    done = _run(login_python, *args, env={**os.environ, "SCIENCEBENCH_BROKER_URL": ready_broker})
     assert done.returncode == 0, done.stderr
     assert "dry run: 2 trial(s) of 2 task(s)" in done.stdout
-    assert "pre-warm: broker not reachable" in done.stdout + done.stderr
     assert (selection / "batch-run.json").is_file()
+    # A dry run checks the live hosts as a submit does: without a broker it says so, in one line.
+    (selection / "batch-run.json").unlink()
+    gone = _run(
+        login_python,
+        *args,
+        env={**os.environ, "SCIENCEBENCH_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"},
+    )
+    assert gone.returncode == 1 and gone.stderr.startswith("sciencebench: error: broker unreachable")
+    assert not (selection / "batch-run.json").exists()
 
 
 def test_no_login_module_imports_the_worker_side(login_python: Path) -> None:
