@@ -22,6 +22,7 @@ from __future__ import annotations
 import statistics
 import time
 import tomllib
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -51,6 +52,10 @@ class Live:
     live_slots: int | None  # the live cluster's slots; None when not asked or nobody answered
     eta_sec: float | None  # None when nothing is known of a remaining trial's duration
     sources: dict[str, int] = field(default_factory=dict)  # where the remaining trials' estimates came from
+    provider_errors: dict[str, int] = field(
+        default_factory=dict
+    )  # finished trials a provider failed, by status
+    not_started: dict[str, int] = field(default_factory=dict)  # finished trials that never started, by why
 
     @property
     def remaining(self) -> int:
@@ -117,6 +122,13 @@ class Watcher:
                 return None
         return self._records[key]
 
+    def _unshown(self, key: str) -> TrialState:
+        """The state of a trial the board does not show: finished when it has a record, else queued."""
+        record = self._record(key)
+        if record is None:
+            return TrialState.QUEUED
+        return TrialState.FAILED if record.errored else TrialState.DONE
+
     def _expected(self, task_id: str, own: dict[str, list[float]], across: float | None) -> tuple[float, str]:
         if task_id in own:
             return statistics.median(own[task_id]), "this job's trials of the task"
@@ -141,7 +153,7 @@ class Watcher:
         n_done = n_failed = 0
         for key in self.keys:
             status = states.get(key)
-            state = status.state if status else TrialState.QUEUED
+            state = status.state if status else self._unshown(key)
             if state in FINISHED:
                 n_done += state is TrialState.DONE
                 n_failed += state is TrialState.FAILED
@@ -178,6 +190,8 @@ class Watcher:
         return Live(
             done=n_done, failed=n_failed, running=len(running), waiting=len(waiting),
             spend=Spend.of(finished), slots=slots, live_slots=slots_now, eta_sec=eta, sources=sources,
+            provider_errors=dict(Counter(r.provider_status for r in finished if r.provider_status)),
+            not_started=dict(Counter(r.not_started for r in finished if r.not_started)),
         )  # fmt: skip
 
 
@@ -205,6 +219,10 @@ def status_lines(live: Live, n_concurrent: int) -> list[str]:
         f"trials: done {live.done}, failed {live.failed}, running {live.running}, waiting {live.waiting}",
         "spend so far: " + spend_text(live.spend),
     ]
+    for name, counts in (("provider errors", live.provider_errors), ("not started", live.not_started)):
+        if counts:
+            shown = ", ".join(f"{what} x{n}" for what, n in sorted(counts.items()))
+            lines.append(f"{name}: {sum(counts.values())} (not in the mean; {shown})")
     if not live.remaining:
         lines.append("ETA: every trial has finished")
         return lines

@@ -58,7 +58,17 @@ def test_the_live_numbers_count_states_sum_spend_and_estimate_from_the_job_s_own
     lines = status_lines(live, job.n_concurrent)
     assert lines[0] == "trials: done 2, failed 1, running 1, waiting 2"
     assert lines[1] == "spend so far: 150 input + 10 output tokens, $0.5000 (1 of 3 trial(s) priced)"
-    assert lines[2].startswith("ETA: 30s (1 running, 2 waiting on 2 slot(s): live cluster 8 slot(s), ")
+    assert lines[2] == "provider errors: 1 (not in the mean; 429 x1)"
+    assert lines[3].startswith("ETA: 30s (1 running, 2 waiting on 2 slot(s): live cluster 8 slot(s), ")
+
+
+def test_a_trial_the_board_does_not_show_counts_by_its_record(tmp_path: Path) -> None:
+    job = _prepared(tmp_path, n_tasks=2).job
+    coord = MemoryCoordinator()
+    record = TrialRecord(job_id=job.job_id, job_name="p", task_id="001", attempt=1, exception_type="X")
+    coord.store_result(job.job_key, record.key, record.model_dump_json())  # no state on the board
+    live = Watcher(coord, job, job.trial_keys()).poll()
+    assert (live.done, live.failed, live.running, live.waiting) == (0, 1, 0, 1)
 
 
 def test_before_any_trial_ends_the_eta_comes_from_history_else_the_timeouts(tmp_path: Path) -> None:
