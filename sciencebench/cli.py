@@ -22,7 +22,7 @@ from sciencebench import __version__
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.core.errors import InputError, JobConflictError, SciencebenchError
 from sciencebench.core.images import DEFAULT_PLATFORM
-from sciencebench.core.models import JobSpec, trial_label
+from sciencebench.core.models import JobSpec, TrialSpec, trial_label
 from sciencebench.core.paths import DEFAULT_JOBS_DIR, JobPaths
 from sciencebench.core.settings import Settings
 from sciencebench.core.sizes import parse_size
@@ -125,6 +125,7 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
                   f"task(s); selection sha256 {prepared.selection.sha256}", soft_wrap=True)  # fmt: skip
         out.print("pier command: " + record["pier_command"], markup=False, soft_wrap=True)
         out.print(f"run record: {opts.path / 'batch-run.json'}")
+        _print_expected(settings, prepared.job, prepared.trials, coord)
         if coord is not None and not opts.skip_pull:
             _prewarm(settings, prepared.job, err)
         return
@@ -193,6 +194,32 @@ def _conclude(job: JobSpec, answer: dict[str, Any], coord: Coordinator | None = 
     return 1 if answer.get("n_errored_trials") or missing else 0
 
 
+def _print_expected(
+    settings: Settings, job: JobSpec, trials: list[TrialSpec], coord: Coordinator | None
+) -> None:
+    """`submit --dry-run`: the expected duration on the live cluster's slots (else --n-concurrent).
+
+    `coord`: the cluster's store (None for `--local`).
+    """
+    from sciencebench.coordination.celery_app import create_app
+    from sciencebench.coordination.costs import cost_estimates
+    from sciencebench.coordination.history import estimates
+    from sciencebench.login.progress import expected_job, expected_lines, live_slots
+
+    measured: dict[str, float] = {}
+    costs: dict[str, float] = {}
+    cluster: int | None = None
+    why_not = "--local"
+    if coord is not None:
+        why_not = "no worker answered"
+        measured, costs = estimates(coord, job), cost_estimates(coord, job)
+        cluster = live_slots(create_app(settings), coord)
+    slots = min(job.n_concurrent, cluster) if cluster else job.n_concurrent
+    expected = expected_job(trials, measured, slots, costs)
+    lines = expected_lines(expected, job.n_concurrent, cluster, why_not)
+    out.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
+
+
 def _prewarm(settings: Settings, job: JobSpec, console: Console) -> None:
     """Every live worker host pulls the job's images."""
     from sciencebench.coordination.celery_app import create_app
@@ -209,7 +236,16 @@ def _print_summary(paths: JobPaths) -> None:
     for row in summary["rows"]:
         table.add_row(*(str(row[c]) for c in ("task_id", "trial_id", "reward", "failure_class")))
     out.print(table)
+    out.print("\n".join(_number_lines(summary)), markup=False, highlight=False, soft_wrap=True)
     out.print(f"results: {paths.summary_csv}")
+
+
+def _number_lines(summary: dict[str, Any]) -> list[str]:
+    """The job's numbers under its table (`core.stats.report_lines`); none from an older summary.json."""
+    from sciencebench.core.stats import JobNumbers, report_lines
+
+    stats = summary.get("stats")
+    return report_lines(JobNumbers.model_validate(stats)) if isinstance(stats, dict) else []
 
 
 def _job_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -249,6 +285,7 @@ def status(job_name: str, jobs_dir: Path) -> None:
         table.add_row(trial_label(key), state, status.host if status else "")
     out.print(table)
     out.print("  ".join(f"{state} {n}" for state, n in sorted(counts.items())))
+    _print_live(job, coord)
     now = coord.now()
     for host, mark in sorted(coord.unfit_hosts(job.job_key).items()):
         out.print(
@@ -266,6 +303,16 @@ def status(job_name: str, jobs_dir: Path) -> None:
                       soft_wrap=True)  # fmt: skip
         if silent <= 2 * lease and health.images:
             out.print(f"host {host}: {health.images}", markup=False, soft_wrap=True)
+
+
+def _print_live(job: JobSpec, coord: Coordinator) -> None:
+    """`status`: the job's trials by where they are, their spend so far and an ETA (`login.progress`)."""
+    from sciencebench.coordination.celery_app import create_app
+    from sciencebench.login.progress import Watcher, live_slots, status_lines
+
+    slots = live_slots(create_app(Settings.from_env()), coord)
+    live = Watcher(coord, job, job.trial_keys()).poll(slots)
+    out.print("\n".join(status_lines(live, job.n_concurrent)), markup=False, highlight=False, soft_wrap=True)
 
 
 @main.command()
@@ -389,14 +436,7 @@ def _print_counts(paths: JobPaths, result: dict[str, Any], rows: list[dict[str, 
         f"{paths.job_name}: {stats['n_completed_trials']} of {result['n_total_trials']} trial(s) recorded, "
         f"{stats['n_errored_trials']} errored"
     ]
-    for key, evals in stats["evals"].items():
-        metrics = ", ".join(
-            f"{name} {value:.4g}" for metric in evals["metrics"] for name, value in metric.items()
-        )
-        passes = ", ".join(f"pass@{k} {value:.4g}" for k, value in evals["pass_at_k"].items())
-        lines.append(
-            f"  {key}: {evals['n_trials']} with rewards; " + "; ".join(filter(None, (metrics, passes)))
-        )
+    lines += _number_lines(json.loads(paths.summary_json.read_text(encoding="utf-8")))
     failed = [row for row in rows if row["failure_class"]]
     if failed:
         classes: dict[str, int] = {}

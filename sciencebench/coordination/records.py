@@ -12,6 +12,7 @@ import logging
 import uuid
 from typing import Any
 
+from sciencebench.coordination.costs import record_costs
 from sciencebench.coordination.history import record_durations
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.core.models import JobSpec, TrialRecord, agent_env_file_name, agent_kwargs_file_name
@@ -90,6 +91,7 @@ def finish_job(
     store_records_to_disk(coord, job, paths)
     forget_agent_env(job)
     record_durations(coord, job, paths)  # what the next job of these tasks is ordered by
+    record_costs(coord, job, paths)  # what `submit --dry-run` expects the next one to cost
     result = write_summary(job).result
     missing = missing_trials(job, paths)
     stats = result["stats"]

@@ -5,7 +5,8 @@ so the chord finalizer and `sciencebench summarize` write the same files:
 
     <job>/result.json    Pier's JobResult of the trials (core.pierjob.job_result)
     <job>/config.json    Pier's JobConfig of the job (core.pierjob.job_config)
-    <job>/summary.json   sciencebench's rows: {generated_at, jobs_dir, trial_count, rows}
+    <job>/summary.json   sciencebench's rows: {generated_at, jobs_dir, trial_count, rows, stats}
+                         (`stats`: the job's numbers, `core.stats.job_numbers`)
     <job>/summary.csv    the same rows in the original runner's columns
 
 Pier's files hold only what Pier's models define (`pier view` reads them as
@@ -30,6 +31,7 @@ from pydantic import ValidationError
 from sciencebench.core.models import JobSpec, TrialRecord
 from sciencebench.core.paths import JobPaths, open_job_dir, write_atomic_at
 from sciencebench.core.pierjob import job_config, job_result, pier_trials
+from sciencebench.core.stats import JobNumbers, job_numbers
 
 SUMMARY_COLUMNS = [
     "task_id",
@@ -53,11 +55,12 @@ CONFIG_JSON = "config.json"  # Pier's name for a job's JobConfig
 
 @dataclass(frozen=True)
 class Summary:
-    """What `write_summary` wrote: Pier's result and config, sciencebench's rows."""
+    """What `write_summary` wrote: Pier's result and config, sciencebench's rows and numbers."""
 
     result: dict[str, Any]
     config: dict[str, Any]
     rows: list[dict[str, Any]]
+    numbers: JobNumbers | None = None
 
 
 def load_records(paths: JobPaths) -> list[TrialRecord]:
@@ -164,13 +167,15 @@ def summary_rows(
     return [summary_row(paths, record, with_model) for record in records]
 
 
-def _summary_json(job: JobSpec, rows: list[dict[str, Any]], now: datetime) -> str:
-    """summary.json, one row per line (a big job's file stays quick to write and to read)."""
+def _summary_json(job: JobSpec, rows: list[dict[str, Any]], now: datetime, numbers: JobNumbers) -> str:
+    """summary.json, one row per line (a big job's file stays quick to write and to read), then `stats`."""
     head = json.dumps(
         {"generated_at": now.isoformat(), "jobs_dir": str(job.jobs_dir), "trial_count": len(rows)}, indent=2
     )
     body = ",\n".join("    " + json.dumps(row) for row in rows)
-    return head[:-2] + ',\n  "rows": [' + (f"\n{body}\n  ]" if rows else "]") + "\n}\n"
+    stats = json.dumps(numbers.model_dump(mode="json"), indent=2).replace("\n", "\n  ")
+    rows_json = f"\n{body}\n  ]" if rows else "]"
+    return head[:-2] + ',\n  "rows": [' + rows_json + ',\n  "stats": ' + stats + "\n}\n"
 
 
 def write_summary(job: JobSpec, now: datetime | None = None) -> Summary:
@@ -190,8 +195,11 @@ def write_summary(job: JobSpec, now: datetime | None = None) -> Summary:
         _read_bytes(f"{job_dir}{os.sep}{r.trial_dir}{os.sep}result.json") if r.trial_dir else None
         for r in records
     )
-    result = job_result(job, records, pier_trials(job, records, results), now)
+    trials = pier_trials(job, records, results)
+    result = job_result(job, records, trials, now)
     config = job_config(job)
+    # The scored trials only (`TrialRecord.scored`): provider failures and trials never started apart.
+    numbers = job_numbers(records, trials, [row["failure_class"] for row in rows], job.n_concurrent)
 
     buffer = io.StringIO()
     columns = [*SUMMARY_COLUMNS, MODEL_COLUMN] if with_model else SUMMARY_COLUMNS
@@ -201,7 +209,7 @@ def write_summary(job: JobSpec, now: datetime | None = None) -> Summary:
     files = {
         paths.result_json.name: json.dumps(result, indent=4) + "\n",
         CONFIG_JSON: json.dumps(config, indent=4) + "\n",
-        paths.summary_json.name: _summary_json(job, rows, now),
+        paths.summary_json.name: _summary_json(job, rows, now, numbers),
         paths.summary_csv.name: buffer.getvalue(),
     }
     job_fd = open_job_dir(paths, create=True)  # the job's owner may have put links in it: none is followed
@@ -210,4 +218,4 @@ def write_summary(job: JobSpec, now: datetime | None = None) -> Summary:
             write_atomic_at(job_fd, name, text)
     finally:
         os.close(job_fd)
-    return Summary(result=result, config=config, rows=rows)
+    return Summary(result=result, config=config, rows=rows, numbers=numbers)

@@ -9,14 +9,19 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+from celery import Celery
 from celery.exceptions import ChordError
 from celery.result import AsyncResult
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.core.errors import SciencebenchError
 from sciencebench.core.models import JobSpec, TrialState
+from sciencebench.login.progress import Watcher, live_slots, progress_detail
+
+# How often `--wait` asks the workers how many slots the cluster has (a broadcast that waits 1 s).
+SLOTS_EVERY_SEC = 60.0
 
 
 @dataclass(frozen=True)
@@ -41,29 +46,48 @@ def count_states(coord: Coordinator, job: JobSpec, keys: list[str]) -> Counts:
     )
 
 
+class _Slots:
+    """The live cluster's slots, asked again every `SLOTS_EVERY_SEC`."""
+
+    def __init__(self, app: Celery, coord: Coordinator) -> None:
+        self.app, self.coord = app, coord
+        self.known: int | None = None
+        self._asked = float("-inf")
+
+    def now(self) -> int | None:
+        """The slots, asked when the last answer is old."""
+        if time.monotonic() - self._asked >= SLOTS_EVERY_SEC:
+            self.known = live_slots(self.app, self.coord)
+            self._asked = time.monotonic()
+        return self.known
+
+
 def follow(coord: Coordinator, job: JobSpec, keys: list[str], final: AsyncResult[object],
            console: Console, poll_sec: float = 1.0) -> dict[str, object]:  # fmt: skip
-    """Show a live bar until the finalizer has written the summary; return its answer."""
+    """Show a live bar until the finalizer has written the summary; return its answer.
+
+    Its line: the trials done, failed, running and waiting, their tokens and
+    cost so far, and an ETA (`login.progress`).
+    """
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[detail]}"),
+        TextColumn("{task.fields[detail]}", markup=False),
         TimeElapsedColumn(),
-        TimeRemainingColumn(),
     )
+    watcher = Watcher(coord, job, keys)
+    slots = _Slots(final.app, coord)
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task(job.job_name, total=len(keys), detail="")
         # The coordinator waits out broker outages; the result backend is asked
         # through it too, so a Redis restart pauses the bar instead of ending it.
         while not coord.patiently(final.ready):
-            p = count_states(coord, job, keys)
-            detail = f"done {p.done}  failed {p.failed}  running {p.running}  queued {p.queued}"
-            bar.update(task, completed=p.done + p.failed, detail=detail)
+            live = coord.patiently(lambda: watcher.poll(slots.now()))
+            bar.update(task, completed=live.done + live.failed, detail=progress_detail(live))
             time.sleep(poll_sec)
-        p = count_states(coord, job, keys)
-        bar.update(task, completed=p.done + p.failed,
-                   detail=f"done {p.done}  failed {p.failed}")  # fmt: skip
+        live = coord.patiently(lambda: watcher.poll(slots.known))
+        bar.update(task, completed=live.done + live.failed, detail=progress_detail(live))
     try:
         answer = coord.patiently(lambda: final.get(propagate=True))
     except ChordError as exc:

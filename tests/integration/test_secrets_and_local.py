@@ -87,3 +87,20 @@ def test_local_mode_gives_the_same_summary(cluster: Cluster) -> None:
 
     assert comparable("local") == comparable("dist")
     assert len(comparable("local")) == 6
+
+    def numbers(output: str) -> list[str]:
+        """The job's numbers under its table, wall time aside."""
+        under = output.split("┘", 1)[1].split("results:", 1)[0].splitlines()
+        return [line for line in under if line and not line.startswith("wall time")]
+
+    # `--local` and `--wait` end alike: Pier's statistics, the errors by class, the spend.
+    assert (
+        numbers(local.stdout)
+        == numbers(distributed.stdout)
+        == [
+            "nop: 6 scored trial(s), 2 with exceptions; mean reward 0.333; pass@2 0.333",
+            "errors: 2 (AgentTimeoutError x2)",
+            "spend: no token or cost totals from Pier (6 trial(s))",
+        ]
+    )
+    assert "slot utilisation" in local.stdout and "slot utilisation" in distributed.stdout

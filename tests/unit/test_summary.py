@@ -154,7 +154,7 @@ def test_summary_json_shape(finished_job: tuple[JobSpec, JobPaths]) -> None:
     job, paths = finished_job
     write_summary(job, now=NOW)
     summary = json.loads(paths.summary_json.read_text())
-    assert list(summary) == ["generated_at", "jobs_dir", "trial_count", "rows"]
+    assert list(summary) == ["generated_at", "jobs_dir", "trial_count", "rows", "stats"]
     assert summary["generated_at"] == NOW.isoformat()
     assert summary["jobs_dir"] == str(job.jobs_dir)
     assert summary["trial_count"] == 4
@@ -330,14 +330,17 @@ def test_summarize_prints_a_big_jobs_counts_and_failures(tmp_path: Path) -> None
     assert done.exit_code == 1, done.output  # errored trials
     lines = done.output.splitlines()
     assert lines[0] == "sum: 120 of 120 trial(s) recorded, 2 errored"
-    assert lines[1] == "  nop__adhoc: 118 with rewards; mean 0.9833"
-    assert lines[2] == "failed: 2 trial(s): AgentTimeoutError 2"
-    assert lines[3:5] == [
+    assert lines[1] == "nop: 120 scored trial(s), 2 with exceptions; mean reward 0.983"
+    assert lines[2] == "errors: 2 (AgentTimeoutError x2)"
+    assert lines[3] == "spend: no token or cost totals from Pier (120 trial(s))"
+    assert lines[4].startswith("wall time 2h29m; slot utilisation ")
+    assert lines[5] == "failed: 2 trial(s): AgentTimeoutError 2"
+    assert lines[6:8] == [
         "  task_007  AgentTimeoutError  task_007__abcdefg",
         "  task_090  AgentTimeoutError  task_090__abcdefg",
     ]
-    assert lines[5].startswith("results: ") and lines[5].endswith("summary.csv")
-    assert len(lines) == 6  # no row of the 118 that passed
+    assert lines[8].startswith("results: ") and lines[8].endswith("summary.csv")
+    assert len(lines) == 9  # no row of the 118 that passed
 
     every = _summarize(job, "--rows")
     assert every.exit_code == 1
