@@ -10,6 +10,7 @@ started, and `retry --failed` with a new budget finishes the job.
 from __future__ import annotations
 
 import json
+import subprocess
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from sciencebench.coordination.redis import RedisCoordinator
 from sciencebench.core.models import TrialRecord
 from sciencebench.core.paths import JobPaths
 from sciencebench.core.summary import load_records
+from tests.fixtures.services import FAKE_PIER, VENV_BIN
 from tests.integration.conftest import Cluster
 
 pytestmark = pytest.mark.integration
@@ -94,6 +96,21 @@ def _retry(cluster: Cluster, job: str, *budget: str) -> None:
     assert len(_pier_runs(cluster, _job_id(cluster, job))) == len(records)
 
 
+def test_the_embedded_mode_keeps_the_same_budget(cluster: Cluster) -> None:
+    path = _selection(cluster, cluster.root / "priced", 6,
+                      {"n_input_tokens": 10, "n_output_tokens": 5, "cost_usd": 0.5})  # fmt: skip
+    argv = [str(VENV_BIN / "sciencebench"), "submit", "--local", "--path", str(path), "--agent", "nop",
+            "--jobs-dir", str(cluster.jobs_dir), "--job-name", "local", "--n-concurrent", "2",
+            "--max-cost", "1.5", "--pier-bin", str(FAKE_PIER)]  # fmt: skip
+    env = {k: v for k, v in cluster.env.items() if k != "SCIENCEBENCH_BROKER_URL"}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == EXIT_BUDGET, done.stdout + done.stderr
+    records = _records(cluster, "local")
+    ran = [r for r in records if r.not_started is None]
+    assert 3 <= len(ran) <= 4 and len(records) == 6
+    assert f"budget reached after {len(ran)} trials, {6 - len(ran)} not started" in done.stdout
+
+
 def _selection(cluster: Cluster, root: Path, n_tasks: int, spend: dict[str, Any]) -> Path:
     tasks = {f"{i:03d}": {"sleep_sec": SLEEP_SEC, "spend": spend} for i in range(1, n_tasks + 1)}
     return cluster.selection(tasks, root=root)
@@ -113,6 +130,12 @@ def test_a_job_stops_on_its_cost_and_on_its_tokens_and_retry_continues(cluster: 
         f"budget reached after {ran} trials, {8 - ran} not started (spent {ran * 1000} tokens" in done.stdout
     )
     assert "only tokens" not in done.stdout
+    # A retry without a new budget keeps the job's: what it sends ends not started again.
+    again = cluster.cli("retry", "by-cost", "--failed", "--jobs-dir", str(cluster.jobs_dir), "--wait")
+    assert again.returncode == EXIT_BUDGET, again.stdout + again.stderr
+    assert "reached after" in again.stderr and "the trials sent end not started again" in again.stderr
+    assert len([r for r in _records(cluster, "by-cost") if r.not_started]) == 8 - ran
+    assert len(_pier_runs(cluster, _job_id(cluster, "by-cost"))) == ran
     _retry(cluster, "by-cost", "--max-cost", "100")
     assert RedisCoordinator(cluster.redis.url).budget(_job_id(cluster, "by-cost")).cost_usd == pytest.approx(
         8.0
