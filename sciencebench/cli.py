@@ -1,7 +1,9 @@
 """The command line: parse, call the library, turn known errors into one line.
 
 Exit codes: 0 success; 1 a job finished with errored trials (or a runtime
-failure); 2 bad input, with nothing written and nothing enqueued.
+failure); 2 bad input, with nothing written and nothing enqueued; 3 a job
+stopped on its budget (--max-cost/--max-tokens): no trial errored, some never
+started.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ err = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
 # `status` lists a host that stopped beating without a goodbye for this long.
 GONE_HOST_SHOWN_SEC = 3600.0
+# The exit code of a job that stopped on its budget: nothing errored or missing, some trials never started.
+EXIT_BUDGET = 3
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -90,7 +94,9 @@ def submit(local: bool, wait: bool, **raw: Any) -> None:
     """Validate a selection and run every trial (task x attempt) of it.
 
     Exits 0 when every trial finished without error, 1 when any errored
-    (with --wait or --local), 2 on bad input (nothing written or enqueued).
+    (with --wait or --local), 2 on bad input (nothing written or enqueued),
+    3 when the job stopped on its --max-cost/--max-tokens budget (nothing
+    errored; the trials it did not start are listed as `not_started`).
     """
     run_submit(options.from_cli(raw), local=local, wait=wait)
 
@@ -144,6 +150,8 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
     assert coord is not None
     app = create_app(settings)
     with submitting.persisted(prepared, record) as prepared:  # undone if sending fails
+        if prepared.job.max_cost_usd is not None or prepared.job.max_tokens is not None:
+            coord.set_budget(prepared.job.job_key, prepared.job.max_cost_usd, prepared.job.max_tokens)
         final = dispatch(app, coord, prepared.job, prepared.trials)
     job = prepared.job
     out.print(f"submitted job [bold]{job.job_name}[/]: {len(prepared.trials)} trial(s) -> {job.job_dir}")
@@ -165,6 +173,8 @@ def _broker(settings: Settings) -> Coordinator:
 def _conclude(job: JobSpec, answer: dict[str, Any], coord: Coordinator | None = None) -> int:
     """Print the summary and what is missing; the exit code: 1 if any trial errored or is missing.
 
+    3 (`EXIT_BUDGET`) when, without either, the job's budget left trials not started.
+
     When the finalizer could not write the job directory (a host that cannot
     see it), this node writes the records the store holds and the summary.
     """
@@ -181,6 +191,7 @@ def _conclude(job: JobSpec, answer: dict[str, Any], coord: Coordinator | None = 
             return 1
     try:
         _print_summary(paths)
+        not_started = _print_budget(job, paths, coord)
     except (OSError, ValueError) as exc:
         err.print(f"no summary in {paths.job_dir} ({exc.__class__.__name__})", markup=False)
         return 1
@@ -191,7 +202,30 @@ def _conclude(job: JobSpec, answer: dict[str, Any], coord: Coordinator | None = 
         shown = ", ".join(f"task_{key.replace('#', ' #')}" for key in missing[:20])
         more = f" and {len(missing) - 20} more" if len(missing) > 20 else ""
         err.print(f"missing: {len(missing)} trial(s) have no record: {shown}{more}", markup=False)
-    return 1 if answer.get("n_errored_trials") or missing else 0
+    if answer.get("n_errored_trials") or missing:
+        return 1
+    return EXIT_BUDGET if not_started else 0
+
+
+def _print_budget(job: JobSpec, paths: JobPaths, coord: Coordinator | None = None) -> int:
+    """Under the summary: "budget reached after N trials, M not started" (and when only tokens can be capped).
+
+    Returns M. The records are read only for a job with a budget or trials not started.
+    """
+    from sciencebench.coordination.budget import budget_lines
+    from sciencebench.core.summary import NOT_STARTED, load_records
+
+    rows = json.loads(paths.summary_json.read_text(encoding="utf-8"))["rows"]
+    ledger = coord.budget(job.job_key) if coord is not None else None
+    capped_cost = job.max_cost_usd is not None or (ledger is not None and ledger.max_cost_usd is not None)
+    if not (
+        capped_cost or job.max_tokens is not None or any(r["failure_class"] == NOT_STARTED for r in rows)
+    ):
+        return 0
+    lines, not_started = budget_lines(load_records(paths), capped_cost)
+    for line in lines:
+        out.print(line, markup=False, soft_wrap=True)
+    return not_started
 
 
 def _print_expected(
@@ -267,7 +301,8 @@ def _load(jobs_dir: Path, job_name: str) -> JobSpec:
 @_job_option
 @_handle_errors
 def status(job_name: str, jobs_dir: Path) -> None:
-    """Show a job's counts and each trial's state and host."""
+    """Show a job's counts and each trial's state and host (and its budget, if it has one)."""
+    from sciencebench.coordination.budget import status_line
     from sciencebench.coordination.redis import RedisCoordinator
 
     job = _load(jobs_dir, job_name)
@@ -286,6 +321,9 @@ def status(job_name: str, jobs_dir: Path) -> None:
     out.print(table)
     out.print("  ".join(f"{state} {n}" for state, n in sorted(counts.items())))
     _print_live(job, coord)
+    line = status_line(coord.budget(job.job_key))
+    if line:
+        out.print(line, markup=False, soft_wrap=True)
     now = coord.now()
     for host, mark in sorted(coord.unfit_hosts(job.job_key).items()):
         out.print(
@@ -338,25 +376,35 @@ def cancel(job_name: str, jobs_dir: Path) -> None:
 @main.command()
 @_job_option
 @click.option("--failed", is_flag=True, required=True,
-              help="Re-run the errored trials and those with no record.")  # fmt: skip
+              help="Re-run the errored trials, those with no record and those not started.")  # fmt: skip
 @click.option("--wait", is_flag=True, help="Follow the retry until it ends.")
+@click.option("--max-cost", "max_cost_usd", type=float, metavar="USD",
+              help="Continue with this budget: the job's total in USD, spend so far included "
+              "(default: the job's current one).")  # fmt: skip
+@click.option("--max-tokens", type=int, metavar="N",
+              help="Continue with this budget in tokens, as --max-cost.")  # fmt: skip
 @click.option("--force", is_flag=True,
               help="Send them even though the job's trials have not all answered yet (a trial's message "
               "was lost for good); the earlier --wait may then never return, and neither may this one's "
               "if a message of the earlier dispatch is still queued (cancel the job first).")  # fmt: skip
 @_handle_errors
-def retry(job_name: str, jobs_dir: Path, failed: bool, wait: bool, force: bool) -> None:
-    """Re-run a job's errored trials, and those with no record, into the same job directory.
+def retry(job_name: str, jobs_dir: Path, failed: bool, wait: bool, force: bool,
+          max_cost_usd: float | None, max_tokens: int | None) -> None:  # fmt: skip
+    """Re-run a job's errored trials, those with no record and those its budget did not start.
 
-    Refused (exit 2) while the job is still running: its trials would run twice.
+    They run into the same job directory. --max-cost/--max-tokens continue
+    with a new budget (with --wait, exit 3 when it stops the job again).
+    Refused (exit 2) while the job is still running: its trials would run
+    twice.
     """
     from sciencebench.coordination.celery_app import create_app
     from sciencebench.coordination.records import store_records_to_disk
     from sciencebench.coordination.redis import RedisCoordinator
     from sciencebench.login.dispatch import dispatch
     from sciencebench.login.follow import follow
-    from sciencebench.login.retry import failed_trials
+    from sciencebench.login.retry import continue_budget, failed_trials
 
+    limits = options.budget_limits(max_cost_usd, max_tokens)
     job = _load(jobs_dir, job_name)
     settings = Settings.from_env()
     coord = RedisCoordinator(settings.broker_url)
@@ -376,10 +424,13 @@ def retry(job_name: str, jobs_dir: Path, failed: bool, wait: bool, force: bool) 
     # Trials an earlier dispatch still holds back have no record: they are among `trials`. Its chord is
     # given up (--force), so its held copies go; two copies of one trial would each answer one chord.
     coord.release_held(job.job_key, None)
+    note = continue_budget(coord, job, *limits)
     for trial in trials:
         coord.clear_result(job.job_key, trial.key)
     final = dispatch(create_app(settings), coord, job, trials)
-    out.print(f"job {job.job_name}: {len(trials)} errored or missing trial(s) sent again")
+    out.print(f"job {job.job_name}: {len(trials)} errored, missing or not started trial(s) sent again")
+    if note:
+        err.print(note, markup=False, soft_wrap=True)
     if wait:
         answer = follow(coord, job, [t.key for t in trials], final, err)
         sys.exit(_conclude(job, answer, coord))
@@ -403,7 +454,7 @@ def summarize(jobs_dir: Path, job_name: str, all_rows: bool) -> None:
 
     Prints each trial's row, or for a big job the counts and the failed
     trials. Exits 1 when a trial errored or has no record yet (listed on
-    stderr).
+    stderr), 3 when, without either, the job's budget left trials not started.
     """
     from sciencebench.coordination.records import forget_agent_env, missing_trials
     from sciencebench.core.summary import write_summary
@@ -420,13 +471,16 @@ def summarize(jobs_dir: Path, job_name: str, all_rows: bool) -> None:
         _print_summary(paths)
     else:
         _print_counts(paths, summary.result, summary.rows)
+    not_started = _print_budget(job, paths)
     if not missing:
         forget_agent_env(job)  # the job has ended: its --agent-env values are no longer needed
     else:
         shown = ", ".join(f"task_{key.replace('#', ' #')}" for key in missing[:20])
         more = f" and {len(missing) - 20} more" if len(missing) > 20 else ""
         err.print(f"missing: {len(missing)} trial(s) have no record: {shown}{more}", markup=False)
-    sys.exit(1 if summary.result["stats"]["n_errored_trials"] or missing else 0)
+    if summary.result["stats"]["n_errored_trials"] or missing:
+        sys.exit(1)
+    sys.exit(EXIT_BUDGET if not_started else 0)
 
 
 def _print_counts(paths: JobPaths, result: dict[str, Any], rows: list[dict[str, Any]]) -> None:

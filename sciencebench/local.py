@@ -43,6 +43,8 @@ def run_local(prepared: Prepared, settings: Settings, console: Console) -> dict[
     job = prepared.job
     settings = local_settings(settings, job)
     coord = MemoryCoordinator()
+    if job.max_cost_usd is not None or job.max_tokens is not None:
+        coord.set_budget(job.job_key, job.max_cost_usd, job.max_tokens)
     ctx = WorkerContext(coord=coord, runtime=docker_runtime(settings), settings=settings)
     ctx.runtime.check_host()
     ctx.runtime.preflight(job)

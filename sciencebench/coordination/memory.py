@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, override
 
+from sciencebench.coordination.budget import Budget, Ledger, Spend, spend_of
 from sciencebench.coordination.history import SAMPLES, measured_seconds
 from sciencebench.coordination.protocol import (
     HISTORY_KEY,
@@ -152,6 +153,7 @@ class MemoryCoordinator(Coordinator):
             self._put(name, record_json)
             if status is not None:
                 self._values.setdefault(job_key(job, "state"), {})[key] = status
+            self._ledger(job).add(spend_of(record_json), time.time())
             return True
 
     @override
@@ -167,7 +169,43 @@ class MemoryCoordinator(Coordinator):
                 self.set_running(job, key, running)
             if self.is_cancelled(job):
                 return Start(claim=claim, cancelled=True)
-            return Start(claim=claim, slot=self.acquire_slot(job, key, cap, ttl_sec))
+            ledger = self._ledger(job)
+            if ledger.is_reached():
+                return Start(claim=claim, over_budget=True)
+            slot = self.acquire_slot(job, key, cap, ttl_sec)
+            if slot:
+                ledger.let_start(key, time.time())
+            return Start(claim=claim, slot=slot)
+
+    def _ledger(self, job: str) -> Ledger:
+        """The job's budget ledger, made when missing."""
+        name = job_key(job, "budget")
+        ledger: Ledger | None = self._get(name)
+        if ledger is None:
+            ledger = Ledger()
+            self._put(name, ledger)
+        return ledger
+
+    @override
+    def set_budget(
+        self, job: str, max_cost_usd: float | None, max_tokens: int | None, spent: Spend | None = None
+    ) -> Budget:
+        with self._lock:
+            fresh = self._get(job_key(job, "budget")) is None
+            ledger = self._ledger(job)
+            ledger.set_limits(max_cost_usd, max_tokens, spent, fresh, time.time())
+            return ledger.snapshot()
+
+    @override
+    def budget(self, job: str) -> Budget:
+        with self._lock:
+            ledger: Ledger | None = self._get(job_key(job, "budget"))
+            return ledger.snapshot() if ledger is not None else Budget()
+
+    @override
+    def start_within_budget(self, job: str, key: str) -> bool:
+        with self._lock:
+            return self._ledger(job).let_start(key, time.time())
 
     @override
     def run_started(self, job: str, key: str, payload: Redispatch | None, host: str) -> None:

@@ -1,6 +1,6 @@
 """The coordination contract: what the login node and the workers share besides the broker.
 
-One protocol in six parts, with two implementations that one conformance
+One protocol in seven parts, with two implementations that one conformance
 suite checks alike (`tests/coordination/`): `RedisCoordinator` for a
 cluster, `MemoryCoordinator` for the embedded single-process mode.
 
@@ -12,6 +12,7 @@ cluster, `MemoryCoordinator` for the embedded single-process mode.
     JobControl  the cancel flag; hosts unfit for the job; retiring its state
     Board       each trial's display state; each worker host's heartbeat and health
     History     what each task's trials measured, across jobs (`coordination.history`)
+    Budgets     a job's --max-cost/--max-tokens and what its trials spent (`coordination.budget`)
 
 Keys (Redis), for a job `J` (the submit's job id, a UUID) and a trial key
 `K` = `<task id>#<attempt>`:
@@ -37,6 +38,8 @@ Keys (Redis), for a job `J` (the submit's job id, a UUID) and a trial key
     sciencebench:J:cancelled          present when the job is cancelled
     sciencebench:lock:<name>          short-lived mutual exclusion (e.g. one re-dispatch)
     sciencebench:history              hash <task id>/<task hash>/<agent> -> JSON [[seconds, job id], ...]
+    sciencebench:J:budget             hash: limits, spend, reached_at (`coordination.budget`)
+    sciencebench:J:budget:started     hash K -> when the budget let it start (the store's clock, s)
 
 Times that several hosts compare (slot expiry, host heartbeats) come from
 one clock: the store's (`now`).
@@ -51,6 +54,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from sciencebench.coordination.budget import Budgets
 from sciencebench.core.models import Redispatch, TrialState, TrialStatus
 
 PREFIX = "sciencebench"
@@ -123,11 +127,15 @@ class HostStatus(BaseModel):
 
 @dataclass(frozen=True)
 class Start:
-    """What `Leases.start` found: the claim, and when claimed the cancel flag and a slot."""
+    """What `Leases.start` found: the claim, and when claimed the cancel flag, the budget and a slot.
+
+    `over_budget`: the job's budget is reached, so the trial must not start (it took no slot).
+    """
 
     claim: Claim
     cancelled: bool = False
     slot: bool = False
+    over_budget: bool = False
 
 
 class Results(Protocol):
@@ -190,6 +198,9 @@ class Leases(Protocol):
     ) -> bool:
         """Store the trial's record (and board `status`) if `owner` is its rightful holder and it has none.
 
+        In the same step the record's spend is added to the job's budget
+        (`coordination.budget`).
+
         One atomic step: a host that lost the trial (partitioned, paused) and
         finishes late can never overwrite the record of the copy that replaced it.
         """
@@ -199,7 +210,10 @@ class Leases(Protocol):
         self, job: str, key: str, owner: str, ttl_sec: float, cap: int, parked: str = "",
         running: Redispatch | None = None,
     ) -> Start:  # fmt: skip
-        """`claim`; when claimed, also read the cancel flag and, unless cancelled, take a slot of `cap`.
+        """`claim`; when claimed, also the cancel flag, the budget and, unless they stop it, a slot of `cap`.
+
+        A trial that gets its slot counts as started under the job's budget
+        (`Budgets.start_within_budget`).
 
         One step (one round trip over Redis): what a trial does first on a
         worker. When claimed, `running` (the message's payload, naming
@@ -417,8 +431,8 @@ class History(Protocol):
         ...
 
 
-class Coordinator(Results, Leases, Slots, JobControl, Board, History, Protocol):
-    """All six parts, and how the implementation lives with broker outages."""
+class Coordinator(Results, Leases, Slots, JobControl, Board, History, Budgets, Protocol):
+    """All seven parts, and how the implementation lives with broker outages."""
 
     @property
     def recovered_at(self) -> float:

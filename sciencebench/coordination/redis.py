@@ -17,6 +17,8 @@ from typing import Any, override
 import redis
 from redis.typing import EncodableT
 
+from sciencebench.coordination import budget
+from sciencebench.coordination.budget import Budget, Spend
 from sciencebench.coordination.history import SAMPLES
 from sciencebench.coordination.protocol import (
     HISTORY_KEY,
@@ -96,9 +98,12 @@ if redis.call('get', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
-# Store the record (KEYS[3]) only while the caller is the rightful holder.
+# Store the record (KEYS[3]) only while the caller is the rightful holder; add
+# its spend (ARGV[5] tokens, ARGV[6] cost) to the job's budget (KEYS[5], KEYS[6]).
 _COMMIT = (
     _RIGHTFUL
+    + budget.LUA_REACHED
+    + budget.LUA_SPEND
     + """
 if redis.call('exists', KEYS[3]) == 1 or not rightful(KEYS[1], KEYS[2], ARGV[3], ARGV[1]) then
   return 0
@@ -107,6 +112,7 @@ redis.call('set', KEYS[3], ARGV[2])
 if ARGV[4] ~= '' then
   redis.call('hset', KEYS[4], ARGV[3], ARGV[4])
 end
+add_spend(KEYS[5], KEYS[6], ARGV[5], ARGV[6])
 return 1
 """
 )
@@ -299,16 +305,19 @@ end
 """
 _SLOT = _TAKE_SLOT + "return take_slot(KEYS[1], ARGV[1], ARGV[2], ARGV[3])"
 # A trial's start in one round trip: the claim (as _CLAIM), then, when
-# claimed, the cancel flag (KEYS[4]) and a slot (KEYS[5], as _SLOT).
+# claimed, the cancel flag (KEYS[4]), the budget (KEYS[7], KEYS[8]) and a slot
+# (KEYS[5], as _SLOT).
 _START = (
     _TAKE_SLOT
+    + budget.LUA_REACHED
+    + budget.LUA_LET_START
     + """
 if redis.call('exists', KEYS[2]) == 1 then
-  return {'answered', 0, 0}
+  return {'answered', 0, 0, 0}
 end
 local holder = redis.call('get', KEYS[1])
 if holder and (ARGV[4] == '' or holder ~= ARGV[4]) then
-  return {'held', 0, 0}
+  return {'held', 0, 0, 0}
 end
 redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('sadd', KEYS[3], ARGV[3])
@@ -316,9 +325,16 @@ if ARGV[7] ~= '' then
   redis.call('hset', KEYS[6], ARGV[5], ARGV[7])
 end
 if redis.call('exists', KEYS[4]) == 1 then
-  return {'claimed', 1, 0}
+  return {'claimed', 1, 0, 0}
 end
-return {'claimed', 0, take_slot(KEYS[5], ARGV[5], ARGV[6], ARGV[2])}
+if budget_reached(KEYS[7]) then
+  return {'claimed', 0, 0, 1}
+end
+local slot = take_slot(KEYS[5], ARGV[5], ARGV[6], ARGV[2])
+if slot == 1 then
+  let_start(KEYS[7], KEYS[8], ARGV[5])
+end
+return {'claimed', 0, slot, 0}
 """
 )
 
@@ -330,6 +346,11 @@ def _held_keys(job: str) -> tuple[str, str, str, str, str]:
     """A job's held trials: zset, payloads, tasks, probe, meta (see `coordination.protocol`)."""
     return (job_key(job, "held"), job_key(job, "held", "payloads"), job_key(job, "held", "tasks"),
             job_key(job, "held", "probe"), job_key(job, "held", "meta"))  # fmt: skip
+
+
+def _budget_keys(job: str) -> tuple[str, str]:
+    """A job's budget: its ledger and the trials it let start (see `coordination.budget`)."""
+    return job_key(job, "budget"), job_key(job, "budget", "started")
 
 
 def _guard_ms(guard_sec: float) -> int:
@@ -361,6 +382,8 @@ class RedisCoordinator(Coordinator):
         self._next_waiting_script = self._redis.register_script(_NEXT_WAITING)
         self._release_held_script = self._redis.register_script(_RELEASE_HELD)
         self._add_durations_script = self._redis.register_script(_ADD_DURATIONS)
+        self._set_budget_script = self._redis.register_script(budget.SET_BUDGET)
+        self._start_within_budget_script = self._redis.register_script(budget.START_WITHIN_BUDGET)
 
     def close(self) -> None:
         """Close this coordinator's connections (it may not be used afterwards)."""
@@ -462,8 +485,9 @@ class RedisCoordinator(Coordinator):
     ) -> bool:
         """Store the record (and `status`) if `owner` is rightful and the trial has none (one script)."""
         keys = [job_key(job, "lease", key), job_key(job, "running"), job_key(job, "result", key),
-                job_key(job, "state")]  # fmt: skip
-        args = [owner, record_json, key, status.model_dump_json() if status else ""]
+                job_key(job, "state"), *_budget_keys(job)]  # fmt: skip
+        args = [owner, record_json, key, status.model_dump_json() if status else "",
+                *budget.spend_args(budget.spend_of(record_json))]  # fmt: skip
         return bool(self.patiently(lambda: self._commit_script(keys=keys, args=args)))
 
     @override
@@ -473,11 +497,14 @@ class RedisCoordinator(Coordinator):
     ) -> Start:  # fmt: skip
         """Claim (with the running entry), then the cancel flag and a slot, in one script (`Leases.start`)."""
         keys = [job_key(job, "lease", key), job_key(job, "result", key), JOBS_KEY,
-                job_key(job, "cancelled"), job_key(job, "slots"), job_key(job, "running")]  # fmt: skip
+                job_key(job, "cancelled"), job_key(job, "slots"), job_key(job, "running"),
+                *_budget_keys(job)]  # fmt: skip
         entry = running.model_dump_json() if running is not None else ""
         args: list[int | str] = [owner, int(ttl_sec * 1000), job, parked, key, cap, entry]
-        claim, cancelled, slot = self.patiently(lambda: self._start_script(keys=keys, args=args))
-        return Start(claim=Claim(str(claim)), cancelled=bool(cancelled), slot=bool(slot))
+        claim, cancelled, slot, over = self.patiently(lambda: self._start_script(keys=keys, args=args))
+        return Start(
+            claim=Claim(str(claim)), cancelled=bool(cancelled), slot=bool(slot), over_budget=bool(over)
+        )
 
     @override
     def run_started(self, job: str, key: str, payload: Redispatch | None, host: str) -> None:
@@ -733,6 +760,32 @@ class RedisCoordinator(Coordinator):
             for key, value in zip(keys, values, strict=True)
             if value is not None
         }
+
+    # --- budgets
+
+    @override
+    def set_budget(
+        self, job: str, max_cost_usd: float | None, max_tokens: int | None, spent: Spend | None = None
+    ) -> Budget:
+        """Set the limits (and seed a lost ledger) in one script; the ledger."""
+        seed = budget.spend_args(spent or Spend())
+        limits = ["" if max_cost_usd is None else repr(float(max_cost_usd)),
+                  "" if max_tokens is None else str(max_tokens)]  # fmt: skip
+        keys = list(_budget_keys(job))
+        self.patiently(lambda: self._set_budget_script(keys=keys, args=[*limits, *seed]))
+        return self.budget(job)
+
+    @override
+    def budget(self, job: str) -> Budget:
+        """The ledger and the started trials (two `HGETALL`)."""
+        ledger, started = _budget_keys(job)
+        return budget.from_hash(self._hash(ledger), self._hash(started))
+
+    @override
+    def start_within_budget(self, job: str, key: str) -> bool:
+        """Let the trial start unless the budget is reached (one script)."""
+        keys = list(_budget_keys(job))
+        return bool(self.patiently(lambda: self._start_within_budget_script(keys=keys, args=[key])))
 
     # --- board
 

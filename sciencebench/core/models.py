@@ -77,6 +77,9 @@ class RunOptions(BaseModel):
     platform: str = DEFAULT_PLATFORM
     pier_bin: str = "pier"
     skip_pull: bool = False
+    # The job's budget, cluster-wide, from its trials' Pier totals: once reached, no further trial starts.
+    max_cost_usd: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    max_tokens: int | None = Field(default=None, ge=1)
 
 
 # Letters, digits, '.', '_' and '-', at most 128, not starting with punctuation.

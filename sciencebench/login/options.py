@@ -71,6 +71,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("n_concurrent", "--n-concurrent", "Cluster-wide cap on simultaneously running trials of this job."),
     Flag("n_attempts", "--n-attempts", "Attempts per task."),
     Flag("max_retries", "--max-retries", "Tries again of a trial whose failure Pier would retry."),
+    Flag("max_cost_usd", "--max-cost", "Job budget in USD, cluster-wide, from Pier's cost of each finished "
+         "trial: once reached, no further trial starts (running ones finish).", metavar="USD"),
+    Flag("max_tokens", "--max-tokens", "Job budget in tokens (input + output), as --max-cost.", metavar="N"),
     Flag("agent_timeout_multiplier", "--agent-timeout-multiplier", "Multiplier for the agent stage timeout."),
     Flag("verifier_timeout_multiplier", "--verifier-timeout-multiplier",
          "Multiplier for the verifier and build timeouts."),
@@ -154,3 +157,12 @@ def describe(exc: ValidationError) -> str:
     if error["type"] == "greater_than":
         return f"{flag} must be greater than {context.get('gt'):g}"
     return f"{flag}: {str(error['msg']).removeprefix('Value error, ')}"
+
+
+def budget_limits(max_cost_usd: float | None, max_tokens: int | None) -> tuple[float | None, int | None]:
+    """--max-cost and --max-tokens checked as submit checks them (for `retry`). Raises InputError."""
+    try:
+        limits = RunOptions.model_validate({"max_cost_usd": max_cost_usd, "max_tokens": max_tokens})
+    except ValidationError as exc:
+        raise InputError(describe(exc)) from None
+    return limits.max_cost_usd, limits.max_tokens

@@ -1,7 +1,8 @@
-"""`retry --failed`: which trials of a job to send again."""
+"""`retry --failed`: which trials of a job to send again, and the budget it continues with."""
 
 from __future__ import annotations
 
+from sciencebench.coordination.budget import BUDGET, Budgets, record_spend, status_line, total_spend
 from sciencebench.core.errors import JobConflictError
 from sciencebench.core.models import JobSpec, TrialSpec
 from sciencebench.core.paths import JobPaths
@@ -11,7 +12,9 @@ from sciencebench.login.selection import load_selection
 
 
 def failed_trials(job: JobSpec) -> list[TrialSpec]:
-    """Trial specs of every errored trial and every trial with no record, rebuilt from the selection.
+    """Trial specs of every errored trial, every trial with no record and every one never started.
+
+    Rebuilt from the selection; a trial never started is one the job's budget stopped.
 
     Raises InputError when the selection no longer matches the job, or when
     the job's --agent-env or secret --agent-kwarg values are gone (they are deleted once a job ends).
@@ -21,7 +24,9 @@ def failed_trials(job: JobSpec) -> list[TrialSpec]:
         (task_id, attempt)
         for task_id in job.task_ids
         for attempt in range(1, job.trials_per_task + 1)
-        if (task_id, attempt) not in records or records[(task_id, attempt)].errored
+        if (task_id, attempt) not in records
+        or records[(task_id, attempt)].errored
+        or records[(task_id, attempt)].not_started is not None
     }
     if not wanted:
         return []
@@ -47,3 +52,33 @@ def failed_trials(job: JobSpec) -> list[TrialSpec]:
             f"task_{changed[0]}: task definition changed since job {job.job_name} was submitted"
         )
     return [t for t in expand(selection, job, hashes) if (t.task_id, t.attempt) in wanted]
+
+
+def continue_budget(
+    coord: Budgets, job: JobSpec, max_cost_usd: float | None, max_tokens: int | None
+) -> str | None:
+    """Set the budget the retry runs under; a note for the user, or None.
+
+    A limit given replaces the job's; one not given stays what the store has
+    (once the job's state has expired there: what the submit set). The spend
+    so far counts: a ledger the store no longer has is seeded from the
+    records on disk. When the budget is still reached, the trials sent end
+    not started again, and the note says so.
+    """
+    current = coord.budget(job.job_key)
+    if not current.limited:
+        current = current.model_copy(update={"max_cost_usd": job.max_cost_usd, "max_tokens": job.max_tokens})
+    cost = max_cost_usd if max_cost_usd is not None else current.max_cost_usd
+    tokens = max_tokens if max_tokens is not None else current.max_tokens
+    if cost is None and tokens is None:
+        return None
+    records = load_records(JobPaths(job.jobs_dir, job.job_name))
+    spent = total_spend([record_spend(r) for r in records if r.not_started != BUDGET])
+    ledger = coord.set_budget(job.job_key, cost, tokens, spent)
+    line = status_line(ledger)
+    if ledger.reached:
+        return (
+            f"job {job.job_name}: {line}; the trials sent end not started again: continue with a higher "
+            "--max-cost or --max-tokens"
+        )
+    return f"job {job.job_name}: {line}"

@@ -3,6 +3,8 @@
     admit    may this host run the job at all? (`worker.admission`)
     host     is this host healthy now? (engine, state dir, its own Pier)
     claim    take the trial's lease in one step with the result check
+    budget   once the job's --max-cost/--max-tokens is reached, a record that
+             it never started instead (`coordination.budget`)
     slot     one of the job's --n-concurrent slots, or back to the queue
     tries    the stages (`worker.stages`), again while the failure is worth
              another try and --max-retries allows
@@ -31,6 +33,7 @@ import traceback
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from sciencebench.coordination.budget import BUDGET
 from sciencebench.coordination.heartbeat import Heartbeat
 from sciencebench.coordination.protocol import Claim, parking_token
 from sciencebench.core.errors import (
@@ -140,7 +143,10 @@ def _handle(spec: TrialSpec, ctx: WorkerContext, redispatch: Redispatch | None, 
             return _commit(spec, ctx, admitted, record, tries=[])
         finally:
             coord.finish(job, key, ctx.owner)
+    if start.over_budget:
+        return _not_started(spec, ctx, admitted, started)
     slot = start.slot
+    waited = False
     while not slot:
         if redispatch is not None:
             # Waiting would hold a worker process: give the lease (and the running entry) up and come back
@@ -154,7 +160,24 @@ def _handle(spec: TrialSpec, ctx: WorkerContext, redispatch: Redispatch | None, 
             )
         time.sleep(min(1.0, lease / 4))
         slot = coord.acquire_slot(job, key, cap, lease)
+        waited = True
+    if waited and not coord.start_within_budget(job, key):  # the budget may have run out meanwhile
+        return _not_started(spec, ctx, admitted, started)
     return _run_claimed(spec, ctx, admitted, redispatch, started)
+
+
+def _not_started(spec: TrialSpec, ctx: WorkerContext, admitted: Admitted, started: datetime) -> Outcome:
+    """The job's budget is reached: the claimed trial ends with a record that it never started.
+
+    Not an error and not a reward (`TrialRecord.not_started`); it gives back
+    its lease (and a slot, had it one) at once.
+    """
+    log.info("%s: not started, the job's budget is reached", spec.label)
+    record = trial_record(spec, ctx, started, not_started=BUDGET, stage="slot")
+    try:
+        return _commit(spec, ctx, admitted, record, tries=[])
+    finally:
+        ctx.coord.finish(spec.job_key, spec.key, ctx.owner)
 
 
 def _run_claimed(

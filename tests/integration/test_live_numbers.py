@@ -30,7 +30,7 @@ def _seconds(text: str) -> float:
 def test_status_shows_spend_so_far_and_an_eta_near_the_real_remaining_time(cluster: Cluster) -> None:
     cluster.start_workers(1, concurrency=2)
     path = cluster.selection(
-        {f"{i:03d}": {"sleep_sec": SLEEP_SEC, "agent_result": SPENT} for i in range(1, N_TASKS + 1)}
+        {f"{i:03d}": {"sleep_sec": SLEEP_SEC, "spend": SPENT} for i in range(1, N_TASKS + 1)}
     )
     submit = subprocess.Popen(
         cluster.submit_argv(path, "live", "--n-concurrent", "2"), env=cluster.env, cwd=cluster.root,

@@ -15,11 +15,13 @@ from tests.fixtures.selection import make_selection
 
 pytestmark = pytest.mark.unit
 
-# The seed's option table (run-batch.md), in its order, plus --task-id after --path.
+# The seed's option table (run-batch.md), in its order, plus --task-id after --path and the job
+# budget (--max-cost, --max-tokens) after --max-retries.
 SEED_ORDER = [
     "--path", "--task-id", "--agent", "--env", "--env-file", "--model", "--agent-env", "--agent-kwarg",
-    "--n-concurrent", "--n-attempts", "--max-retries", "--agent-timeout-multiplier",
-    "--verifier-timeout-multiplier", "--jobs-dir", "--job-name", "--platform", "--pier-bin", "--skip-pull",
+    "--n-concurrent", "--n-attempts", "--max-retries", "--max-cost", "--max-tokens",
+    "--agent-timeout-multiplier", "--verifier-timeout-multiplier", "--jobs-dir", "--job-name", "--platform",
+    "--pier-bin", "--skip-pull",
     "--no-auto-provider", "--no-auto-agent-adapter", "--agent-import-path", "--dry-run",
 ]  # fmt: skip
 
@@ -56,6 +58,10 @@ def test_cli_values_become_submit_options(tmp_path: Path) -> None:
         (["--max-retries", "-1"], "--max-retries must be 0 or more"),
         (["--agent-timeout-multiplier", "0"], "--agent-timeout-multiplier must be greater than 0"),
         (["--verifier-timeout-multiplier", "-2"], "--verifier-timeout-multiplier must be greater than 0"),
+        (["--max-cost", "0"], "--max-cost must be greater than 0"),
+        (["--max-cost", "nan"], "--max-cost: Input should be a finite number"),
+        (["--max-cost", "inf"], "--max-cost: Input should be a finite number"),
+        (["--max-tokens", "0"], "--max-tokens must be at least 1"),
     ],
 )
 def test_a_broken_constraint_names_the_option(tmp_path: Path, args: list[str], message: str) -> None:
@@ -78,3 +84,23 @@ def test_negated_flags_turn_their_field_off(tmp_path: Path) -> None:
     # Pier's built-in Codex agent gets the provider block: the adapter was turned off.
     assert "--agent codex" in result.stdout
     assert "config_toml=<generated provider config>" in result.stdout
+
+
+def test_the_budget_options_reach_the_job_spec(tmp_path: Path) -> None:
+    opts = from_cli({"path": tmp_path, "max_cost_usd": 12.5, "max_tokens": 2_000_000})
+    assert (opts.max_cost_usd, opts.max_tokens) == (12.5, 2_000_000)
+    assert SubmitOptions(path=tmp_path).max_cost_usd is None  # no budget unless asked
+    assert "max_cost_usd" in JobSpec.model_fields and "max_tokens" in JobSpec.model_fields
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--max-cost", "-1"], "--max-cost must be greater than 0"),
+     (["--max-tokens", "0"], "--max-tokens must be at least 1")],
+)  # fmt: skip
+def test_retry_checks_its_budget_as_submit_does(tmp_path: Path, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(
+        cli.main, ["retry", "some-job", "--failed", "--jobs-dir", str(tmp_path), *args]
+    )
+    assert result.exit_code == 2
+    assert result.stderr == f"sciencebench: error: {message}\n"
