@@ -103,7 +103,7 @@ def images(
     for ref in (task, onbuild):
         repository = ref.split("@", 1)[0]
         for image in docker_client.images.list(name=repository):
-            docker_client.images.remove(image.id, force=True)
+            docker_client.images.remove(str(image.id), force=True)
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,7 @@ class Job:
     records: dict[str, dict[str, Any]] = field(default_factory=dict)  # task id -> sciencebench's record
 
     def trial_dir(self, task_id: str) -> Path:
-        return self.job_dir / self.records[task_id]["trial_dir"]
+        return self.job_dir / str(self.records[task_id]["trial_dir"])
 
 
 def submit(lab: GatewayLab, npm: NpmRegistry, selection: Path, jobs: Path, state_dir: Path) -> Job:
@@ -173,7 +173,7 @@ def remove_project_images(client: docker.DockerClient, trial_dir: Path) -> list[
         filters={"label": f"com.docker.compose.project={trial_dir.name.lower()}"}
     ):
         tags += image.tags
-        client.images.remove(image.id, force=True)
+        client.images.remove(str(image.id), force=True)
     return tags
 
 
