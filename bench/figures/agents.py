@@ -93,7 +93,7 @@ def _once(h: Harness, tls: Any, i: int, found: Findings) -> dict[str, Any]:
     env = h.env(
         SCIENCEBENCH_PROXY_IMAGE=os.environ["SB_SQUID_IMAGE"], SCIENCEBENCH_STATE_DIR=str(h.pull_state)
     )
-    env.pop("SCIENCEBENCH_AGENT_INSTALL", None)
+    env["SCIENCEBENCH_AGENT_INSTALL"] = "baked"  # an offline host: the baked image only
     h.pull_state.mkdir(parents=True, exist_ok=True)
     job = f"agents-codex-{i}"
     with GatewayLab(

@@ -179,8 +179,9 @@ class Run:
 
 
 def agent_env(state_dir: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "SCIENCEBENCH_AGENT_INSTALL"}  # the default: baked
+    env = dict(os.environ)
     env.update(
+        SCIENCEBENCH_AGENT_INSTALL="baked",  # an offline host: the baked images only
         PATH=f"{VENV_BIN}{os.pathsep}{env['PATH']}",
         SCIENCEBENCH_PROXY_IMAGE=os.environ["SB_SQUID_IMAGE"],
         SCIENCEBENCH_STATE_DIR=str(state_dir),
