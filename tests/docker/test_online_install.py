@@ -3,7 +3,8 @@
 No baked image is recorded and this host installs agents online
 (`SCIENCEBENCH_AGENT_INSTALL=online`, the default), so Pier builds its
 derived agent image `FROM` the task's pinned image, in a context holding
-only its own Dockerfile, and under the policy's `agent_install="online"` default that build keeps the network. Its `RUN`s are
+only its own Dockerfile, and under the policy's `agent_install="online"`
+default that build keeps the network. Its `RUN`s are
 Pier 0.3.0's unchanged install steps for Claude Code; the task image
 (tests/fixtures/online_install.py) gives them Node, npm, a no-op `apk` (so
 Pier's script takes its `npm install -g` branch rather than piping
