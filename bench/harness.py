@@ -266,7 +266,7 @@ class Harness:
             task_id=task_id,
         )
         t0 = time.monotonic()
-        prepared = sb.prepare(opts)
+        prepared = sb.prepare(opts, hosts=lambda: sb.Cluster.live(coord, settings.lease_seconds))
         record = sb.build_run_record(
             prepared.job, prepared.trials[0], settings.broker_url, prepared.secret_values
         )

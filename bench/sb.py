@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from sciencebench.core.summary import write_summary
     from sciencebench.core.wire import FINALIZE_JOB, RUN_TRIAL
     from sciencebench.demo import build_demo_selection
+    from sciencebench.login.cluster import Cluster
     from sciencebench.login.dispatch import dispatch
     from sciencebench.login.options import SubmitOptions
     from sciencebench.login.runrecord import build_run_record
@@ -44,6 +45,7 @@ _WHERE: dict[str, str] = {
     "bake_selection": "sciencebench.bake",
     "default_artifacts": "sciencebench.bake",
     "dispatch": "sciencebench.login.dispatch",
+    "Cluster": "sciencebench.login.cluster",
     "pull_counts": "sciencebench.worker.docker.images",
     "pull_log_path": "sciencebench.worker.docker.images",
     "IsolatedDockerEnvironment": "sciencebench.network.environment",
@@ -62,6 +64,7 @@ __all__ = [
     "FINALIZE_JOB",
     "HISTORY_KEY",
     "RUN_TRIAL",
+    "Cluster",
     "IsolatedDockerEnvironment",
     "JobPaths",
     "RedisCoordinator",

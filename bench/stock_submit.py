@@ -31,6 +31,7 @@ def main() -> None:
     from bench.sb import (
         FINALIZE_JOB,
         RUN_TRIAL,
+        Cluster,
         RedisCoordinator,
         Settings,
         SubmitOptions,
@@ -44,11 +45,11 @@ def main() -> None:
         path=args.path, n_attempts=args.n_attempts, n_concurrent=args.n_concurrent, jobs_dir=args.jobs_dir,
         job_name=args.job_name,
     )  # fmt: skip
-    prepared = prepare(opts)
     settings = Settings.from_env()
-    record = build_run_record(prepared.job, prepared.trials[0], settings.broker_url, prepared.secret_values)
     coord = RedisCoordinator(settings.broker_url)
     coord.ping()
+    prepared = prepare(opts, hosts=lambda: Cluster.live(coord, settings.lease_seconds))
+    record = build_run_record(prepared.job, prepared.trials[0], settings.broker_url, prepared.secret_values)
     prepared = persist(prepared, record)
     app = create_app(settings)
     job, trials = prepared.job, prepared.trials

@@ -196,7 +196,9 @@ def write_summary(job: JobSpec, now: datetime | None = None) -> Summary:
         for r in records
     )
     trials = pier_trials(job, records, results)
-    result = job_result(job, records, trials, now)
+    # Pier's statistics of the trials Pier ran: one never started (a budget reached) is not a 0 reward.
+    ran = [trial for record, trial in zip(records, trials, strict=True) if record.not_started is None]
+    result = job_result(job, records, ran, now)
     config = job_config(job)
     # The scored trials only (`TrialRecord.scored`): provider failures and trials never started apart.
     numbers = job_numbers(records, trials, [row["failure_class"] for row in rows], job.n_concurrent)

@@ -17,7 +17,8 @@ from sciencebench.core.models import JobSpec, TrialRecord, TrialState
 from sciencebench.core.paths import JobPaths
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.progress import Watcher, expected_job, expected_lines, progress_detail, status_lines
-from sciencebench.login.submit import Prepared, prepare
+from sciencebench.login.submit import Prepared
+from tests.fixtures.hosts import prepare
 from tests.fixtures.selection import make_selection
 
 pytestmark = pytest.mark.unit
@@ -123,18 +124,17 @@ def test_costs_are_kept_beside_durations_and_give_the_next_job_s_expected_cost(t
     assert nothing[1] == "expected cost: no cost history"
 
 
-def test_dry_run_prints_the_expected_duration_on_n_concurrent_without_a_broker(tmp_path: Path) -> None:
+def test_a_local_dry_run_prints_the_expected_duration_on_n_concurrent(tmp_path: Path) -> None:
     selection = make_selection(tmp_path / "selection", ["001", "002", "003"])
     done = CliRunner().invoke(
         cli.main,
-        ["submit", "--path", str(selection), "--jobs-dir", str(tmp_path / "jobs"), "--job-name", "d",
-         "--n-concurrent", "2", "--skip-pull", "--dry-run"],
-        env={"SCIENCEBENCH_BROKER_URL": "redis://127.0.0.1:1/0"},  # a closed loopback port
+        ["submit", "--local", "--path", str(selection), "--jobs-dir", str(tmp_path / "jobs"),
+         "--job-name", "d", "--n-concurrent", "2", "--skip-pull", "--dry-run"],
     )  # fmt: skip
     assert done.exit_code == 0, done.output
     per_trial = 600 + 600 + 600  # each trial's timeouts: three on two slots take two rounds
     assert (
-        "expected duration: 1h00m on --n-concurrent 2 slot(s) (broker not reachable); "
+        "expected duration: 1h00m on --n-concurrent 2 slot(s) (--local); "
         "0 of 3 trial(s) by history, the rest by their timeouts"
     ) in done.output, (done.output, per_trial)
     assert "expected cost: no cost history" in done.output

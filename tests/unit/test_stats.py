@@ -31,7 +31,8 @@ from sciencebench.core.stats import (
 )
 from sciencebench.core.summary import write_summary
 from sciencebench.login.options import SubmitOptions
-from sciencebench.login.submit import prepare, write_job_spec
+from sciencebench.login.submit import write_job_spec
+from tests.fixtures.hosts import prepare
 from tests.fixtures.pier_results import pier_final_stats, trial_result
 from tests.fixtures.selection import make_selection
 
@@ -222,9 +223,10 @@ def test_summary_json_keeps_the_numbers_with_unscored_trials_left_out(tmp_path: 
     assert only["n_trials"] == 3 and only["metrics"] == {"mean": pytest.approx(2 / 3)}
     assert stats["provider_errors"] == {"429": 2, "reset": 1} and stats["not_started"] == {"budget": 2}
     assert stats["spend"]["cost_usd"] == 0.5
-    # Pier's own result.json still counts every trial as Pier would.
+    # Pier's own result.json counts every trial Pier ran as Pier would (provider failures too);
+    # the two never started are not Pier's trials.
     assert json.loads(paths.result_json.read_text())["stats"]["evals"]["nop__adhoc"]["metrics"] == [
-        {"mean": 2 / 8}
+        {"mean": 2 / 6}
     ]
 
 
