@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -31,8 +32,16 @@ def _records(cluster: Cluster, job: str) -> dict[str, dict]:  # type: ignore[typ
 
 
 def _pier_pids_running(cluster: Cluster) -> list[int]:
+    """The fake Pier runs of this cluster's workers (their scratch is under its state dir)."""
     out = subprocess.run(["pgrep", "-f", "fake_pier.py run"], capture_output=True, text=True)
-    return [int(pid) for pid in out.stdout.split()]
+    return [int(pid) for pid in out.stdout.split() if str(cluster.state_dir) in _cmdline(int(pid))]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def test_pool_process_killed_mid_trial_completes_once(cluster: Cluster) -> None:
