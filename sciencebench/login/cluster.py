@@ -33,6 +33,8 @@ class Cluster:
     kits: dict[str, HostKit]
     where: str
     local: bool = False
+    # Live hosts that reported no kit (a worker older than this submit): they count as bringing nothing.
+    silent: frozenset[str] = frozenset()
 
     @classmethod
     def this_host(cls, settings: Settings) -> Cluster:
@@ -45,12 +47,10 @@ class Cluster:
         """The live worker hosts in the store (beat within two leases), with the kit each reported."""
         now = coord.now()
         horizon = LIVE_LEASES * lease_seconds
-        kits = {
-            host: status.kit or HostKit()
-            for host, status in coord.hosts().items()
-            if now - status.seen_at < horizon
-        }
-        return cls(kits=kits, where="live worker hosts")
+        live = {host: status for host, status in coord.hosts().items() if now - status.seen_at < horizon}
+        kits = {host: status.kit or HostKit() for host, status in live.items()}
+        silent = frozenset(host for host, status in live.items() if status.kit is None)
+        return cls(kits=kits, where="live worker hosts", silent=silent)
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,8 @@ def check_cluster(cluster: Cluster, needs: Needs, missing_baked: Callable[[], st
         if not serving:
             roots = sorted({root for kit in kits.values() for root in getattr(kit, field)})
             shown = ", ".join(roots[:4]) or "none reported"
+            if cluster.silent:
+                shown += f"; {len(cluster.silent)} host(s) reported nothing: a worker older than this submit"
             raise ProfileError(
                 f"{option} {path}: no live worker host serves it (their {_ROOT_OPTIONS[field]}: {shown}); "
                 f"put it under one, or start a worker with {_ROOT_OPTIONS[field]} covering it"

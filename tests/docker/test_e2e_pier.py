@@ -47,7 +47,8 @@ def _leftovers(client: docker.DockerClient, trials: list[str]) -> dict[str, list
         return any(project in name for project in projects)
 
     return {
-        "containers": [c.name for c in client.containers.list(all=True) if ours(c.name)],
+        # ignore_removed: another test's container may be gone between the listing and its inspect
+        "containers": [c.name for c in client.containers.list(all=True, ignore_removed=True) if ours(c.name)],
         "networks": [n.name for n in client.networks.list() if ours(n.name)],
         "derived images": [t for i in client.images.list() for t in i.tags if ours(t)],
     }

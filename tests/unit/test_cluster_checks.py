@@ -114,6 +114,7 @@ def test_the_live_hosts_are_those_that_beat_within_two_leases() -> None:
     coord.beat("w2@b")  # an older worker that reported no kit: it brings nothing
     live = Cluster.live(coord, lease_seconds=60)
     assert live.kits == {"w1@a": EVERYTHING, "w2@b": HostKit(agent_install="online")}
+    assert live.silent == {"w2@b"}
     time.sleep(0.05)
     assert Cluster.live(coord, lease_seconds=0.01).kits == {}
 
@@ -162,3 +163,10 @@ def test_a_dry_run_without_a_broker_says_so_in_one_line(tmp_path: Path) -> None:
         result.stderr.startswith("sciencebench: error: broker unreachable") and result.stderr.count("\n") == 1
     )
     assert not (selection / "batch-run.json").exists()
+
+
+def test_a_host_that_reported_nothing_is_named_as_an_older_worker(tmp_path: Path) -> None:
+    coord = MemoryCoordinator()
+    coord.beat("w1@old")
+    with pytest.raises(ProfileError, match=r"none reported; 1 host\(s\) reported nothing: a worker older"):
+        _submit(tmp_path, Cluster.live(coord, lease_seconds=60), agent="nop")
