@@ -21,6 +21,8 @@ SEED_ORDER = [
     "--n-concurrent", "--n-attempts", "--max-retries", "--agent-timeout-multiplier",
     "--verifier-timeout-multiplier", "--jobs-dir", "--job-name", "--platform", "--pier-bin", "--skip-pull",
     "--no-auto-provider", "--no-auto-agent-adapter", "--agent-import-path", "--dry-run",
+    # sciencebench's own, after the seed's table
+    "--provider-retries",
 ]  # fmt: skip
 
 
