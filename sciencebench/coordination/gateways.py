@@ -3,7 +3,9 @@
 Every job's trials that send inference to the same gateway authority
 (`host:port` of the job's provider base URL) share one limit, kept in the
 store: it starts at the first job's `--n-concurrent`, halves (never below 1)
-when a trial ends in a provider error (`TrialRecord.provider_status`), and
+when a trial ends in a provider error (`TrialRecord.provider_status`), once
+per round (a try that took its slot before the last halving saw the old
+concurrency and halves nothing again), and
 grows back by one, up to the largest `--n-concurrent` seen, on each trial
 that got its answers. A trial takes one of the authority's slots before its
 Pier run starts and gives it back after; a slot is a lease that its holder
@@ -74,8 +76,16 @@ class GatewayLimits(ABC):
         """Give a slot back."""
 
     @abstractmethod
-    def provider_error(self, authority: str, status: str) -> int:
-        """Halve the authority's limit (never below 1) because of `status`; the new limit."""
+    def provider_error(self, authority: str, status: str, since: float = float("inf")) -> int:
+        """Halve the authority's limit (never below 1) because of `status`; the new limit.
+
+        `since` is when (`now`) the failed try took its slot: a try that took it
+        before the last halving leaves the limit as it is (its status is recorded).
+        """
+
+    @abstractmethod
+    def now(self) -> float:
+        """The store's clock (epoch s), as `provider_error`'s `since` and `GatewayLimit.at` use it."""
 
     @abstractmethod
     def success(self, authority: str) -> int:
@@ -127,8 +137,13 @@ end
 local ceiling = tonumber(redis.call('hget', KEYS[1], 'ceiling') or limit)
 local new = limit
 if ARGV[1] == 'error' then
+  local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+  if tonumber(ARGV[3]) < tonumber(redis.call('hget', KEYS[1], 'error_at') or '0') then
+    redis.call('hset', KEYS[1], 'status', ARGV[2])
+    return limit
+  end
   new = math.max(1, math.floor(limit / 2))
-  redis.call('hset', KEYS[1], 'limit', new, 'status', ARGV[2], 'at', t[1], 'error_at', t[1],
+  redis.call('hset', KEYS[1], 'limit', new, 'status', ARGV[2], 'at', now, 'error_at', now,
              'reason', 'provider error ' .. ARGV[2] .. ': halved from ' .. limit)
 elseif limit < ceiling then
   new = limit + 1
@@ -164,14 +179,18 @@ class RedisGatewayLimits(GatewayLimits):
         """See `GatewayLimits.release`."""
         self._coord.patiently(lambda: self._coord.client.zrem(gateway_key(authority, "slots"), member))
 
-    def provider_error(self, authority: str, status: str) -> int:
+    def provider_error(self, authority: str, status: str, since: float = float("inf")) -> int:
         """See `GatewayLimits.provider_error`."""
-        keys, args = [gateway_key(authority)], ["error", status]
+        keys, args = [gateway_key(authority)], ["error", status, repr(min(since, 1e18))]
         return int(self._coord.patiently(lambda: self._adjust(keys=keys, args=args)))
+
+    def now(self) -> float:
+        """The server's clock."""
+        return self._coord.now()
 
     def success(self, authority: str) -> int:
         """See `GatewayLimits.success`."""
-        keys, args = [gateway_key(authority)], ["success", ""]
+        keys, args = [gateway_key(authority)], ["success", "", "0"]
         return int(self._coord.patiently(lambda: self._adjust(keys=keys, args=args)))
 
     def limits(self) -> list[GatewayLimit]:
@@ -246,17 +265,24 @@ class MemoryGatewayLimits(GatewayLimits):
         with self._lock:
             self._slots.get(authority, {}).pop(member, None)
 
-    def provider_error(self, authority: str, status: str) -> int:
+    def provider_error(self, authority: str, status: str, since: float = float("inf")) -> int:
         """See `GatewayLimits.provider_error`."""
         with self._lock:
             fields = self._fields.get(authority)
             if fields is None:
                 return 0
+            fields["status"] = status
+            if since < fields.get("error_at", 0.0):
+                return int(fields["limit"])
             old = fields["limit"]
             now = time.time()
             fields.update(limit=max(1, old // 2), status=status, at=now, error_at=now,
                           reason=f"provider error {status}: halved from {old}")  # fmt: skip
             return int(fields["limit"])
+
+    def now(self) -> float:
+        """This process's clock."""
+        return time.time()
 
     def success(self, authority: str) -> int:
         """See `GatewayLimits.success`."""
@@ -307,6 +333,7 @@ class GatewaySlot:
         self.limits, self.authority, self.member = limits, authority, member
         self.n_concurrent, self.ttl_sec = n_concurrent, ttl_sec
         self.waited_sec = 0.0
+        self.acquired_at = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -318,6 +345,7 @@ class GatewaySlot:
                 return False
             time.sleep(poll_sec)
         self.waited_sec = time.monotonic() - started
+        self.acquired_at = self.limits.now()
         self._thread = threading.Thread(target=self._renew, daemon=True, name=f"gateway {self.member}")
         self._thread.start()
         return True

@@ -340,7 +340,7 @@ def _adjust_gateway(slot: GatewaySlot, record: TrialRecord) -> None:
     """Halve the authority's limit on a provider failure, grow it by one on a try that got its answers."""
     try:
         if record.provider_status is not None:
-            limit = slot.limits.provider_error(slot.authority, record.provider_status)
+            limit = slot.limits.provider_error(slot.authority, record.provider_status, since=slot.acquired_at)
             log.warning("gateway %s: provider error %s; its limit is now %d", slot.authority,
                         record.provider_status, limit)  # fmt: skip
         else:

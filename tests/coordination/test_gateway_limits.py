@@ -52,6 +52,16 @@ def test_a_provider_error_halves_it_never_below_one_and_successes_grow_it_back(l
     assert limits.limits()[0].status == "429"  # the last provider error is still shown
 
 
+def test_tries_that_started_before_a_halving_halve_nothing_again(limits: GatewayLimits) -> None:
+    limits.acquire(GW, "t0", 8, 30)
+    before = limits.now()
+    time.sleep(0.01)
+    assert limits.provider_error(GW, "429", since=before) == 4  # the first failure of the round halves
+    assert limits.provider_error(GW, "500", since=before) == 4  # the others of that round do not
+    assert limits.limits()[0].status == "500"
+    assert limits.provider_error(GW, "429", since=limits.now()) == 2  # a try started since: again
+
+
 def test_other_authorities_are_not_affected(limits: GatewayLimits) -> None:
     limits.acquire(GW, "a", 4, 30)
     limits.acquire("other:443", "b", 4, 30)

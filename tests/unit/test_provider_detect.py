@@ -17,6 +17,7 @@ from sciencebench.worker.pier.provider import (
     claude_calls,
     codex_calls,
     detect,
+    proxy_calls,
     status_of,
 )
 
@@ -170,3 +171,87 @@ def test_no_logs_are_no_evidence(tmp_path: Path) -> None:
 )
 def test_status_of_an_error_message(message: str, status: str | None) -> None:
     assert status_of(message) == status
+
+
+# squid's access log in `network.squid.ACCESS_LOG_FORMAT`: the first line and the health checks are
+# from a real mini-swe-agent trial; the others are squid's lines for the same call ending otherwise.
+ANSWERED = (
+    "1796128228.096    200 172.24.0.2 TCP_MISS/200 882 POST http://gw:4000/v1/chat/completions agent "
+    "HIER_DIRECT/172.26.0.2 application/json - -"
+)
+HEALTH_CHECK = (
+    "1796128108.705      0 127.0.0.1 NONE_NONE/000 0 - error:transaction-end-before-headers - "
+    "HIER_NONE/- - ERR_CLIENT_GONE -"
+)
+
+
+def squid(
+    code: str, error: str = "-", retry_after: str = "-", url: str = "http://gw:4000/v1/chat/completions"
+) -> str:
+    return (f"1796128230.001     12 172.24.0.2 {code} 310 POST {url} agent HIER_DIRECT/172.26.0.2 "
+            f"application/json {error} {retry_after}")  # fmt: skip
+
+
+PROXY_CASES = {
+    "429 with Retry-After": ([HEALTH_CHECK, squid("TCP_MISS/429", retry_after="2")], "429", 2.0),
+    "429 after an answered call": ([ANSWERED, squid("TCP_MISS/429")], "429", None),
+    "500": ([squid("TCP_MISS/500"), squid("TCP_MISS/500")], "500", None),
+    "reset": ([squid("TCP_MISS/502", "ERR_READ_ERROR")], "reset", None),
+    "empty answer": ([squid("TCP_MISS/502", "ERR_ZERO_SIZE_OBJECT")], "reset", None),
+    "refused": ([squid("TCP_MISS/503", "ERR_CONNECT_FAIL")], "refused", None),
+    "never answered: aborted at the end": ([ANSWERED, squid("TCP_MISS_ABORTED/000")], "timeout", None),
+    "answered at last": ([squid("TCP_MISS/429"), ANSWERED], None, None),
+    "a 401 (the job's key) is not the provider's": ([squid("TCP_MISS/401")], None, None),
+    "another host's calls do not count": ([squid("TCP_MISS/429", url="http://other:4000/v1/x")], None, None),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(PROXY_CASES))
+def test_the_proxy_log(case: str, tmp_path: Path) -> None:
+    lines, status, retry_after = PROXY_CASES[case]
+    log = tmp_path / "network-policy" / "task_101__abc" / "squid-access.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("\n".join(lines) + "\n")
+    found = detect(tmp_path, rewarded=False, exception_type=None, authority="gw:4000")
+    assert (found.status if found else None) == status, proxy_calls(log.read_text(), "gw:4000")
+    if found:
+        assert (found.source, found.retry_after_sec) == ("proxy log", retry_after)
+
+
+def test_a_gateway_the_proxy_denied_is_the_policys_refusal(tmp_path: Path) -> None:
+    # The agent was pointed at another port than the job's gateway: denied, the gateway never reached.
+    denied = ("1796128230.001      0 172.24.0.2 TCP_DENIED/403 3900 CONNECT gw:4100 agent HIER_NONE/- "
+              "text/html ERR_ACCESS_DENIED -")  # fmt: skip
+    assert proxy_calls(denied, "gw:4443") is None
+    assert proxy_calls(denied.replace("gw:4100", "gw:4443"), "gw:4443") is None
+    log = tmp_path / "network-policy" / "s" / "squid-access.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(denied + "\n")
+    (tmp_path / "agent").mkdir()
+    (tmp_path / "agent" / "codex.txt").write_text("\n".join([*CODEX_START, *codex_failing(CODEX_RESET, 5)]))
+    assert detect(tmp_path, rewarded=False, exception_type="AgentTimeoutError", authority="gw:4443") is None
+    # Reached through its tunnel, the same Codex log is the provider's.
+    tunnel = ("1796128231.001   9000 172.24.0.2 TCP_TUNNEL/200 5120 CONNECT gw:4443 agent "
+              "HIER_DIRECT/172.26.0.2 - - -")  # fmt: skip
+    log.write_text(denied + "\n" + tunnel + "\n")
+    found = detect(tmp_path, rewarded=False, exception_type="AgentTimeoutError", authority="gw:4443")
+    assert found is not None and (found.status, found.source) == ("reset", "codex.txt")
+
+
+def test_mini_swe_agent_trajectory(tmp_path: Path) -> None:
+    trajectory = {
+        "info": {"exit_status": "RateLimitError", "submission": ""},
+        "messages": [
+            {"role": "system", "content": "..."}, {"role": "user", "content": "..."},
+            {"role": "exit", "content": "litellm.RateLimitError: RateLimitError: OpenAIException - limit",
+             "extra": {"exit_status": "RateLimitError"}},
+        ],
+    }  # fmt: skip
+    (tmp_path / "agent").mkdir()
+    path = tmp_path / "agent" / "mini-swe-agent.trajectory.json"
+    path.write_text(json.dumps(trajectory))
+    found = detect(tmp_path, rewarded=False, exception_type="NonZeroAgentExitCodeError", authority="gw:4000")
+    assert found == ProviderFailure("429", None, "mini-swe-agent trajectory")
+    trajectory["info"] = {"exit_status": "Submitted", "submission": ""}
+    path.write_text(json.dumps(trajectory))
+    assert detect(tmp_path, rewarded=False, exception_type=None, authority="gw:4000") is None

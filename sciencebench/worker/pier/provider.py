@@ -158,6 +158,9 @@ def _read_proxy_logs(trial_dir: Path) -> str:
 def proxy_calls(text: str, authority: str | None) -> list[Call] | None:
     """The plain-HTTP calls to `authority` in squid's access log; None when the proxy denied it.
 
+    None too when the proxy denied something and the gateway was never
+    reached (the agent pointed elsewhere than the job's gateway).
+
     Fields (`network.squid.ACCESS_LOG_FORMAT`): time, elapsed, client,
     code/status, bytes, method, URL, user, hierarchy, type, squid's error id,
     Retry-After.
@@ -165,6 +168,7 @@ def proxy_calls(text: str, authority: str | None) -> list[Call] | None:
     if not authority:
         return []
     calls: list[Call] = []
+    denied = reached = False
     for line in text.splitlines():
         fields = line.split()
         if len(fields) < 7:
@@ -172,16 +176,19 @@ def proxy_calls(text: str, authority: str | None) -> list[Call] | None:
         code, _, status = fields[3].partition("/")
         method, url = fields[5], fields[6]
         target = url if method == "CONNECT" else url.split("://", 1)[-1].split("/", 1)[0]
+        denied = denied or code == "TCP_DENIED"
         if target != authority:
             continue
         if code == "TCP_DENIED":
             return None
+        reached = True
         if method == "CONNECT":
             continue  # a TLS tunnel: its calls are inside
         error = fields[10] if len(fields) > 10 else "-"
         retry_after = _seconds(fields[11]) if len(fields) > 11 else None
         calls.append(_proxy_call(code, status, error, retry_after))
-    return calls
+    # The agent never reached its gateway and the proxy denied what it tried instead: the policy's refusal.
+    return None if denied and not reached else calls
 
 
 def _proxy_call(code: str, status: str, error: str, retry_after: float | None) -> Call:
