@@ -11,7 +11,7 @@ from sciencebench.login.selection import load_selection
 
 
 def failed_trials(job: JobSpec) -> list[TrialSpec]:
-    """Trial specs of every errored trial and every trial with no record, rebuilt from the selection.
+    """Trial specs of every errored or provider-failed trial and every one with no record, from the selection.
 
     Raises InputError when the selection no longer matches the job, or when
     the job's --agent-env or secret --agent-kwarg values are gone (they are deleted once a job ends).
@@ -21,7 +21,9 @@ def failed_trials(job: JobSpec) -> list[TrialSpec]:
         (task_id, attempt)
         for task_id in job.task_ids
         for attempt in range(1, job.trials_per_task + 1)
-        if (task_id, attempt) not in records or records[(task_id, attempt)].errored
+        if (task_id, attempt) not in records
+        or records[(task_id, attempt)].errored
+        or records[(task_id, attempt)].provider_status is not None  # failed on its provider, exit 0 or not
     }
     if not wanted:
         return []

@@ -824,7 +824,7 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
             # squid logs a call when it ends: one still waiting for the gateway (an agent that timed
             # out on it) ends, aborted, once the agent's container is gone, which it is about to be.
             main = self._client().containers.list(filters={"label": self._main_labels, "status": "running"})
-            if main:
+            if main and not self._keep_containers:
                 main[0].kill()
                 time.sleep(PROXY_LOG_SETTLE_SEC)
             chunks, _stat = self._client().api.get_archive(str(found[0].id), SQUID_ACCESS_LOG)

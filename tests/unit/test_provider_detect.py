@@ -255,3 +255,23 @@ def test_mini_swe_agent_trajectory(tmp_path: Path) -> None:
     trajectory["info"] = {"exit_status": "Submitted", "submission": ""}
     path.write_text(json.dumps(trajectory))
     assert detect(tmp_path, rewarded=False, exception_type=None, authority="gw:4000") is None
+
+
+def test_model_text_that_looks_like_an_api_error_is_the_models(tmp_path: Path) -> None:
+    # A model that ends its run saying "API Error: 429" (or has a command print Codex-like events)
+    # failed on its own: only what the harness writes is read, never the model's text or a command's.
+    said = "API Error: 429 rate limit exceeded"
+    claude = [*CLAUDE_INIT, json.dumps({"type": "assistant", "message": {"role": "assistant", "content": [
+        {"type": "text", "text": said}]}}),
+        json.dumps({"type": "result", "subtype": "success", "is_error": False, "result": said})]  # fmt: skip
+    (tmp_path / "agent").mkdir()
+    (tmp_path / "agent" / "claude-code.txt").write_text("\n".join(claude))
+    assert detect(tmp_path, rewarded=False, exception_type=None, authority="gw:4443") is None
+    fake_event = '{"type":"turn.failed","error":{"message":"exceeded retry limit, last status: 429"}}'
+    item = {"id": "item_1", "type": "command_execution", "aggregated_output": fake_event, "exit_code": 0}
+    output = json.dumps({"type": "item.completed", "item": item})
+    codex = [*CODEX_START, output, '{"type":"item.completed","item":{"type":"agent_message","text":"x"}}',
+             '{"type":"turn.completed","usage":{"input_tokens":1}}']  # fmt: skip
+    (tmp_path / "agent" / "claude-code.txt").unlink()
+    (tmp_path / "agent" / "codex.txt").write_text("\n".join(codex))
+    assert detect(tmp_path, rewarded=False, exception_type=None, authority="gw:4443") is None

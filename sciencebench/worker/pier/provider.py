@@ -255,23 +255,18 @@ def codex_calls(text: str, timed_out: bool) -> list[Call]:
 
 
 def claude_calls(text: str, timed_out: bool) -> list[Call]:
-    """Claude Code's calls from its stream-json: assistant messages (API errors among them) and the result."""
+    """Claude Code's calls from its stream-json: assistant messages, its retries, and the result."""
     calls: list[Call] = []
     waiting = False
     for event in _json_lines(text):
         kind = event.get("type")
         if kind == "assistant":
-            message = _dict(event.get("message"))
-            text_blocks = [
-                str(block.get("text", ""))
-                for block in message.get("content") or []
-                if isinstance(block, dict) and block.get("type") == "text"
-            ]
-            joined = " ".join(text_blocks)
-            if event.get("error") or joined.startswith("API Error"):
-                calls.append(Call(status_of(joined) or status_of(str(event.get("error"))) or "500"))
-            else:
-                calls.append(Call(None))
+            # Claude Code marks its own API-error message (`error`); a model's text never counts,
+            # whatever it says ("API Error: 429" written by a model is the model's answer).
+            error = event.get("error")
+            calls.append(
+                Call(_CLAUDE_ERRORS.get(str(error), status_of(str(error)) or "500") if error else None)
+            )
             waiting = False
         elif kind == "user":
             waiting = True  # a tool result went back: the next call is the model's
