@@ -116,7 +116,8 @@ HARNESSES: dict[str, tuple[str, list[str], str]] = {
     ),
     "claude-code": (
         f"ANTHROPIC_AUTH_TOKEN={CANARY}\nANTHROPIC_BASE_URL=https://gw:{HTTPS_PORT}\n",
-        ["--model", CLAUDE_MODEL],
+        # Two retries of a call instead of Claude Code's ten (waits growing to a minute).
+        ["--model", CLAUDE_MODEL, "--agent-env", "CLAUDE_CODE_MAX_RETRIES=2"],
         "0.5",
     ),
     "mini-swe-agent": (

@@ -173,33 +173,43 @@ def test_status_of_an_error_message(message: str, status: str | None) -> None:
     assert status_of(message) == status
 
 
-# squid's access log in `network.squid.ACCESS_LOG_FORMAT`: the first line and the health checks are
-# from a real mini-swe-agent trial; the others are squid's lines for the same call ending otherwise.
+# squid's access log in `network.squid.ACCESS_LOG_FORMAT`, lines of real mini-swe-agent trials
+# (tests/docker/test_provider_errors.py); `squid` makes the same line for other endings.
 ANSWERED = (
-    "1796128228.096    200 172.24.0.2 TCP_MISS/200 882 POST http://gw:4000/v1/chat/completions agent "
-    "HIER_DIRECT/172.26.0.2 application/json - -"
+    "1796129292.436    100 172.25.0.2 TCP_MISS/200 806 POST http://gw:4000/v1/chat/completions agent "
+    "HIER_DIRECT/172.29.0.2 application/json - -"
 )
 HEALTH_CHECK = (
     "1796128108.705      0 127.0.0.1 NONE_NONE/000 0 - error:transaction-end-before-headers - "
     "HIER_NONE/- - ERR_CLIENT_GONE -"
 )
+RETRY_AFTER_429 = (
+    "1796129294.987     23 172.27.0.2 TCP_MISS/429 450 POST http://gw:4000/v1/chat/completions agent "
+    "HIER_DIRECT/192.168.0.2 application/json - 2"
+)
+RESET = (
+    "1796129290.863    101 172.30.0.2 TCP_MISS/502 3551 POST http://gw:4000/v1/chat/completions agent "
+    "HIER_DIRECT/172.26.0.2 text/html ERR_READ_ERROR -"
+)
+NEVER_ANSWERED = (
+    "1796129395.488 100812 172.31.0.2 TCP_MISS_ABORTED/000 0 POST http://gw:4000/v1/chat/completions agent "
+    "HIER_DIRECT/192.168.16.2 - ERR_CLIENT_GONE -"
+)
 
 
-def squid(
-    code: str, error: str = "-", retry_after: str = "-", url: str = "http://gw:4000/v1/chat/completions"
-) -> str:
+def squid(code: str, error: str = "-", retry_after: str = "-", url: str = "http://gw:4000/v1/x") -> str:
     return (f"1796128230.001     12 172.24.0.2 {code} 310 POST {url} agent HIER_DIRECT/172.26.0.2 "
             f"application/json {error} {retry_after}")  # fmt: skip
 
 
 PROXY_CASES = {
-    "429 with Retry-After": ([HEALTH_CHECK, squid("TCP_MISS/429", retry_after="2")], "429", 2.0),
+    "429 with Retry-After": ([HEALTH_CHECK, RETRY_AFTER_429, RETRY_AFTER_429], "429", 2.0),
     "429 after an answered call": ([ANSWERED, squid("TCP_MISS/429")], "429", None),
     "500": ([squid("TCP_MISS/500"), squid("TCP_MISS/500")], "500", None),
-    "reset": ([squid("TCP_MISS/502", "ERR_READ_ERROR")], "reset", None),
+    "reset": ([HEALTH_CHECK, RESET, RESET], "reset", None),
     "empty answer": ([squid("TCP_MISS/502", "ERR_ZERO_SIZE_OBJECT")], "reset", None),
     "refused": ([squid("TCP_MISS/503", "ERR_CONNECT_FAIL")], "refused", None),
-    "never answered: aborted at the end": ([ANSWERED, squid("TCP_MISS_ABORTED/000")], "timeout", None),
+    "never answered: aborted at the end": ([HEALTH_CHECK, NEVER_ANSWERED], "timeout", None),
     "answered at last": ([squid("TCP_MISS/429"), ANSWERED], None, None),
     "a 401 (the job's key) is not the provider's": ([squid("TCP_MISS/401")], None, None),
     "another host's calls do not count": ([squid("TCP_MISS/429", url="http://other:4000/v1/x")], None, None),
