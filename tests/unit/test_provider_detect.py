@@ -240,6 +240,11 @@ def test_a_gateway_the_proxy_denied_is_the_policys_refusal(tmp_path: Path) -> No
     (tmp_path / "agent").mkdir()
     (tmp_path / "agent" / "codex.txt").write_text("\n".join([*CODEX_START, *codex_failing(CODEX_RESET, 5)]))
     assert detect(tmp_path, rewarded=False, exception_type="AgentTimeoutError", authority="gw:4443") is None
+    # Codex's own calls to other hosts, denied, do not make it the policy's.
+    telemetry = denied.replace("gw:4100", "chatgpt.com:443")
+    log.write_text(telemetry + "\n")
+    found = detect(tmp_path, rewarded=False, exception_type="AgentTimeoutError", authority="gw:4443")
+    assert found is not None and found.status == "reset"
     # Reached through its tunnel, the same Codex log is the provider's.
     tunnel = ("1796128231.001   9000 172.24.0.2 TCP_TUNNEL/200 5120 CONNECT gw:4443 agent "
               "HIER_DIRECT/172.26.0.2 - - -")  # fmt: skip

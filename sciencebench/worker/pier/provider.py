@@ -158,8 +158,9 @@ def _read_proxy_logs(trial_dir: Path) -> str:
 def proxy_calls(text: str, authority: str | None) -> list[Call] | None:
     """The plain-HTTP calls to `authority` in squid's access log; None when the proxy denied it.
 
-    None too when the proxy denied something and the gateway was never
-    reached (the agent pointed elsewhere than the job's gateway).
+    None too when the proxy denied the gateway's host on another port and
+    the gateway was never reached (the agent pointed off the allowlist);
+    denials of other hosts (a harness's telemetry) do not matter.
 
     Fields (`network.squid.ACCESS_LOG_FORMAT`): time, elapsed, client,
     code/status, bytes, method, URL, user, hierarchy, type, squid's error id,
@@ -176,7 +177,10 @@ def proxy_calls(text: str, authority: str | None) -> list[Call] | None:
         code, _, status = fields[3].partition("/")
         method, url = fields[5], fields[6]
         target = url if method == "CONNECT" else url.split("://", 1)[-1].split("/", 1)[0]
-        denied = denied or code == "TCP_DENIED"
+        # Denied elsewhere on the gateway's host (another port): the agent was pointed off the allowlist.
+        denied = denied or (
+            code == "TCP_DENIED" and target.rpartition(":")[0] == authority.rpartition(":")[0]
+        )
         if target != authority:
             continue
         if code == "TCP_DENIED":
@@ -187,7 +191,7 @@ def proxy_calls(text: str, authority: str | None) -> list[Call] | None:
         error = fields[10] if len(fields) > 10 else "-"
         retry_after = _seconds(fields[11]) if len(fields) > 11 else None
         calls.append(_proxy_call(code, status, error, retry_after))
-    # The agent never reached its gateway and the proxy denied what it tried instead: the policy's refusal.
+    # The agent never reached its gateway, the proxy denied its host elsewhere: the policy's refusal.
     return None if denied and not reached else calls
 
 
