@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from sciencebench.core.agentimages import agent_images_path, load_agent_images
 from tests.docker import test_real_agents as real_agents
 from tests.docker.test_real_agents import (
     CANARY,
@@ -38,16 +39,25 @@ from tests.docker.test_real_agents import (
     MODEL,
     MSWEA_ADAPTER,
     SCIENCEBENCH,
-    Baked,
     agent_env,
     write_env_file,
 )
 from tests.fixtures.gateway_lab import GatewayLab, TLSFiles
 
-# The real-agent module's fixtures: the pinned artifacts, the test CA, the baked agent images.
+# The real-agent module's fixtures: the pinned artifacts and the test CA.
 artifacts = real_agents.artifacts
 tls = real_agents.tls
-baked = real_agents.baked
+
+
+@pytest.fixture(scope="module")
+def baked(demo_selection: Path, tls: TLSFiles, registry: str) -> None:
+    """Every agent baked into the demo's agent image: only those this session has not baked yet."""
+    base = real_agents.load_selection_agent_image(demo_selection)
+    record = load_agent_images(agent_images_path(demo_selection))
+    for agent in real_agents.AGENTS:
+        if not record.find(base, agent):
+            real_agents.bake(demo_selection, agent, tls, registry)
+
 
 pytestmark = pytest.mark.docker
 
@@ -88,7 +98,7 @@ def provider_selection(demo: Path, root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def selection(demo_selection: Path, baked: Baked, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def selection(demo_selection: Path, baked: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Made once the demo selection has its baked images (their record is copied)."""
     return provider_selection(demo_selection, tmp_path_factory.mktemp("provider"))
 
@@ -165,7 +175,7 @@ def run_job(lab: GatewayLab, selection: Path, jobs: Path, agent: str, state_dir:
 
 @pytest.mark.parametrize("agent", list(HARNESSES))
 def test_provider_failures_are_their_own_class_and_rerun(
-    agent: str, faulty_lab: GatewayLab, baked: Baked, selection: Path, tmp_path: Path, state_dir: Path
+    agent: str, faulty_lab: GatewayLab, baked: None, selection: Path, tmp_path: Path, state_dir: Path
 ) -> None:
     run = run_job(faulty_lab, selection, tmp_path / "jobs", agent, state_dir)
     records = run["records"]
