@@ -301,8 +301,9 @@ def _load(jobs_dir: Path, job_name: str) -> JobSpec:
 @_job_option
 @_handle_errors
 def status(job_name: str, jobs_dir: Path) -> None:
-    """Show a job's counts and each trial's state and host (and its budget, if it has one)."""
+    """Show a job's counts, each trial's state and host, its budget and its gateways' limits."""
     from sciencebench.coordination.budget import status_line
+    from sciencebench.coordination.gateways import gateway_limits
     from sciencebench.coordination.redis import RedisCoordinator
 
     job = _load(jobs_dir, job_name)
@@ -329,6 +330,12 @@ def status(job_name: str, jobs_dir: Path) -> None:
         out.print(
             f"unfit host {host}: {mark.reason} ({now - mark.at:.0f}s ago)", markup=False, soft_wrap=True
         )
+    for limit in gateway_limits(coord).limits():  # every gateway's cluster-wide limit, and why
+        why = f"; {limit.reason} ({now - limit.at:.0f}s ago)" if limit.reason else ""
+        if limit.status and not limit.reason.startswith("provider error"):
+            why = f"; last provider error {limit.status} ({now - limit.error_at:.0f}s ago){why}"
+        line = f"gateway {limit.authority}: limit {limit.limit} of {limit.ceiling}, {limit.held} running{why}"
+        out.print(line, markup=False, soft_wrap=True)
     lease = Settings.from_env().lease_seconds
     for host, health in sorted(coord.hosts().items()):
         silent = now - health.seen_at

@@ -390,6 +390,11 @@ class RedisCoordinator(Coordinator):
         self._redis.close()
 
     @property
+    def client(self) -> redis.Redis:
+        """The Redis client (`coordination.gateways` keeps its own keys through it)."""
+        return self._redis
+
+    @property
     @override
     def recovered_at(self) -> float:
         """When (monotonic) the last broker outage ended; -inf when there was none."""

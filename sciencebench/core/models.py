@@ -72,6 +72,8 @@ class RunOptions(BaseModel):
     n_concurrent: int = Field(default=1, ge=1)
     n_attempts: int = Field(default=1, ge=1)
     max_retries: int = Field(default=0, ge=0)
+    # Reruns of a trial that failed on its model provider (`TrialRecord.provider_status`), after a back-off.
+    provider_retries: int = Field(default=3, ge=0)
     agent_timeout_multiplier: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     verifier_timeout_multiplier: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     platform: str = DEFAULT_PLATFORM
@@ -220,6 +222,7 @@ class TryRecord(BaseModel):
     stage: str | None = None
     worker: str | None = None
     finished_at: datetime | None = None
+    provider_status: str | None = None
 
 
 class TrialRecord(BaseModel):

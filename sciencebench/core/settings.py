@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     broker_url: str = DEFAULT_BROKER_URL
     # Empty means: the broker URL.
     result_backend: str = ""
+    # The first back-off before a provider failure's rerun (doubling, capped; a Retry-After seen wins).
+    provider_backoff_sec: float = Field(default=30.0, ge=0, le=24 * 3600)
+    provider_backoff_max_sec: float = Field(default=600.0, ge=0, le=24 * 3600)
     # A lost host's trial is dispatched again within two lease periods.
     lease_seconds: float = Field(default=60.0, gt=0, le=24 * 3600)
     # At least the floor; 0 (or unset) means the floor.

@@ -12,7 +12,7 @@ from sciencebench.login.selection import load_selection
 
 
 def failed_trials(job: JobSpec) -> list[TrialSpec]:
-    """Trial specs of every errored trial, every trial with no record and every one never started.
+    """Trial specs of every errored, provider-failed, unrecorded or never started trial.
 
     Rebuilt from the selection; a trial never started is one the job's budget stopped.
 
@@ -27,6 +27,7 @@ def failed_trials(job: JobSpec) -> list[TrialSpec]:
         if (task_id, attempt) not in records
         or records[(task_id, attempt)].errored
         or records[(task_id, attempt)].not_started is not None
+        or records[(task_id, attempt)].provider_status is not None  # failed on its provider, exit 0 or not
     }
     if not wanted:
         return []

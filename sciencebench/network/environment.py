@@ -54,6 +54,7 @@ import posixpath
 import stat
 import tarfile
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,6 +131,11 @@ AGENT_INSTALL_MODES = ("online", "baked")
 _STARTING_COMMANDS = frozenset({"build", "up", "create", "start", "run", "restart", "pull"})
 # Per-request timeout of the Engine's archive API (a transfer of up to 2 GiB streams within it).
 TRANSFER_TIMEOUT_SEC = 300
+# The proxy's access log, kept in the trial's policy directory when the trial stops.
+PROXY_ACCESS_LOG = "squid-access.log"
+SQUID_ACCESS_LOG = "/tmp/squid-access.log"  # noqa: S108 (inside the proxy container, squid.conf's access_log)
+PROXY_LOG_MAX_BYTES = 16 * 1024 * 1024
+PROXY_LOG_SETTLE_SEC = 0.5  # for squid to log the calls the agent's container left open
 _LOG_DIR_MODE = 0o777
 
 
@@ -740,6 +746,7 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
         the task's prebuilt image) that other trials on this host share;
         `--rmi local` removes only the images compose built for this trial.
         """
+        await asyncio.to_thread(self._keep_proxy_log)
         self._close_docker()
         if not delete or self._keep_containers:
             await super().stop(delete)
@@ -797,11 +804,53 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
             self._docker_client.close()
             self._docker_client = None
 
+    def _keep_proxy_log(self) -> None:
+        """Copy the proxy's access log into the policy directory (`PROXY_ACCESS_LOG`), best effort.
+
+        What the agent's plain-HTTP model calls got from the gateway (status,
+        Retry-After, squid's error for a reset or refused connection) is read
+        from it when the trial is collected (`worker.pier.provider`).
+        """
+        if self._plan is None or self._plan.mode != "isolated-allowlist":
+            return
+        try:
+            labels = [
+                f"{COMPOSE_PROJECT_LABEL}={self.compose_project}",
+                f"{COMPOSE_SERVICE_LABEL}={PROXY_SERVICE}",
+            ]
+            found = self._client().containers.list(all=True, filters={"label": labels})
+            if len(found) != 1:
+                return
+            # squid logs a call when it ends: one still waiting for the gateway (an agent that timed
+            # out on it) ends, aborted, once the agent's container is gone, which it is about to be.
+            main = self._client().containers.list(filters={"label": self._main_labels, "status": "running"})
+            if main and not self._keep_containers:
+                main[0].kill()
+                time.sleep(PROXY_LOG_SETTLE_SEC)
+            chunks, _stat = self._client().api.get_archive(str(found[0].id), SQUID_ACCESS_LOG)
+            stream = io.BufferedReader(ChunkReader(chunks), buffer_size=1024 * 1024)
+            # The policy directory is this process's own (`_prepare_egress_proxy_compose`); no link followed.
+            trial_fd = open_trial_dir(Path(self.trial_paths.trial_dir))
+            try:
+                fd = open_dir(trial_fd, ["network-policy", self.session_id], create=False)
+            finally:
+                os.close(trial_fd)
+            try:
+                extract_file(stream, fd, PROXY_ACCESS_LOG, max_bytes=PROXY_LOG_MAX_BYTES)
+            finally:
+                os.close(fd)
+        except (DockerException, requests.RequestException, OSError, TransferRefused) as exc:
+            self.logger.warning(f"the proxy's access log was not kept: {exc}")
+            self._close_docker()
+
+    @property
+    def _main_labels(self) -> list[str]:
+        return [f"{COMPOSE_PROJECT_LABEL}={self.compose_project}", f"{COMPOSE_SERVICE_LABEL}=main"]
+
     def _main_container(self) -> str:
         """The id of this project's `main` container (found by its compose labels)."""
         if self._main_id is None:
-            labels = [f"{COMPOSE_PROJECT_LABEL}={self.compose_project}", f"{COMPOSE_SERVICE_LABEL}=main"]
-            found = self._client().containers.list(all=True, filters={"label": labels})
+            found = self._client().containers.list(all=True, filters={"label": self._main_labels})
             if len(found) != 1:
                 raise RuntimeError(f"{self.compose_project}: {len(found)} main containers, expected 1")
             self._main_id = str(found[0].id)

@@ -37,6 +37,8 @@ SQUID_CONF_PATH = "/etc/squid/squid.conf"
 SQUID_AUTH_FILE = "/etc/squid/sciencebench.passwd"
 
 # squid 5's default url_rewrite_extras/store_id_extras without `%>A`.
+# squid's native access-log fields, then squid's error id and the reply's Retry-After ("-" when none).
+ACCESS_LOG_FORMAT = "%ts.%03tu %6tr %>a %Ss/%03>Hs %<st %rm %ru %[un %Sh/%<a %mt %err_code %{Retry-After}<h"
 _HELPER_EXTRAS = "%>a %un %>rm myip=%la myport=%lp"
 
 _LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
@@ -123,7 +125,10 @@ def render_squid_conf(
         "pid_filename /tmp/squid.pid",
         "coredump_dir /tmp",
         "cache deny all",
-        "access_log stdio:/tmp/squid-access.log",
+        # squid's native format, then its own error (a reset or refused connection to the gateway)
+        # and the gateway's Retry-After: what `worker.pier.provider` reads of a trial's model calls.
+        f"logformat sciencebench {ACCESS_LOG_FORMAT}",
+        "access_log stdio:/tmp/squid-access.log sciencebench",
         "cache_log /tmp/squid-cache.log",
         "log_mime_hdrs off",
         "forwarded_for delete",

@@ -49,6 +49,8 @@ from sciencebench.worker.context import HostRuntime, WorkerContext
 from sciencebench.worker.pier import process
 from sciencebench.worker.pier.agentconfig import redact_pier_files, write_agent_config
 from sciencebench.worker.pier.layout import find_trial_dirs, name_the_selection, read_trial_outcome
+from sciencebench.worker.pier.provider import detect as detect_provider_failure
+from sciencebench.worker.pier.provider import gateway_authority
 from sciencebench.worker.secrets import load_secrets
 from sciencebench.worker.snapshot import snapshot_task
 
@@ -69,6 +71,7 @@ class Try:
     record: TrialRecord
     pier_dir: Path | None
     retryable: bool
+    retry_after_sec: float | None = None  # a provider failure's Retry-After, when a log showed one
 
 
 def scratch_root(settings: Settings, spec: TrialSpec, owner: str) -> Path:
@@ -229,7 +232,7 @@ def run_try(
         raise HarnessError(
             f"Pier exited {run.exit_code} without a trial directory: {tail[0][:300]}{_disk_full(paths)}"
         )
-    return _collect(spec, ctx, trial_dirs[-1], started, timings)
+    return _collect(spec, ctx, trial_dirs[-1], started, timings, authority=gateway_authority(job))
 
 
 def _check_declared(spec: TrialSpec, task_dir: Path, secrets: dict[str, str]) -> None:
@@ -270,8 +273,10 @@ def _cleanup(runtime: HostRuntime, trial_dirs: list[Path]) -> None:
 
 
 def _collect(
-    spec: TrialSpec, ctx: WorkerContext, trial_dir: Path, started: datetime, timings: dict[str, float]
-) -> Try:
+    spec: TrialSpec, ctx: WorkerContext, trial_dir: Path, started: datetime, timings: dict[str, float],
+    authority: str | None = None,
+) -> Try:  # fmt: skip
+    """The try's record from Pier's result, a provider failure (`worker.pier.provider`) named in it."""
     try:
         outcome = read_trial_outcome(trial_dir)
     except (OSError, ValueError) as exc:
@@ -279,6 +284,10 @@ def _collect(
     timings.update(outcome.timings_sec)
     exception_type = outcome.exception_type
     n_input, _, n_output, cost = outcome.tokens
+    rewarded = any(value > 0 for value in (outcome.rewards or {}).values())
+    failure = detect_provider_failure(
+        trial_dir, rewarded=rewarded, exception_type=exception_type, authority=authority
+    )
     record = trial_record(
         spec, ctx, started,
         trial_dir=trial_dir.name, rewards=outcome.rewards,
@@ -286,11 +295,13 @@ def _collect(
         exception_type=exception_type, exception_message=outcome.exception_message,
         stage="harness" if exception_type else None,
         timings_sec=timings, patch_collected=_regular_file(trial_dir / "artifacts" / "model.patch"),
+        provider_status=failure.status if failure else None,
     )  # fmt: skip
     return Try(
         record=record,
         pier_dir=trial_dir,
         retryable=bool(exception_type) and exception_type not in NOT_RETRIED,
+        retry_after_sec=failure.retry_after_sec if failure else None,
     )
 
 

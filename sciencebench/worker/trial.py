@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from sciencebench.coordination.budget import BUDGET
+from sciencebench.coordination.gateways import GatewaySlot, gateway_limits
 from sciencebench.coordination.heartbeat import Heartbeat
 from sciencebench.coordination.protocol import Claim, parking_token
 from sciencebench.core.errors import (
@@ -44,10 +45,20 @@ from sciencebench.core.errors import (
     UnfitError,
     WorkspaceError,
 )
-from sciencebench.core.models import Redispatch, TrialRecord, TrialSpec, TrialState, TrialStatus, TryRecord
+from sciencebench.core.models import (
+    JobSpec,
+    Redispatch,
+    TrialRecord,
+    TrialSpec,
+    TrialState,
+    TrialStatus,
+    TryRecord,
+)
 from sciencebench.core.paths import JobPaths, write_in_job
+from sciencebench.core.settings import Settings
 from sciencebench.worker.admission import Admitted, admit, verified_paths
 from sciencebench.worker.context import WorkerContext
+from sciencebench.worker.pier.provider import gateway_authority
 from sciencebench.worker.stages import CANCELLED, Staged, Try, run_try, scratch_root, stage_dirs, trial_record
 
 log = logging.getLogger(__name__)
@@ -232,41 +243,49 @@ def _run_claimed(
 def _run_tries(
     spec: TrialSpec, ctx: WorkerContext, admitted: Admitted, heartbeat: Heartbeat, started: datetime
 ) -> list[Try]:
-    """Run tries until one is final: succeeded, not worth another, or --max-retries spent."""
+    """Run tries until one is final: succeeded, not worth another, or the retries spent.
+
+    A try that failed on its model provider (`TrialRecord.provider_status`)
+    is run again after a back-off (`provider_backoff`) up to the job's
+    --provider-retries, apart from --max-retries; each try waits for a slot
+    of its gateway's cluster-wide limit (`coordination.gateways`) first.
+    """
     job = admitted.job
     tries: list[Try] = []
+    reruns = 0  # tries run again because of the provider
     while True:
         number = len(tries) + 1
+        slot = _gateway_slot(spec, ctx, job)
+        if slot is not None and not slot.wait(lambda: heartbeat.should_stop):
+            if not tries:
+                tries.append(_stopped_waiting(spec, ctx, started))
+            break
         try:
-            # The host's image budget evicts none of the trial's images while a try needs them.
-            with ctx.runtime.images_held(spec.image_refs):
-                attempt = run_try(
-                    spec, job, ctx, admitted.paths, heartbeat, started, number, admitted.owner_uid
-                )
-        except NoRoomError:
-            raise  # not this trial's failure: it goes back to the queue
-        except TrialError as exc:
-            record = trial_record(spec, ctx, started, exception_type=type(exc).__name__,
-                                  exception_message=str(exc), stage=exc.stage)  # fmt: skip
-            attempt = Try(record=record, pier_dir=None, retryable=exc.retryable)
-        except Exception as exc:  # a full disk, a broken file: the try's record says so
-            if isinstance(exc, OSError):
-                log.error("%s: try %d failed: %s", spec.label, number, exc)
-            else:
-                log.exception("%s: try %d failed unexpectedly", spec.label, number)
-            record = trial_record(
-                spec, ctx, started, exception_type=type(exc).__name__, exception_message=str(exc)[:2000],
-                exception_traceback=traceback.format_exc()[-8000:], stage="worker",
-            )  # fmt: skip
-            attempt = Try(record=record, pier_dir=None, retryable=False)
+            attempt = _one_try(spec, ctx, admitted, heartbeat, started, number)
+        finally:
+            if slot is not None:
+                slot.release()
+        if slot is not None and attempt.pier_dir is not None:
+            _adjust_gateway(slot, attempt.record)
         tries.append(attempt)
         if heartbeat.should_stop:
             break
+        if attempt.record.provider_status is not None:
+            if reruns >= job.provider_retries:
+                break
+            reruns += 1
+            delay = provider_backoff(ctx.settings, reruns, attempt.retry_after_sec)
+            log.warning("%s: try %d failed on its provider (%s); rerun %d of %d in %.0fs", spec.label, number,
+                        attempt.record.provider_status, reruns, job.provider_retries, delay)  # fmt: skip
+            _sleep(delay, heartbeat)
+            if heartbeat.should_stop:
+                break
+            continue
         if attempt.record.errored:
             _raise_if_host_unfit(ctx)
-        if not attempt.retryable or number > job.max_retries:
+        if not attempt.retryable or number - reruns > job.max_retries:
             break
-        delay = min(2.0**number, 60.0)
+        delay = min(2.0 ** (number - reruns), 60.0)
         log.warning("%s: try %d failed (%s); try %d of %d in %.0fs", spec.label, number,
                     attempt.record.exception_type, number + 1, job.max_retries + 1, delay)  # fmt: skip
         time.sleep(delay)
@@ -279,6 +298,86 @@ def _run_tries(
     )
     tries[-1] = Try(record=final, pier_dir=tries[-1].pier_dir, retryable=False)
     return tries
+
+
+def _one_try(
+    spec: TrialSpec,
+    ctx: WorkerContext,
+    admitted: Admitted,
+    heartbeat: Heartbeat,
+    started: datetime,
+    number: int,
+) -> Try:
+    """One try's stages; a stage's failure becomes the try's record (NoRoomError goes up)."""
+    try:
+        # The host's image budget evicts none of the trial's images while a try needs them.
+        with ctx.runtime.images_held(spec.image_refs):
+            return run_try(
+                spec, admitted.job, ctx, admitted.paths, heartbeat, started, number, admitted.owner_uid
+            )
+    except NoRoomError:
+        raise  # not this trial's failure: it goes back to the queue
+    except TrialError as exc:
+        record = trial_record(spec, ctx, started, exception_type=type(exc).__name__,
+                              exception_message=str(exc), stage=exc.stage)  # fmt: skip
+        return Try(record=record, pier_dir=None, retryable=exc.retryable)
+    except Exception as exc:  # a full disk, a broken file: the try's record says so
+        if isinstance(exc, OSError):
+            log.error("%s: try %d failed: %s", spec.label, number, exc)
+        else:
+            log.exception("%s: try %d failed unexpectedly", spec.label, number)
+        record = trial_record(
+            spec, ctx, started, exception_type=type(exc).__name__, exception_message=str(exc)[:2000],
+            exception_traceback=traceback.format_exc()[-8000:], stage="worker",
+        )  # fmt: skip
+        return Try(record=record, pier_dir=None, retryable=False)
+
+
+def provider_backoff(settings: Settings, rerun: int, retry_after_sec: float | None) -> float:
+    """The wait before a provider failure's `rerun`-th rerun: the Retry-After seen, else doubling; capped."""
+    cap = settings.provider_backoff_max_sec
+    if retry_after_sec is not None:
+        return min(max(retry_after_sec, 0.0), cap)
+    return min(settings.provider_backoff_sec * 2.0 ** (rerun - 1), cap)
+
+
+def _sleep(seconds: float, heartbeat: Heartbeat) -> None:
+    """Sleep `seconds`, or less when the trial must stop (cancelled, lease lost)."""
+    deadline = time.monotonic() + seconds
+    while not heartbeat.should_stop and (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(left, 0.5))
+
+
+def _gateway_slot(spec: TrialSpec, ctx: WorkerContext, job: JobSpec) -> GatewaySlot | None:
+    """The try's slot of its gateway authority's cluster-wide limit; None for a job without a gateway."""
+    authority = gateway_authority(job)
+    if authority is None:
+        return None
+    member = f"{spec.job_key}/{spec.key}/{ctx.owner}"
+    return GatewaySlot(
+        gateway_limits(ctx.coord), authority, member, job.n_concurrent, ctx.settings.lease_seconds
+    )
+
+
+def _adjust_gateway(slot: GatewaySlot, record: TrialRecord) -> None:
+    """Halve the authority's limit on a provider failure, grow it by one on a try that got its answers."""
+    try:
+        if record.provider_status is not None:
+            limit = slot.limits.provider_error(slot.authority, record.provider_status, since=slot.acquired_at)
+            log.warning("gateway %s: provider error %s; its limit is now %d", slot.authority,
+                        record.provider_status, limit)  # fmt: skip
+        else:
+            slot.limits.success(slot.authority)
+    except Exception:  # the limit is advice: a store blip does not fail the trial
+        log.warning("gateway %s: its limit could not be updated", slot.authority, exc_info=True)
+
+
+def _stopped_waiting(spec: TrialSpec, ctx: WorkerContext, started: datetime) -> Try:
+    message = "job cancelled while the trial waited for its gateway's limit"
+    record = trial_record(
+        spec, ctx, started, exception_type=CANCELLED, exception_message=message, stage="slot"
+    )
+    return Try(record=record, pier_dir=None, retryable=False)
 
 
 class _HostFault(Exception):
@@ -296,7 +395,7 @@ def _summary_of(record: TrialRecord) -> TryRecord:
     return TryRecord(
         trial_dir=record.trial_dir, exception_type=record.exception_type,
         exception_message=record.exception_message, stage=record.stage,
-        worker=record.worker, finished_at=record.finished_at,
+        worker=record.worker, finished_at=record.finished_at, provider_status=record.provider_status,
     )  # fmt: skip
 
 

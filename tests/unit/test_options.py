@@ -23,6 +23,8 @@ SEED_ORDER = [
     "--agent-timeout-multiplier", "--verifier-timeout-multiplier", "--jobs-dir", "--job-name", "--platform",
     "--pier-bin", "--skip-pull",
     "--no-auto-provider", "--no-auto-agent-adapter", "--agent-import-path", "--dry-run",
+    # sciencebench's own, after the seed's table
+    "--provider-retries",
 ]  # fmt: skip
 
 
