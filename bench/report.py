@@ -269,9 +269,14 @@ def machine() -> dict[str, Any]:
 
 
 ORDER = [
-    ("makespan_heavy_tail_cold", "1. scheduling, heavy tail, equal timeouts: makespan / bound, first run"),
-    ("makespan_heavy_tail_history", "1. the same, second run (ordered by measured durations)"),
-    ("pier_makespan_heavy_tail", "1. baseline: Pier's own queue, same tasks, -n 4"),
+    (
+        "makespan_heavy_tail_cold",
+        "1. scheduling, heavy tail, equal timeouts: makespan / bound, no history at all",
+    ),
+    ("makespan_heavy_tail_other_agent", "1. the same, a first run after another agent's run"),
+    ("makespan_heavy_tail_history", "1. the same, a second run (ordered by its own measured durations)"),
+    ("pier_makespan_heavy_tail", "1. baseline: Pier's own queue, same tasks in the same order, -n 4"),
+    ("heavy_tail_cold_over_pier", "1. no history at all / Pier's queue, paired by seed"),
     ("makespan_over_lower_bound", "1. scheduling, timeouts proportional to durations: makespan / bound"),
     ("pier_makespan_over_lower_bound", "1. baseline: Pier's own queue, same tasks, -n 4"),
     ("overhead_ms_per_trial", "2. orchestration overhead per trial (ms)"),
@@ -293,31 +298,31 @@ ORDER = [
 
 
 def schedule_table(results: dict[str, Any]) -> list[str]:
-    """Item 1 as one table: makespans (s) of each contender on each workload, and the bound."""
+    """Item 1 as one table: makespan / bound of each contender on each workload (median, min-max of n)."""
     raw = results.get("raw", {}).get("schedule", {})
-    workloads = [(key, raw[key]) for key in ("heavy_tail", "informative") if isinstance(raw.get(key), dict)]
-    if not workloads:
-        return []
     columns = [
-        ("cold_makespans_s", "sciencebench, first run"),
-        ("history_makespans_s", "sciencebench, with history"),
-        ("pier_spans_s", "Pier's own queue"),
+        ("cold", "sciencebench, no history"),
+        ("other", "sciencebench, after another agent"),
+        ("history", "sciencebench, own history"),
+        ("pier", "Pier's own queue"),
     ]
-    lines = ["", "Scheduling (item 1), makespan in seconds: median (min-max of n), and / bound:", "",
-             "| workload | " + " | ".join(title for _, title in columns) + " | bound |",
-             "|---|" + "---|" * (len(columns) + 1)]  # fmt: skip
-    for _, data in workloads:
-        bound = data["lower_bound_s"]
+    rows = []
+    if isinstance(heavy := raw.get("heavy_tail"), dict) and isinstance(heavy.get("runs"), dict):
+        seeds = heavy.get("seeds", {})
+        rows.append((f"{heavy['label']}, {len(seeds)} seed(s)", heavy["runs"]))
+    if isinstance(informative := raw.get("informative"), dict) and isinstance(informative.get("runs"), dict):
+        rows.append((informative["label"], informative["runs"]))
+    if not rows:
+        return []
+    lines = ["", "Scheduling (item 1), makespan / bound: median (min-max of n):", "",
+             "| workload | " + " | ".join(title for _, title in columns) + " |",
+             "|---|" + "---|" * len(columns)]  # fmt: skip
+    for label, runs in rows:
         cells = []
-        for key, _ in columns:
-            samples = data.get(key) or []
-            if not samples:
-                cells.append("-")
-                continue
-            median = statistics.median(samples)
-            cells.append(f"{median:.1f} ({min(samples):.1f}-{max(samples):.1f} of {len(samples)}) / "
-                         f"{median / bound:.3f}")  # fmt: skip
-        lines.append(f"| {data['label']} | " + " | ".join(cells) + f" | {bound:.1f} |")
+        for kind, _ in columns:
+            samples = [r["ratio"] for r in runs.get(kind, []) if "ratio" in r]
+            cells.append(f"{statistics.median(samples):.3f} ({spread_text(samples)})" if samples else "-")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
 
 

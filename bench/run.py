@@ -18,6 +18,10 @@ Figures (names as in results.json):
    duration), 2 workers x 2 slots, --n-concurrent 4; makespan / max(longest,
    sum / 4). Baseline: real `pier run -n 4` of the same tasks with
    bench.sleep_agent and bench.null_env (pier_makespan_over_lower_bound).
+   The heavy tail (equal timeouts, 7 seeds): no history at all, a first run
+   after another agent's run, a second run, and Pier's queue of the same
+   trials in the same order; heavy_tail_cold_over_pier pairs the first and
+   the last by seed.
 2. overhead_ms_per_trial, overhead_ratio: no-op trials on 2 x 2 slots:
    (wall x slots - summed wall of the fake Pier processes) / trials, against a
    bare Celery chord of no-op tasks on 2 x 2 prefork workers of the same Redis.
@@ -146,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                 step(
                     "schedule",
                     "1. scheduling, 2 workers x 2 slots, --n-concurrent 4: a heavy tail with equal timeouts "
-                    "(first run, second run, Pier), timeouts 30 x duration (sciencebench, Pier)",
+                    "per seed (no history, Pier, after another agent, own history), timeouts 30 x duration "
+                    "(sciencebench, Pier)",
                     lambda: schedule.measure(h, p, heavy, informative),
                 )
             if 2 in only:

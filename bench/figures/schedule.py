@@ -3,19 +3,24 @@
 Synthetic trials (the fake Pier sleeping each task's duration) on 2 workers x
 2 slots, `--n-concurrent 4`; every figure is makespan / max(longest, sum / 4).
 
-- heavy tail: seeded log-normal durations (`params.HEAVY_SEED`), and every
-  task with the same timeouts, so they say nothing about the durations, as
-  with most real tasks. Contenders: sciencebench's first run of the selection
-  (no history: selection order, as Pier's), its second run of the same
-  selection (ordered by what the first run measured), and a real
-  `pier run -n 4` (bench.sleep_agent, bench.null_env). The history is cleared
-  before each first run.
+- heavy tail: seeded log-normal durations, one selection per seed
+  (`params.HEAVY_SEEDS`, `Params.heavy_seeds` of them), and every task with
+  the same timeouts, so they say nothing about the durations, as with most
+  real tasks. The selection lists its tasks in the order Pier reads the
+  directory, so with nothing known both queues hold the same trials in the
+  same order (like with like). Contenders, per seed, in this order, the
+  history cleared first: sciencebench with no history at all (agent nop), a
+  real `pier run -n 4` (bench.sleep_agent, bench.null_env), sciencebench's
+  first run of another agent (oracle: the history holds nop's run only), and
+  nop's second run (ordered by its own first run).
 - informative: 28 trials whose timeouts are 30 x their durations, so ordering
   by timeout is ordering by duration (the case this item measured first), and
   Pier's queue. History is cleared before each run: it is ordered by timeouts.
 
-Each repetition runs every contender once, in the same order, so drift in the
-machine's load hits them alike; figures are medians with their spread.
+Each seed (and each repetition of the informative workload) runs every
+contender once, in the same order, so drift in the machine's load hits them
+alike; figures are medians over seeds with their spread (min-max), and the
+no-history run against Pier's queue is the median of the per-seed ratios.
 """
 
 from __future__ import annotations
@@ -32,10 +37,11 @@ from typing import Any
 from bench import sb
 from bench.harness import Harness
 from bench.measure import lpt_makespan, pier_runs, run_measured
-from bench.params import HEAVY_SEED, SLOTS, Params
+from bench.params import HEAVY_SEEDS, SLOTS, Params
 from bench.report import Findings, Outcome
 
 HISTORY_GOAL = 1.05
+OTHER_AGENT = "oracle"  # the heavy tail's other agent (the fake Pier sleeps the same for any agent)
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,8 @@ class Workload:
     key: str
     label: str
     path: Path
-    durations: dict[str, float]
+    durations: dict[str, float]  # in the selection's order
+    seed: int | None = None
 
     @property
     def bound(self) -> float:
@@ -85,11 +92,35 @@ def seed_context(p: Params, seeds: int = 200) -> dict[str, float]:
             "p10": ratios[seeds // 10], "p90": ratios[seeds - seeds // 10 - 1]}  # fmt: skip
 
 
-def workloads(h: Harness, p: Params) -> tuple[Workload, Workload]:
-    """The heavy-tailed and the informative workloads (the latter shared with item 6)."""
-    values = heavy_tail_durations(p.heavy_trials, p.heavy_median_sec, p.heavy_sigma, HEAVY_SEED)
-    heavy = {f"{i:03d}": d for i, d in enumerate(values, start=1)}
-    heavy_path = h.selection("sel-heavy", {i: {"sleep_sec": d} for i, d in heavy.items()})  # equal timeouts
+def in_pier_order(path: Path) -> list[str]:
+    """List the selection's tasks in the order Pier reads them (its directory's order); the ids.
+
+    Pier queues a local dataset's tasks as `Path.iterdir` yields them; with
+    selection.json in that order, sciencebench's queue without history
+    (equal timeouts: selection order) is Pier's queue.
+    """
+    ids = [child.name.removeprefix("task_") for child in path.iterdir() if child.is_dir()]
+    listing = path / "selection.json"
+    listing.write_text(json.dumps({**json.loads(listing.read_text()), "task_ids": ids}, indent=2))
+    return ids
+
+
+def heavy_workloads(h: Harness, p: Params) -> list[Workload]:
+    """One heavy-tailed selection per seed (equal timeouts), its tasks in Pier's order."""
+    found = []
+    for seed in HEAVY_SEEDS[: p.heavy_seeds]:
+        values = heavy_tail_durations(p.heavy_trials, p.heavy_median_sec, p.heavy_sigma, seed)
+        heavy = {f"{i:03d}": d for i, d in enumerate(values, start=1)}
+        path = h.selection(f"sel-heavy-{seed}", {i: {"sleep_sec": d} for i, d in heavy.items()})
+        order = in_pier_order(path)
+        label = f"heavy tail: {len(heavy)} log-normal trials, equal timeouts"
+        found.append(Workload("heavy_tail", label, path, {t: heavy[t] for t in order}, seed))
+    return found
+
+
+def workloads(h: Harness, p: Params) -> tuple[list[Workload], Workload]:
+    """The heavy-tailed workloads (one per seed) and the informative one (shared with item 6)."""
+    heavy = heavy_workloads(h, p)
     durations = list(p.durations)
     random.Random(7).shuffle(durations)  # task order says nothing about length
     informative = {f"{i:03d}": d for i, d in enumerate(durations, start=1)}
@@ -99,12 +130,8 @@ def workloads(h: Harness, p: Params) -> tuple[Workload, Workload]:
         {i: {"sleep_sec": d} for i, d in informative.items()},
         agent_timeout_sec={i: 30.0 * d for i, d in informative.items()},
     )
-    heavy_label = f"heavy tail: {len(heavy)} log-normal trials, equal timeouts"
     informative_label = f"{len(informative)} trials, timeouts 30 x duration"
-    return (
-        Workload("heavy_tail", heavy_label, heavy_path, heavy),
-        Workload("informative", informative_label, informative_path, informative),
-    )
+    return heavy, Workload("informative", informative_label, informative_path, informative)
 
 
 def warm_up(h: Harness, n: int = 8) -> None:
@@ -120,9 +147,9 @@ def forget_history(h: Harness) -> None:
     redis.Redis.from_url(h.url(0)).delete(sb.HISTORY_KEY)
 
 
-def run_ours(h: Harness, w: Workload, job: str) -> dict[str, Any]:
+def run_ours(h: Harness, w: Workload, job: str, agent: str = "nop") -> dict[str, Any]:
     """One sciencebench job of the workload on the running workers: its makespan and start order."""
-    run = h.submit(w.path, job, n_concurrent=SLOTS)
+    run = h.submit(w.path, job, n_concurrent=SLOTS, agent=agent)
     runs = pier_runs(h, job)
     started = sorted(runs, key=lambda x: x["start"])
     length = {id(x): w.durations[x["task"].removeprefix("task_")] for x in runs}
@@ -134,7 +161,10 @@ def run_ours(h: Harness, w: Workload, job: str) -> dict[str, Any]:
         late += any(y["start"] < x["start"] - 0.5 and length[id(y)] < shorter for y in runs)
     return {
         "job": job,
+        "seed": w.seed,
+        "agent": agent,
         "makespan_s": run.wall_s,
+        "bound_s": w.bound,
         "ratio": run.wall_s / w.bound,
         "prepare_s": run.prepare_s,
         "dispatch_s": run.dispatch_s,
@@ -142,6 +172,7 @@ def run_ours(h: Harness, w: Workload, job: str) -> dict[str, Any]:
         "errored": run.answer["n_errored_trials"],
         "pier_runs": len(runs),
         "start_order_durations_s": [length[id(x)] for x in started],
+        "in_order_ideal_s": in_order_makespan([length[id(x)] for x in started]),
         "started_late": late,
     }
 
@@ -157,6 +188,8 @@ def run_pier(h: Harness, w: Workload, job: str) -> dict[str, Any]:
     wall, _, code, _, err = run_measured(argv, h.env(), cwd=h.work)
     entry: dict[str, Any] = {
         "job": job,
+        "seed": w.seed,
+        "bound_s": w.bound,
         "command": " ".join(argv[1:]),
         "exit_code": code,
         "process_wall_s": wall,
@@ -174,6 +207,7 @@ def run_pier(h: Harness, w: Workload, job: str) -> dict[str, Any]:
     entry.update(
         span_s=span,
         ratio=span / w.bound,
+        in_order_ideal_s=in_order_makespan([w.durations[name.removeprefix("task_")] for name in order]),
         trials=len(trials),
         errored=sum(1 for t in trials if t.get("exception_info")),
         start_order_durations_s=[w.durations[name.removeprefix("task_")] for name in order],
@@ -181,122 +215,88 @@ def run_pier(h: Harness, w: Workload, job: str) -> dict[str, Any]:
     return entry
 
 
-def measure(h: Harness, p: Params, heavy: Workload, informative: Workload) -> Outcome:
-    """The item's five figures, from `p.repeats` repetitions of every contender on the running workers."""
+HEAVY_KINDS = ("cold", "pier", "other", "history")  # run in this order for each seed
+
+
+def measure(h: Harness, p: Params, heavy: list[Workload], informative: Workload) -> Outcome:
+    """The item's figures: every heavy-tail seed's contenders, then `p.repeats` informative runs."""
     found = Findings()
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {
-        w.key: {"cold": [], "history": [], "pier": []} for w in (heavy, informative)
+        "heavy_tail": {kind: [] for kind in HEAVY_KINDS},
+        informative.key: {"cold": [], "pier": []},
     }
     with found.kept_on_crash():
         try:
-            for i in range(1, p.repeats + 1):
+            for w in heavy:
                 forget_history(h)
-                runs[heavy.key]["cold"].append(run_ours(h, heavy, f"heavy-cold-{i}"))
-                runs[heavy.key]["history"].append(run_ours(h, heavy, f"heavy-history-{i}"))
-                runs[heavy.key]["pier"].append(run_pier(h, heavy, f"heavy-{i}"))
+                done = runs["heavy_tail"]
+                done["cold"].append(run_ours(h, w, f"heavy-cold-{w.seed}"))  # no history at all
+                done["pier"].append(run_pier(h, w, f"heavy-{w.seed}"))
+                done["other"].append(run_ours(h, w, f"heavy-other-{w.seed}", agent=OTHER_AGENT))
+                done["history"].append(run_ours(h, w, f"heavy-history-{w.seed}"))  # nop's second run
+                _progress(f"seed {w.seed}", runs["heavy_tail"])
+            for i in range(1, p.repeats + 1):
                 forget_history(h)
                 runs[informative.key]["cold"].append(run_ours(h, informative, f"sched-{i}"))
                 if p.informative_pier:
                     runs[informative.key]["pier"].append(run_pier(h, informative, f"sched-{i}"))
-                _progress(i, runs)
+                _progress(f"repetition {i}", runs[informative.key])
         finally:
             _record(found, p, heavy, informative, runs)
     return found.outcome()
 
 
-def _progress(i: int, runs: dict[str, dict[str, list[dict[str, Any]]]]) -> None:
+def _progress(what: str, runs: dict[str, list[dict[str, Any]]]) -> None:
     shown = "; ".join(
-        f"{key} {kind} {entries[-1].get('ratio', float('nan')):.3f}"
-        for key, kinds in runs.items()
-        for kind, entries in kinds.items()
-        if entries
+        f"{kind} {entries[-1].get('ratio', float('nan')):.3f}" for kind, entries in runs.items() if entries
     )
-    print(f"  repetition {i}: {shown}", flush=True)
+    print(f"  {what}: {shown}", flush=True)
+
+
+def _checked(found: Findings, key: str, kind: str, entries: list[dict[str, Any]], trials: int) -> None:
+    bad = [r["job"] for r in entries if r.get("errored") or r.get("pier_runs", r.get("trials")) != trials]
+    if bad:
+        found.note(f"{key} {kind}: errored trials or missing runs in {', '.join(bad)}")
+    for r in entries:
+        if "error" in r:
+            found.errors[f"pier_{key}_{r['job']}"] = r["error"]
 
 
 def _record(
     found: Findings,
     p: Params,
-    heavy: Workload,
+    heavy: list[Workload],
     informative: Workload,
     runs: dict[str, dict[str, list[dict[str, Any]]]],
 ) -> None:
     """Raw data and figures from whatever ran (an item that crashed keeps its finished runs)."""
     raw: dict[str, Any] = {}
-    for w in (heavy, informative):
-        values = list(w.durations.values())
-        ours = {kind: [r for r in runs[w.key][kind] if "makespan_s" in r] for kind in ("cold", "history")}
-        piers = [r for r in runs[w.key]["pier"] if "span_s" in r]
-        raw[w.key] = {
-            "label": w.label,
-            "trials": len(values),
-            "durations_s": values,
-            "sum_s": sum(values),
-            "longest_s": max(values),
-            "slots": SLOTS,
-            "lower_bound_s": w.bound,
-            "lpt_ideal_s": lpt_makespan(values, SLOTS),
-            "selection_order_ideal_s": in_order_makespan(values),
-            "cold_makespans_s": [r["makespan_s"] for r in ours["cold"]],
-            "history_makespans_s": [r["makespan_s"] for r in ours["history"]],
-            "pier_spans_s": [r["span_s"] for r in piers],
-            "runs": runs[w.key],
-        }
-        for kind, entries in (*ours.items(), ("pier", piers)):
-            bad = [
-                r["job"]
-                for r in entries
-                if r.get("errored") or r.get("pier_runs", r.get("trials")) != len(values)
-            ]
-            if bad:
-                found.note(f"{w.key} {kind}: errored trials or missing runs in {', '.join(bad)}")
-        for r in runs[w.key]["pier"]:
-            if "error" in r:
-                found.errors[f"pier_{w.key}_{r['job']}"] = r["error"]
-    raw[heavy.key].update(seed=HEAVY_SEED, median_sec=p.heavy_median_sec, sigma=p.heavy_sigma,
-                          seed_context=seed_context(p))  # fmt: skip
+    if heavy:
+        raw["heavy_tail"] = _heavy_raw(found, p, heavy, runs["heavy_tail"])
+        _heavy_figures(found, raw["heavy_tail"], runs["heavy_tail"])
+    w = informative
+    values = list(w.durations.values())
+    ours = [r for r in runs[w.key]["cold"] if "makespan_s" in r]
+    piers = [r for r in runs[w.key]["pier"] if "span_s" in r]
+    raw[w.key] = {
+        "label": w.label,
+        "trials": len(values),
+        "durations_s": values,
+        "sum_s": sum(values),
+        "longest_s": max(values),
+        "slots": SLOTS,
+        "lower_bound_s": w.bound,
+        "lpt_ideal_s": lpt_makespan(values, SLOTS),
+        "selection_order_ideal_s": in_order_makespan(values),
+        "cold_makespans_s": [r["makespan_s"] for r in ours],
+        "pier_spans_s": [r["span_s"] for r in piers],
+        "runs": runs[w.key],
+    }
+    _checked(found, w.key, "cold", ours, len(values))
+    _checked(found, w.key, "pier", runs[w.key]["pier"], len(values))
     found.raw["schedule"] = raw
-    for entry in runs[heavy.key]["history"]:
-        if entry["started_late"]:
-            found.note(f"{entry['job']}: {entry['started_late']} trial(s) started after a much shorter one")
-
-    def ratios(key: str, kind: str) -> list[float]:
-        return [r["ratio"] for r in runs[key][kind] if "ratio" in r]
-
-    h, i = raw[heavy.key], raw[informative.key]
-    where = f"{h['trials']} trials, bound {h['lower_bound_s']:.1f} s"
-    context = h["seed_context"]
-    if cold := ratios(heavy.key, "cold"):
-        ideal = h["selection_order_ideal_s"] / h["lower_bound_s"]
-        found.figure(
-            "makespan_heavy_tail_cold",
-            statistics.median(cold),
-            detail=f"{where}; median makespan {statistics.median(h['cold_makespans_s']):.2f} s; no history, "
-            f"equal timeouts: selection order ({ideal:.3f} with no overhead; the median over "
-            f"{context['seeds']} seeds is {context['selection_order_ratio_median']:.3f})",
-            samples=cold,
-        )
-    if hist := ratios(heavy.key, "history"):
-        value = statistics.median(hist)
-        ideal = h["lpt_ideal_s"] / h["lower_bound_s"]
-        found.figure(
-            "makespan_heavy_tail_history",
-            value,
-            f"<= {HISTORY_GOAL}",
-            value <= HISTORY_GOAL,
-            f"{where}; median makespan {statistics.median(h['history_makespans_s']):.2f} s; the second run "
-            f"of the selection, ordered by the first run's measured durations ({ideal:.3f} with no overhead)",
-            samples=hist,
-        )
-    if pier := ratios(heavy.key, "pier"):
-        found.figure(
-            "pier_makespan_heavy_tail",
-            statistics.median(pier),
-            detail=f"{where}; Pier's job span {statistics.median(h['pier_spans_s']):.2f} s (its start-up "
-            "excluded, as ours is), same tasks, -n 4, task order",
-            samples=pier,
-        )
-    if timed := ratios(informative.key, "cold"):
+    i = raw[w.key]
+    if timed := [r["ratio"] for r in ours]:
         value = statistics.median(timed)
         found.figure(
             "makespan_over_lower_bound",
@@ -307,10 +307,113 @@ def _record(
             f"{statistics.median(i['cold_makespans_s']):.2f} s; ordered by timeouts (no history)",
             samples=timed,
         )
-    if theirs := ratios(informative.key, "pier"):
+    if theirs := [r["ratio"] for r in piers]:
         found.figure(
             "pier_makespan_over_lower_bound",
             statistics.median(theirs),
             detail=f"Pier's job span {statistics.median(i['pier_spans_s']):.2f} s, same tasks, -n 4",
             samples=theirs,
         )
+
+
+def _heavy_raw(
+    found: Findings, p: Params, heavy: list[Workload], runs: dict[str, list[dict[str, Any]]]
+) -> dict[str, Any]:
+    """The heavy tail's raw data: each seed's workload, each contender's runs, their ratios by seed."""
+    seeds = {}
+    for w in heavy:
+        values = list(w.durations.values())
+        seeds[str(w.seed)] = {
+            "durations_s": values,  # in the selection's (Pier's) order
+            "sum_s": sum(values),
+            "longest_s": max(values),
+            "lower_bound_s": w.bound,
+            "lpt_ideal_s": lpt_makespan(values, SLOTS),
+            "in_order_ideal_s": in_order_makespan(values),
+        }
+    for kind, entries in runs.items():
+        done = [r for r in entries if "ratio" in r]
+        _checked(found, "heavy_tail", kind, entries, p.heavy_trials)
+        for r in done:
+            seeds[str(r["seed"])][f"{kind}_ratio"] = r["ratio"]
+    for entry in runs["other"] + runs["history"]:
+        if entry.get("started_late"):
+            found.note(f"{entry['job']}: {entry['started_late']} trial(s) started after a much shorter one")
+    return {
+        "label": heavy[0].label,
+        "trials": p.heavy_trials,
+        "median_sec": p.heavy_median_sec,
+        "sigma": p.heavy_sigma,
+        "slots": SLOTS,
+        "seeds": seeds,
+        "seed_context": seed_context(p),
+        "runs": runs,
+    }
+
+
+def _heavy_figures(found: Findings, raw: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> None:
+    """makespan / bound of each contender (median over seeds), and no history / Pier's queue paired."""
+    ratios = {kind: [r["ratio"] for r in entries if "ratio" in r] for kind, entries in runs.items()}
+    seeds = raw["seeds"]
+    bounds = _span([s["lower_bound_s"] for s in seeds.values()])
+    where = f"{raw['trials']} trials, {len(seeds)} seed(s), bounds {bounds} s"
+    context = raw["seed_context"]
+    ideal = statistics.median(s["in_order_ideal_s"] / s["lower_bound_s"] for s in seeds.values())
+    lpt = statistics.median(s["lpt_ideal_s"] / s["lower_bound_s"] for s in seeds.values())
+    if cold := ratios["cold"]:
+        found.figure(
+            "makespan_heavy_tail_cold",
+            statistics.median(cold),
+            detail=f"{where}; no history at all, equal timeouts: the selection's order, which is Pier's "
+            f"(in that order with no overhead: median {ideal:.3f}; selection order's median over "
+            f"{context['seeds']} seeds {context['selection_order_ratio_median']:.3f})",
+            samples=cold,
+        )
+    if other := ratios["other"]:
+        value = statistics.median(other)
+        found.figure(
+            "makespan_heavy_tail_other_agent",
+            value,
+            f"<= {HISTORY_GOAL}",
+            value <= HISTORY_GOAL,
+            f"{where}; a first run of another agent ({OTHER_AGENT}), the history holding nop's run only: "
+            f"ordered by nop's measured durations, unscaled (no task in common; longest first with no "
+            f"overhead: median {lpt:.3f})",
+            samples=other,
+        )
+    if hist := ratios["history"]:
+        value = statistics.median(hist)
+        found.figure(
+            "makespan_heavy_tail_history",
+            value,
+            f"<= {HISTORY_GOAL}",
+            value <= HISTORY_GOAL,
+            f"{where}; nop's second run of the selection, ordered by its first run's measured durations",
+            samples=hist,
+        )
+    if pier := ratios["pier"]:
+        found.figure(
+            "pier_makespan_heavy_tail",
+            statistics.median(pier),
+            detail=f"{where}; Pier's job span (its start-up excluded, as ours is), same tasks in the same "
+            "order, -n 4",
+            samples=pier,
+        )
+    paired = [
+        s["cold_ratio"] / s["pier_ratio"] for s in seeds.values() if "cold_ratio" in s and "pier_ratio" in s
+    ]
+    if paired:
+        value = statistics.median(paired)
+        found.figure(
+            "heavy_tail_cold_over_pier",
+            value,
+            "<= 1",
+            value <= 1.0,
+            f"{where}; sciencebench with no history at all / Pier's queue, same trials in the same order "
+            "on 4 slots, paired by seed",
+            samples=paired,
+        )
+
+
+def _span(values: list[float]) -> str:
+    return f"{min(values):.1f}-{max(values):.1f}" if len(values) > 1 else f"{values[0]:.1f}"

@@ -12,6 +12,13 @@ login node orders the next job of the same tasks by it (`login.plan`).
              and verifier), not the image pull, which a host pays once; a
              cancelled trial, or one that never reached Pier, measures nothing
 
+A first run of a task version by an agent has no entry of its own; what
+other agents measured of the same version stands in (`ordering_estimates`),
+scaled by how the two agents compare on the task versions both ran (the
+median of this agent's / the other's seconds over them, `agent_scale`);
+with none in common, the other's seconds unscaled: they can only rank the
+tasks among themselves. Only then do a task's timeouts (`login.plan`).
+
 Nothing secret is kept: task ids, SHA-256 hashes, seconds and job ids. The
 agent digest hashes the harness, agent name, import path and models only
 (never `--agent-kwarg` or env values). The store keeps the values
@@ -27,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import statistics
 from collections.abc import Mapping
 from typing import Any
@@ -36,6 +44,9 @@ from sciencebench.core.models import AgentPlan, JobSpec
 from sciencebench.core.paths import JobPaths
 
 log = logging.getLogger(__name__)
+
+_HASH = re.compile(r"[0-9a-f]{64}")  # a task hash (`JobSpec.task_hashes`)
+_DIGEST = re.compile(r"[0-9a-f]{16}")  # an agent digest (`agent_digest`)
 
 SAMPLES = 5  # measured durations kept per task (the estimate is their median)
 CANCELLED = "Cancelled"  # the exception type of a trial stopped by `cancel` (worker.stages.CANCELLED)
@@ -89,6 +100,84 @@ def estimates(store: History, job: JobSpec) -> dict[str, float]:
     found = store.durations(list(keys.values()))
     by_key = {key: value for key in found if (value := estimate(found[key])) is not None}
     return {task_id: by_key[key] for task_id, key in keys.items() if key in by_key}
+
+
+def split_key(key: str) -> tuple[str, str] | None:
+    """A history key's task version (`<task id>/<task hash>`) and agent digest; None for other keys."""
+    version, sep, digest = key.rpartition("/")
+    task_id, _, task_hash = version.partition("/")
+    if not sep or not _DIGEST.fullmatch(digest) or not _HASH.fullmatch(task_hash):
+        return None
+    if not task_id or "/" in task_id:  # cost/<task>/<hash>/<agent> and the like are not durations
+        return None
+    return version, digest
+
+
+def by_agent(entries: Mapping[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Agent digest -> task version -> its estimate, from history entries (key -> samples)."""
+    found: dict[str, dict[str, float]] = {}
+    for key, samples in entries.items():
+        parts = split_key(key)
+        value = estimate(samples) if parts is not None else None
+        if parts is not None and value is not None:
+            found.setdefault(parts[1], {})[parts[0]] = value
+    return found
+
+
+def agent_scale(mine: Mapping[str, float], theirs: Mapping[str, float]) -> float | None:
+    """How much longer this agent runs than another: the median of mine / theirs over common versions.
+
+    None when they have no task version in common (a version the other
+    measured as 0 s says nothing about the ratio).
+    """
+    ratios = [mine[v] / theirs[v] for v in mine.keys() & theirs.keys() if theirs[v] > 0]
+    return statistics.median(ratios) if ratios else None
+
+
+def borrowed_estimates(
+    entries: Mapping[str, list[float]], digest: str, versions: Mapping[str, str]
+) -> dict[str, float]:
+    """Task id -> expected seconds from other agents' measurements of the task's version (pure).
+
+    `entries` is the history (key -> samples), `digest` this job's agent,
+    `versions` task id -> task hash of the tasks to estimate. Each other
+    agent that measured a task's version contributes its estimate times its
+    `agent_scale`; the task's value is the median over those agents. When
+    none of them has a version in common with this agent, the median of their
+    unscaled estimates: seconds of another agent, good for ranking the tasks
+    among themselves. A task no other agent measured is left out.
+    """
+    agents = by_agent(entries)
+    mine = agents.pop(digest, {})
+    scales = {other: agent_scale(mine, theirs) for other, theirs in agents.items()}
+    found: dict[str, float] = {}
+    for task_id, task_hash in versions.items():
+        version = f"{task_id}/{task_hash}"
+        measured = [(scales[o], theirs[version]) for o, theirs in agents.items() if version in theirs]
+        scaled = [seconds * scale for scale, seconds in measured if scale is not None]
+        if scaled or measured:
+            found[task_id] = statistics.median(scaled or [seconds for _, seconds in measured])
+    return found
+
+
+def ordering_estimates(store: History, job: JobSpec) -> dict[str, float]:
+    """Task id -> expected seconds the scheduler orders by: this agent's history, else other agents'.
+
+    One round trip when every task has history of its own (`estimates`);
+    otherwise the whole history is read once (`History.all_durations`)
+    for `borrowed_estimates`. Tasks without either are left out: their
+    timeouts order them (`login.plan.expected_seconds`).
+    """
+    own = estimates(store, job)
+    missing = {t: job.task_hashes[t] for t in job.task_ids if t in job.task_hashes and t not in own}
+    if not missing:
+        return own
+    try:
+        entries = store.all_durations()
+    except Exception:  # history is advice: a job is still sent when it cannot be read
+        log.warning("job %s: other agents' durations not read", job.job_name, exc_info=True)
+        return own
+    return {**borrowed_estimates(entries, agent_digest(job.agent), missing), **own}
 
 
 def record_durations(store: History, job: JobSpec, paths: JobPaths) -> int:

@@ -380,6 +380,12 @@ class MemoryCoordinator(Coordinator):
             return {key: [s for s, _ in history[key]] for key in keys if key in history}
 
     @override
+    def all_durations(self) -> dict[str, list[float]]:
+        with self._lock:
+            history: dict[str, list[tuple[float, str]]] = self._values.get(HISTORY_KEY, {})
+            return {key: [s for s, _ in entries] for key, entries in history.items()}
+
+    @override
     def open_dispatch(self, job: str, dispatch_id: str) -> None:
         with self._lock:
             self._values.setdefault(job_key(job, "dispatches"), set()).add(dispatch_id)

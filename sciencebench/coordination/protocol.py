@@ -430,6 +430,10 @@ class History(Protocol):
         """The kept seconds of each key that has any, oldest first."""
         ...
 
+    def all_durations(self) -> dict[str, list[float]]:
+        """Every key's kept seconds, oldest first (a first run borrows other agents' measurements)."""
+        ...
+
 
 class Coordinator(Results, Leases, Slots, JobControl, Board, History, Budgets, Protocol):
     """All seven parts, and how the implementation lives with broker outages."""

@@ -11,7 +11,7 @@ from typing import Any, cast
 from celery import Celery, Signature, chord, group
 from celery.result import AsyncResult
 
-from sciencebench.coordination.history import estimates
+from sciencebench.coordination.history import ordering_estimates
 from sciencebench.coordination.protocol import Coordinator, Held
 from sciencebench.coordination.watchdog import send_again
 from sciencebench.core.models import JobSpec, Redispatch, TrialSpec, TrialState
@@ -28,8 +28,9 @@ def dispatch(app: Celery, coord: Coordinator, job: JobSpec, trials: list[TrialSp
     """chord(group(run_trial per trial), finalize_job): longest expected trials first.
 
     Trials are ordered by what their tasks measured before (the store's
-    history for these task versions and this agent), else by their timeouts
-    (`login.plan.order`). When a task has several trials, only the job's
+    history for these task versions and this agent, else other agents' of the
+    same versions: `coordination.history.ordering_estimates`), else by their
+    timeouts (`login.plan.order`). When a task has several trials, only the job's
     `--n-concurrent` go to the broker now and the rest are held in the store
     (`login.plan.schedule`, `Slots.hold`): each trial's end sends the one then
     expected to run longest, measured by the job's first finished trial of its
@@ -48,7 +49,7 @@ def dispatch(app: Celery, coord: Coordinator, job: JobSpec, trials: list[TrialSp
         FINALIZE_JOB, args=(str(job.jobs_dir), job.job_name, job.job_key, dispatch_id), immutable=True,
         options={"shadow": finalize_shadow(job.job_name)},
     )  # fmt: skip
-    measured = estimates(coord, job)
+    measured = ordering_estimates(coord, job)
     plan = schedule(trials, measured, job.n_concurrent)
     ordered = plan.send + plan.hold
     header = [

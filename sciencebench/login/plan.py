@@ -1,7 +1,8 @@
 """Planning a job (pure): selection x attempts -> trial specs, in the order they are sent.
 
 expand     selection x attempts -> trials, longest expected first by their timeouts
-order      the same, a task's measured seconds (its history) standing in for its timeouts
+order      the same, a task's measured seconds (its history: this agent's, else
+           other agents' of the same task version, scaled) standing in for its timeouts
 schedule   which trials the broker gets now, and which are held back until
            trials of the job end (so a first attempt's measurement can
            order the task's later attempts)
@@ -75,9 +76,10 @@ def expected_seconds(trial: TrialSpec, measured: Mapping[str, float]) -> float:
 def order(trials: list[TrialSpec], measured: Mapping[str, float]) -> list[TrialSpec]:
     """The trials longest expected first (`expected_seconds`); ties by attempt, then by task order.
 
-    `measured` is task id -> seconds (`coordination.history.estimates`): where
-    timeouts say little (most tasks share the default), what a task took
-    before is the better guide. A task without history keeps its timeouts'
+    `measured` is task id -> seconds (`coordination.history.ordering_estimates`:
+    this agent's history of the task version, else other agents' of it scaled
+    to this agent): where timeouts say little (most tasks share the default),
+    what a task took before is the better guide. A task without history keeps its timeouts'
     bound, which is larger than any measurement: it goes early, so a long
     unknown task does not start last, and is measured soonest. Task order is
     the order of first appearance in `trials`.

@@ -98,3 +98,15 @@ def test_cancel_ends_held_trials_too(cluster: Cluster) -> None:
     assert len(records) == 6 and (job_dir / "result.json").exists()
     assert {r["exception_type"] for r in records} == {"Cancelled"}
     assert not client.exists(f"sciencebench:{job_id}:held")
+
+
+def test_a_first_run_is_ordered_by_another_agents_run(cluster: Cluster) -> None:
+    # The oracle agent has no history of these task versions: nop's measurements order its first run.
+    cluster.start_workers(1, concurrency=1)
+    sleep = {"001": 0.1, "002": 0.9, "003": 0.4}
+    path = cluster.selection({task_id: {"sleep_sec": s} for task_id, s in sleep.items()})
+    assert cluster.submit(path, "nop-cold").returncode == 0
+    assert _started(cluster, "nop-cold") == list(sleep)  # no history at all: selection order
+    done = cluster.submit(path, "oracle-first", "--agent", "oracle")
+    assert done.returncode == 0, done.stderr
+    assert _started(cluster, "oracle-first") == ["002", "003", "001"]

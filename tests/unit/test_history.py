@@ -92,6 +92,94 @@ def test_later_attempts_are_held_beyond_the_window(tmp_path: Path) -> None:
     assert _keys(schedule(trials, {}, window=8).send) == _keys(order(trials, {}))  # all fit in the window
 
 
+# --- a first run: other agents' measurements --------------------------------------
+
+A_HASH, B_HASH = "a" * 64, "b" * 64
+ME, OTHER, THIRD = "1" * 16, "2" * 16, "3" * 16
+
+
+def _entries(digest: str, seconds: dict[str, float], task_hash: str = A_HASH) -> dict[str, list[float]]:
+    return {history.history_key(t, task_hash, digest): [s] for t, s in seconds.items()}
+
+
+def test_agent_scale_is_the_median_ratio_over_common_task_versions() -> None:
+    mine = {"001/a": 20.0, "002/a": 9.0, "003/a": 300.0, "009/a": 1.0}
+    theirs = {"001/a": 10.0, "002/a": 3.0, "003/a": 100.0, "004/a": 5.0}
+    assert history.agent_scale(mine, theirs) == 3.0  # ratios 2, 3, 3
+    assert history.agent_scale(mine, {"004/a": 5.0}) is None  # nothing in common
+    assert history.agent_scale({"001/a": 4.0}, {"001/a": 0.0}) is None  # 0 s says nothing of a ratio
+
+
+def test_a_first_run_borrows_another_agents_durations_scaled_by_common_tasks() -> None:
+    # OTHER ran 001-004; this agent ran 001 and 002 before, twice as long as OTHER.
+    entries = {**_entries(OTHER, {"001": 10.0, "002": 4.0, "003": 30.0, "004": 1.0}),
+               **_entries(ME, {"001": 20.0, "002": 8.0})}  # fmt: skip
+    found = history.borrowed_estimates(entries, ME, {"003": A_HASH, "004": A_HASH, "005": A_HASH})
+    assert found == {"003": 60.0, "004": 2.0}  # 005: nobody measured it (its timeouts order it)
+    # Another version of the task (changed task.toml, ...) borrows nothing.
+    assert history.borrowed_estimates(entries, ME, {"003": B_HASH}) == {}
+
+
+def test_with_no_common_task_the_other_agents_seconds_rank_unscaled() -> None:
+    entries = _entries(OTHER, {"001": 10.0, "002": 40.0, "003": 0.5})
+    found = history.borrowed_estimates(entries, ME, dict.fromkeys(["001", "002", "003"], A_HASH))
+    assert found == {"001": 10.0, "002": 40.0, "003": 0.5}
+
+
+def test_several_agents_give_the_median_and_scaled_ones_win() -> None:
+    entries = {
+        **_entries(OTHER, {"001": 10.0, "002": 10.0}),  # common with ME on 001: scale 1
+        **_entries(THIRD, {"001": 5.0, "002": 30.0}),  # common on 001: scale 2 -> 60 for 002
+        **_entries(ME, {"001": 10.0}),
+        **_entries("4" * 16, {"002": 1000.0}),  # no common task: left out while scaled agents exist
+        "cost/" + history.history_key("002", A_HASH, OTHER): [99.0],  # dollars, not seconds
+    }
+    assert history.borrowed_estimates(entries, ME, {"002": A_HASH}) == {"002": 35.0}  # median of 10, 60
+
+
+def test_keys_that_are_not_durations_are_ignored() -> None:
+    assert history.split_key(history.history_key("001", A_HASH, OTHER)) == (f"001/{A_HASH}", OTHER)
+    for key in ("cost/" + history.history_key("001", A_HASH, OTHER), "001/short/" + OTHER, "junk", ""):
+        assert history.split_key(key) is None, key
+
+
+def test_ordering_estimates_prefer_the_agents_own_history(tmp_path: Path) -> None:
+    job = _prepare(tmp_path).job
+    other = job.model_copy(update={"agent": job.agent.model_copy(update={"agent": "oracle"})})
+    coord = MemoryCoordinator()
+    theirs, mine = history.job_history_keys(other), history.job_history_keys(job)
+    coord.add_durations("other", {theirs[t]: [s] for t, s in zip(IDS, [5.0, 50.0, 0.5, 20.0], strict=True)})
+    assert history.estimates(coord, job) == {}  # nothing of its own ...
+    assert history.ordering_estimates(coord, job) == {"001": 5.0, "002": 50.0, "003": 0.5, "004": 20.0}
+    coord.add_durations("mine", {mine["003"]: [2.0]})  # ... now 003: 4 x the other's
+    assert history.ordering_estimates(coord, job) == {"001": 20.0, "002": 200.0, "003": 2.0, "004": 80.0}
+
+
+class _Unreadable(MemoryCoordinator):
+    def all_durations(self) -> dict[str, list[float]]:
+        raise ConnectionError("history unreadable")
+
+
+def test_an_unreadable_history_leaves_the_own_estimates(tmp_path: Path) -> None:
+    job = _prepare(tmp_path).job
+    coord = _Unreadable()
+    coord.add_durations("mine", {history.job_history_keys(job)["001"]: [3.0]})
+    assert history.ordering_estimates(coord, job) == {"001": 3.0}
+
+
+def test_a_first_run_is_sent_in_the_other_agents_order(tmp_path: Path) -> None:
+    prepared = _prepare(tmp_path, n_concurrent=1)
+    job = persist(prepared, {}).job
+    other = job.model_copy(update={"agent": job.agent.model_copy(update={"agent": "oracle"})})
+    coord = MemoryCoordinator()
+    keys = history.job_history_keys(other)
+    coord.add_durations("other", {keys["003"]: [9.0], keys["001"]: [1.0], keys["004"]: [4.0]})
+    app = Celery(broker="memory://", backend="cache+memory://")
+    dispatch(app, coord, job, prepared.trials)
+    # 002 unmeasured by anyone: its timeouts' bound sends it first; then the other agent's order.
+    assert _sent(app) == ["task_002 #1", "task_003 #1", "task_004 #1", "task_001 #1"]
+
+
 # --- what is kept --------------------------------------------------------------------
 
 
