@@ -8,10 +8,10 @@ or tasks without a prebuilt image) compose tags the result
 `<project>-main:latest` and labels it the same way; a prebuilt task image
 run as is carries no such label (and has RepoDigests from its registry).
 
-`remove_projects` removes named projects (a trial's, by
-`worker.pier.naming.trial_project_names`), `cleanup_matching` those a
-predicate accepts, and `sweep_leftovers` (at worker start) those of crashed
-trials of this host that no live-trial lock covers.
+`remove_projects` removes named projects, `remove_trial` one trial's
+(found by their labels, server-side: nothing else of the Engine is listed),
+`cleanup_matching` those a predicate accepts (listing every project), and
+`sweep_leftovers` (at worker start) those of crashed trials of this host that no live-trial lock covers.
 """
 
 from __future__ import annotations
@@ -31,7 +31,12 @@ from sciencebench.core.errors import PreflightError
 from sciencebench.worker.docker.engine import ENGINE_ERRORS, connect, one_line
 from sciencebench.worker.docker.hostlocks import live_trial_locks, owner_id
 from sciencebench.worker.docker.labels import COMPOSE_PROJECT_LABEL, MANAGED_LABEL, OWNER_LABEL
-from sciencebench.worker.pier.naming import compose_project_name, is_pier_project
+from sciencebench.worker.pier.naming import (
+    compose_project_name,
+    is_pier_project,
+    projects_of_trial,
+    trial_project_names,
+)
 
 
 @dataclass
@@ -109,18 +114,19 @@ def _remove(
 
 def _cleanup_project(api: docker.APIClient, project: str) -> CleanupReport:
     report = CleanupReport(projects=[project])
-    only = _label_filter(project)
-    for item in api.containers(all=True, filters=only):
+    # The four listings at once (each filtered by the project's label on the engine's side).
+    containers, networks, volumes, images = _list_all(api, _label_filter(project))
+    for item in containers:
         name = (item.get("Names") or [item["Id"][:12]])[0].lstrip("/")
         if _remove(report, f"container {name}", api.remove_container, item["Id"], v=True, force=True):
             report.containers.append(name)
-    for item in api.networks(filters=only):
+    for item in networks:
         if _remove(report, f"network {item['Name']}", api.remove_network, item["Id"]):
             report.networks.append(item["Name"])
-    for item in api.volumes(filters=only).get("Volumes") or []:
+    for item in volumes:
         if _remove(report, f"volume {item['Name']}", api.remove_volume, item["Name"], force=True):
             report.volumes.append(item["Name"])
-    for item in api.images(filters=only):
+    for item in images:
         tags = [t for t in item.get("RepoTags") or [] if t != "<none>:<none>"]
         if not derived_image_removable(item, project):
             report.kept_images.extend(tags or [item["Id"]])
@@ -186,22 +192,49 @@ def cleanup_matching(
     return remove_projects(projects, client)
 
 
+def remove_trial(
+    trial_name: str, client: docker.DockerClient | None = None, state: Path | None = None
+) -> CleanupReport:
+    """`remove_projects` for one trial's compose projects, found by label on the engine's side.
+
+    The projects are the trial's agent and verifier projects by name
+    (`trial_project_names`), and those of a multi-step trial's step verifiers
+    that have a container of this host state (listed by `OWNER_LABEL`, so
+    only this host's trial containers come back). Nothing lists the Engine's
+    other compose projects. Never raises for Docker errors (see `remove_projects`).
+    """
+    projects = trial_project_names(trial_name)
+    try:
+        with _client_or(client) as api:
+            only_ours = {"label": [COMPOSE_PROJECT_LABEL, f"{OWNER_LABEL}={owner_id(state)}"]}
+            labels = (item.get("Labels") or {} for item in api.containers(all=True, filters=only_ours))
+            ours = projects_of_trial(trial_name)
+            projects += sorted({p for p in (x.get(COMPOSE_PROJECT_LABEL, "") for x in labels) if ours(p)})
+    except (PreflightError, *ENGINE_ERRORS) as exc:
+        return CleanupReport(errors=[one_line(str(exc))])
+    return remove_projects(projects, client)
+
+
 def compose_projects_api(api: docker.APIClient) -> set[str]:
     """`compose_projects` on a low-level client: the four listings at once (one trial's wait)."""
-    everything = _label_filter(None)
-    listings: list[Callable[[], list[dict[str, Any]]]] = [
-        lambda: api.containers(all=True, filters=everything),
-        lambda: api.networks(filters=everything),
-        lambda: api.volumes(filters=everything).get("Volumes") or [],
-        lambda: api.images(filters=everything),
-    ]
     found = {
         (item.get("Labels") or {}).get(COMPOSE_PROJECT_LABEL, "")
-        for items in _listing_pool().map(lambda listing: listing(), listings)
+        for items in _list_all(api, _label_filter(None))
         for item in items
     }
     found.discard("")
     return found
+
+
+def _list_all(api: docker.APIClient, filters: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """Containers, networks, volumes and images that `filters` selects, listed concurrently."""
+    listings: list[Callable[[], list[dict[str, Any]]]] = [
+        lambda: api.containers(all=True, filters=filters),
+        lambda: api.networks(filters=filters),
+        lambda: api.volumes(filters=filters).get("Volumes") or [],
+        lambda: api.images(filters=filters),
+    ]
+    return list(_listing_pool().map(lambda listing: listing(), listings))
 
 
 _pool: tuple[int, ThreadPoolExecutor] | None = None
