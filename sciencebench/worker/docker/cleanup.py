@@ -112,10 +112,14 @@ def _remove(
     return True
 
 
-def _cleanup_project(api: docker.APIClient, project: str) -> CleanupReport:
+def _cleanup_project(
+    api: docker.APIClient, project: str, images: list[dict[str, Any]] | None = None
+) -> CleanupReport:
+    """Remove one project's objects; `images`: its images as listed already (else they are listed)."""
     report = CleanupReport(projects=[project])
-    # The four listings at once (each filtered by the project's label on the engine's side).
-    containers, networks, volumes, images = _list_all(api, _label_filter(project))
+    # The listings at once, each filtered by the project's label on the engine's side.
+    containers, networks, volumes, *listed = _list_all(api, _label_filter(project), images is None)
+    images = listed[0] if images is None else images
     for item in containers:
         name = (item.get("Names") or [item["Id"][:12]])[0].lstrip("/")
         if _remove(report, f"container {name}", api.remove_container, item["Id"], v=True, force=True):
@@ -199,20 +203,38 @@ def remove_trial(
 
     The projects are the trial's agent and verifier projects by name
     (`trial_project_names`), and those of a multi-step trial's step verifiers
-    that have a container of this host state (listed by `OWNER_LABEL`, so
-    only this host's trial containers come back). Nothing lists the Engine's
-    other compose projects. Never raises for Docker errors (see `remove_projects`).
+    that have a container of this host state (listed by `OWNER_LABEL`) or a
+    derived image. Images are listed once for the trial (by the compose
+    label: the engine walks every image for any image listing, the slowest
+    call of a cleanup), containers, networks and volumes by each project's
+    label. Never raises for Docker errors (see `remove_projects`).
     """
     projects = trial_project_names(trial_name)
+    ours = projects_of_trial(trial_name)
+    report = CleanupReport()
     try:
         with _client_or(client) as api:
             only_ours = {"label": [COMPOSE_PROJECT_LABEL, f"{OWNER_LABEL}={owner_id(state)}"]}
-            labels = (item.get("Labels") or {} for item in api.containers(all=True, filters=only_ours))
-            ours = projects_of_trial(trial_name)
-            projects += sorted({p for p in (x.get(COMPOSE_PROJECT_LABEL, "") for x in labels) if ours(p)})
+            listings: list[Callable[[], list[dict[str, Any]]]] = [
+                lambda: api.containers(all=True, filters=only_ours),
+                lambda: api.images(filters=_label_filter(None)),
+            ]
+            containers, images = _listing_pool().map(lambda listing: listing(), listings)
+            found = {_project_of(item) for item in [*containers, *images]}
+            projects += sorted(p for p in found if ours(p) and p not in projects)
+            for project in projects:
+                mine = [item for item in images if _project_of(item) == project]
+                try:
+                    report.merge(_cleanup_project(api, project, images=mine))
+                except ENGINE_ERRORS as exc:
+                    report.errors.append(f"project {project}: {one_line(str(exc))}")
     except (PreflightError, *ENGINE_ERRORS) as exc:
-        return CleanupReport(errors=[one_line(str(exc))])
-    return remove_projects(projects, client)
+        report.errors.append(one_line(str(exc)))
+    return report
+
+
+def _project_of(item: dict[str, Any]) -> str:
+    return str((item.get("Labels") or {}).get(COMPOSE_PROJECT_LABEL, ""))
 
 
 def compose_projects_api(api: docker.APIClient) -> set[str]:
@@ -226,14 +248,17 @@ def compose_projects_api(api: docker.APIClient) -> set[str]:
     return found
 
 
-def _list_all(api: docker.APIClient, filters: dict[str, Any]) -> list[list[dict[str, Any]]]:
-    """Containers, networks, volumes and images that `filters` selects, listed concurrently."""
+def _list_all(
+    api: docker.APIClient, filters: dict[str, Any], with_images: bool = True
+) -> list[list[dict[str, Any]]]:
+    """Containers, networks, volumes (and images) that `filters` selects, listed concurrently."""
     listings: list[Callable[[], list[dict[str, Any]]]] = [
         lambda: api.containers(all=True, filters=filters),
         lambda: api.networks(filters=filters),
         lambda: api.volumes(filters=filters).get("Volumes") or [],
-        lambda: api.images(filters=filters),
     ]
+    if with_images:
+        listings.append(lambda: api.images(filters=filters))
     return list(_listing_pool().map(lambda listing: listing(), listings))
 
 
