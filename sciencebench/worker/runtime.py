@@ -95,7 +95,7 @@ class DockerRuntime:
             client = self._client.get()
         except PreflightError:
             client = None  # remove_trial connects (and reports) by itself
-        report = remove_trial(trial_name, client, state=self.settings.state_dir)
+        report = remove_trial(trial_name, client)
         for error in report.errors:
             log.warning("cleanup of %s: %s", trial_name, error)
 

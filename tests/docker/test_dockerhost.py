@@ -582,7 +582,7 @@ def test_remove_trial_finds_its_projects_by_label_only(
     for project in (agent, step, other):
         _compose(project, compose_file, "up", "-d", "--wait", "main")
     try:
-        report = cleanup.remove_trial(trial, state=state)
+        report = cleanup.remove_trial(trial)
         assert report.errors == []
         assert sorted(report.containers) == sorted(f"{p}-main-1" for p in (agent, step))
         for project in (agent, step):

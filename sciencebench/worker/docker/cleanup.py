@@ -9,7 +9,7 @@ or tasks without a prebuilt image) compose tags the result
 run as is carries no such label (and has RepoDigests from its registry).
 
 `remove_projects` removes named projects, `remove_trial` one trial's
-(found by their labels, server-side: nothing else of the Engine is listed),
+(all four listings once, filtered by the compose label on the engine's side),
 `cleanup_matching` those a predicate accepts (listing every project), and
 `sweep_leftovers` (at worker start) those of crashed trials of this host that no live-trial lock covers.
 """
@@ -35,7 +35,6 @@ from sciencebench.worker.pier.naming import (
     compose_project_name,
     is_pier_project,
     projects_of_trial,
-    trial_project_names,
 )
 
 
@@ -113,13 +112,14 @@ def _remove(
 
 
 def _cleanup_project(
-    api: docker.APIClient, project: str, images: list[dict[str, Any]] | None = None
+    api: docker.APIClient, project: str, listed: list[list[dict[str, Any]]] | None = None
 ) -> CleanupReport:
-    """Remove one project's objects; `images`: its images as listed already (else they are listed)."""
+    """Remove one project's objects; `listed`: its containers, networks, volumes, images (else listed now)."""
     report = CleanupReport(projects=[project])
     # The listings at once, each filtered by the project's label on the engine's side.
-    containers, networks, volumes, *listed = _list_all(api, _label_filter(project), images is None)
-    images = listed[0] if images is None else images
+    containers, networks, volumes, images = (
+        listed if listed is not None else _list_all(api, _label_filter(project))
+    )
     for item in containers:
         name = (item.get("Names") or [item["Id"][:12]])[0].lstrip("/")
         if _remove(report, f"container {name}", api.remove_container, item["Id"], v=True, force=True):
@@ -196,36 +196,26 @@ def cleanup_matching(
     return remove_projects(projects, client)
 
 
-def remove_trial(
-    trial_name: str, client: docker.DockerClient | None = None, state: Path | None = None
-) -> CleanupReport:
-    """`remove_projects` for one trial's compose projects, found by label on the engine's side.
+def remove_trial(trial_name: str, client: docker.DockerClient | None = None) -> CleanupReport:
+    """`remove_projects` for one trial's compose projects (verifier steps included), listed once.
 
-    The projects are the trial's agent and verifier projects by name
-    (`trial_project_names`), and those of a multi-step trial's step verifiers
-    that have a container of this host state (listed by `OWNER_LABEL`) or a
-    derived image. Images are listed once for the trial (by the compose
-    label: the engine walks every image for any image listing, the slowest
-    call of a cleanup), containers, networks and volumes by each project's
-    label. Never raises for Docker errors (see `remove_projects`).
+    The four listings run at once, each filtered on the engine's side by the
+    compose label, and what they return of the trial's projects
+    (`projects_of_trial`) is removed without listing each project again: a
+    trial that left nothing costs these four calls (the image listing is the
+    slow one: the engine walks every image for any image listing). Never
+    raises for Docker errors (see `remove_projects`).
     """
-    projects = trial_project_names(trial_name)
     ours = projects_of_trial(trial_name)
     report = CleanupReport()
     try:
         with _client_or(client) as api:
-            only_ours = {"label": [COMPOSE_PROJECT_LABEL, f"{OWNER_LABEL}={owner_id(state)}"]}
-            listings: list[Callable[[], list[dict[str, Any]]]] = [
-                lambda: api.containers(all=True, filters=only_ours),
-                lambda: api.images(filters=_label_filter(None)),
-            ]
-            containers, images = _listing_pool().map(lambda listing: listing(), listings)
-            found = {_project_of(item) for item in [*containers, *images]}
-            projects += sorted(p for p in found if ours(p) and p not in projects)
+            listed = _list_all(api, _label_filter(None))
+            projects = sorted({p for items in listed for p in map(_project_of, items) if ours(p)})
             for project in projects:
-                mine = [item for item in images if _project_of(item) == project]
+                mine = [[item for item in items if _project_of(item) == project] for items in listed]
                 try:
-                    report.merge(_cleanup_project(api, project, images=mine))
+                    report.merge(_cleanup_project(api, project, mine))
                 except ENGINE_ERRORS as exc:
                     report.errors.append(f"project {project}: {one_line(str(exc))}")
     except (PreflightError, *ENGINE_ERRORS) as exc:
@@ -248,17 +238,14 @@ def compose_projects_api(api: docker.APIClient) -> set[str]:
     return found
 
 
-def _list_all(
-    api: docker.APIClient, filters: dict[str, Any], with_images: bool = True
-) -> list[list[dict[str, Any]]]:
-    """Containers, networks, volumes (and images) that `filters` selects, listed concurrently."""
+def _list_all(api: docker.APIClient, filters: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """Containers, networks, volumes and images that `filters` selects, listed concurrently."""
     listings: list[Callable[[], list[dict[str, Any]]]] = [
         lambda: api.containers(all=True, filters=filters),
         lambda: api.networks(filters=filters),
         lambda: api.volumes(filters=filters).get("Volumes") or [],
+        lambda: api.images(filters=filters),
     ]
-    if with_images:
-        listings.append(lambda: api.images(filters=filters))
     return list(_listing_pool().map(lambda listing: listing(), listings))
 
 
