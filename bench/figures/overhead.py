@@ -7,8 +7,10 @@ Pier processes) / trials, against a bare Celery chord of no-op tasks on
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
+from datetime import datetime
 from typing import Any
 
 from bench.harness import Harness
@@ -53,6 +55,7 @@ def measure(h: Harness, p: Params) -> Outcome:
                 "bare_chord": bare,
                 "bare_chord_reference": bare_ref,
                 "errored": run.answer["n_errored_trials"],
+                "stages_ms_per_trial": stage_shares(h, job, runs, (run.wall_s * SLOTS - pier_total) / n),
             })  # fmt: skip
         h.stop_bare_workers()
         found.raw["overhead"] = {
@@ -72,6 +75,7 @@ def measure(h: Harness, p: Params) -> Outcome:
             f"{mid['fake_pier_startup_mean_s'] * 1000:.0f} ms each on average)",
             samples=ours,
         )
+        found.note(f"overhead per trial by stage (ms, median repetition): {_stages_text(mid)}")
         ratio = statistics.median(ratios)
         bare_ms = statistics.median(s["bare_chord"]["ms_per_task"] for s in samples)
         ref_ms = statistics.median(s["bare_chord_reference"]["ms_per_task"] for s in samples)
@@ -85,6 +89,47 @@ def measure(h: Harness, p: Params) -> Outcome:
             samples=ratios,
         )
     return found.outcome()
+
+
+# The worker's own timed stages of a try (`worker.stages.run_try`), in order; `harness` is split below.
+WORKER_STAGES = ("snapshot", "workspace", "secrets", "review", "preflight", "pull", "cleanup")
+
+
+def stage_shares(h: Harness, job: str, runs: list[dict[str, Any]], overhead_s: float) -> dict[str, float]:
+    """Each stage's mean share of a no-op trial's overhead (ms per trial), from the trials' records.
+
+    The worker's timed stages as recorded (`timings_sec`); `pier_start`: the
+    harness stage less the Pier process itself (spawn or fork, exit, log
+    reading); `admission_claim`: the rest of the record's span (admission,
+    host check, claim, slot, scratch set-up; `started_at` to `finished_at`);
+    `commit_and_dispatch`: what is left of the overhead outside that span
+    (the record committed and published, the chord's answer, the message's
+    way from the broker to a worker process).
+    """
+    records = [json.loads(path.read_text()) for path in sorted(h.trials_dir(job).glob("*.json"))]
+    if not records:
+        return {}
+    n = len(records)
+    shares = {
+        stage: sum(r.get("timings_sec", {}).get(stage, 0.0) for r in records) / n * 1000
+        for stage in WORKER_STAGES
+    }
+    harness = sum(r.get("timings_sec", {}).get("harness", 0.0) for r in records) / n
+    pier = sum(x["process_s"] for x in runs) / max(len(runs), 1)
+    shares["pier_start"] = (harness - pier) * 1000
+    span = statistics.fmean(
+        (datetime.fromisoformat(r["finished_at"]) - datetime.fromisoformat(r["started_at"])).total_seconds()
+        for r in records
+    )
+    timed = sum(shares.values()) / 1000 + pier
+    shares["admission_claim"] = (span - timed) * 1000
+    shares["commit_and_dispatch"] = overhead_s * 1000 - sum(shares.values())
+    return {key: round(value, 2) for key, value in shares.items()}
+
+
+def _stages_text(sample: dict[str, Any]) -> str:
+    stages = sample.get("stages_ms_per_trial") or {}
+    return ", ".join(f"{name} {ms:.1f}" for name, ms in stages.items()) or "no records"
 
 
 def bare_chord_overhead(h: Harness, n: int) -> dict[str, Any]:

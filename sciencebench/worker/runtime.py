@@ -20,11 +20,11 @@ from sciencebench.core.models import JobSpec
 from sciencebench.core.settings import Settings
 from sciencebench.worker import preflight
 from sciencebench.worker.docker.budget import ImageBudget, hold_images
-from sciencebench.worker.docker.cleanup import cleanup_matching, sweep_leftovers
+from sciencebench.worker.docker.cleanup import remove_trial, sweep_leftovers
 from sciencebench.worker.docker.engine import ClientPerProcess, connect
 from sciencebench.worker.docker.hostlocks import hold_live_trial, owner_id
 from sciencebench.worker.docker.images import ImagePuller, pull_log_path
-from sciencebench.worker.pier.naming import pier_trial_prefix, projects_of_trial
+from sciencebench.worker.pier.naming import pier_trial_prefix
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +94,8 @@ class DockerRuntime:
         try:
             client = self._client.get()
         except PreflightError:
-            client = None  # cleanup_matching connects (and reports) by itself
-        report = cleanup_matching(projects_of_trial(trial_name), client)
+            client = None  # remove_trial connects (and reports) by itself
+        report = remove_trial(trial_name, client)
         for error in report.errors:
             log.warning("cleanup of %s: %s", trial_name, error)
 

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from sciencebench.coordination.heartbeat import Heartbeat
-from sciencebench.core.compose_policy import review_task_dir
 from sciencebench.core.errors import (
     CollectError,
     HarnessError,
@@ -51,6 +50,7 @@ from sciencebench.worker.pier.agentconfig import redact_pier_files, write_agent_
 from sciencebench.worker.pier.layout import find_trial_dirs, name_the_selection, read_trial_outcome
 from sciencebench.worker.pier.provider import detect as detect_provider_failure
 from sciencebench.worker.pier.provider import gateway_authority
+from sciencebench.worker.reviews import reviewed
 from sciencebench.worker.secrets import load_secrets
 from sciencebench.worker.snapshot import snapshot_task
 
@@ -196,7 +196,7 @@ def run_try(
     snapshot = timed("snapshot", lambda: _take_snapshot(spec, scratch))
     timed("workspace", lambda: _check_workspace(spec, snapshot))
     secrets = timed("secrets", lambda: load_secrets(job, owner_uid))
-    _check_declared(spec, snapshot.path, secrets)
+    timed("review", lambda: _check_declared(spec, snapshot, secrets))
     timed("preflight", lambda: ctx.runtime.preflight(job))
     timed("pull", lambda: ctx.runtime.ensure_images(spec.image_refs, job.platform, job.skip_pull))
 
@@ -235,17 +235,18 @@ def run_try(
     return _collect(spec, ctx, trial_dirs[-1], started, timings, authority=gateway_authority(job))
 
 
-def _check_declared(spec: TrialSpec, task_dir: Path, secrets: dict[str, str]) -> None:
+def _check_declared(spec: TrialSpec, snapshot: TaskSnapshot, secrets: dict[str, str]) -> None:
     """Refuse a task the policy refuses, or whose templates or compose variables the job did not declare.
 
     The login node checked both at submit; a job.json can be written by
     someone else, the selection can change (its hash covers the compose
     files, not every file), and Pier would resolve the names from its
-    environment. `task_dir` is the try's snapshot of the spec's task
-    directory: what is checked is what Pier runs.
+    environment. `snapshot` is the try's copy of the spec's task
+    directory: what is checked is what Pier runs. The review is cached per
+    process by the snapshot's task hash and listing (`worker.reviews`).
     """
     try:
-        review = review_task_dir(task_dir)
+        review = reviewed(snapshot.path, snapshot.digest)
     except (OSError, ValueError) as exc:
         raise WorkspaceError(f"{spec.task_dir}: task files unreadable ({exc.__class__.__name__})") from None
     if review.problems:

@@ -567,3 +567,27 @@ def test_real_pier_trial_uses_the_predicted_project(base_image: str, tmp_path: P
     report = cleanup.remove_projects(naming.trial_project_names(trial_name))
     assert report.errors == []
     assert not {p for p in cleanup.compose_projects() if p.startswith(task_name)}
+
+
+def test_remove_trial_finds_its_projects_by_label_only(
+    client: docker.DockerClient, base_image: str, tmp_path: Path, state: Path
+) -> None:
+    """A trial's projects go (a step verifier's too); a sibling trial of the same task stays."""
+    task = f"sbt{_uid()}"
+    trial, sibling = f"{task}__{_rand7()}", f"{task}__{_rand7()}"
+    compose_file = _write_project(tmp_path / "env", base_image, owner=hostlocks.owner_id(state))
+    agent = naming.compose_project_name(trial)
+    step = naming.compose_project_name(naming.verifier_session_id(trial, "build"))
+    other = naming.compose_project_name(sibling)
+    for project in (agent, step, other):
+        _compose(project, compose_file, "up", "-d", "--wait", "main")
+    try:
+        report = cleanup.remove_trial(trial)
+        assert report.errors == []
+        assert sorted(report.containers) == sorted(f"{p}-main-1" for p in (agent, step))
+        for project in (agent, step):
+            assert _project_objects(client, project)["containers"] == [], project
+        assert len(_project_objects(client, other)["containers"]) == 1
+    finally:
+        cleanup.remove_projects([agent, step, other])
+    assert present(client, base_image)

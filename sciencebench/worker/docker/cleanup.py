@@ -8,10 +8,10 @@ or tasks without a prebuilt image) compose tags the result
 `<project>-main:latest` and labels it the same way; a prebuilt task image
 run as is carries no such label (and has RepoDigests from its registry).
 
-`remove_projects` removes named projects (a trial's, by
-`worker.pier.naming.trial_project_names`), `cleanup_matching` those a
-predicate accepts, and `sweep_leftovers` (at worker start) those of crashed
-trials of this host that no live-trial lock covers.
+`remove_projects` removes named projects, `remove_trial` one trial's
+(all four listings once, filtered by the compose label on the engine's side),
+`cleanup_matching` those a predicate accepts (listing every project), and
+`sweep_leftovers` (at worker start) those of crashed trials of this host that no live-trial lock covers.
 """
 
 from __future__ import annotations
@@ -31,7 +31,11 @@ from sciencebench.core.errors import PreflightError
 from sciencebench.worker.docker.engine import ENGINE_ERRORS, connect, one_line
 from sciencebench.worker.docker.hostlocks import live_trial_locks, owner_id
 from sciencebench.worker.docker.labels import COMPOSE_PROJECT_LABEL, MANAGED_LABEL, OWNER_LABEL
-from sciencebench.worker.pier.naming import compose_project_name, is_pier_project
+from sciencebench.worker.pier.naming import (
+    compose_project_name,
+    is_pier_project,
+    projects_of_trial,
+)
 
 
 @dataclass
@@ -107,20 +111,26 @@ def _remove(
     return True
 
 
-def _cleanup_project(api: docker.APIClient, project: str) -> CleanupReport:
+def _cleanup_project(
+    api: docker.APIClient, project: str, listed: list[list[dict[str, Any]]] | None = None
+) -> CleanupReport:
+    """Remove one project's objects; `listed`: its containers, networks, volumes, images (else listed now)."""
     report = CleanupReport(projects=[project])
-    only = _label_filter(project)
-    for item in api.containers(all=True, filters=only):
+    # The listings at once, each filtered by the project's label on the engine's side.
+    containers, networks, volumes, images = (
+        listed if listed is not None else _list_all(api, _label_filter(project))
+    )
+    for item in containers:
         name = (item.get("Names") or [item["Id"][:12]])[0].lstrip("/")
         if _remove(report, f"container {name}", api.remove_container, item["Id"], v=True, force=True):
             report.containers.append(name)
-    for item in api.networks(filters=only):
+    for item in networks:
         if _remove(report, f"network {item['Name']}", api.remove_network, item["Id"]):
             report.networks.append(item["Name"])
-    for item in api.volumes(filters=only).get("Volumes") or []:
+    for item in volumes:
         if _remove(report, f"volume {item['Name']}", api.remove_volume, item["Name"], force=True):
             report.volumes.append(item["Name"])
-    for item in api.images(filters=only):
+    for item in images:
         tags = [t for t in item.get("RepoTags") or [] if t != "<none>:<none>"]
         if not derived_image_removable(item, project):
             report.kept_images.extend(tags or [item["Id"]])
@@ -186,22 +196,57 @@ def cleanup_matching(
     return remove_projects(projects, client)
 
 
+def remove_trial(trial_name: str, client: docker.DockerClient | None = None) -> CleanupReport:
+    """`remove_projects` for one trial's compose projects (verifier steps included), listed once.
+
+    The four listings run at once, each filtered on the engine's side by the
+    compose label, and what they return of the trial's projects
+    (`projects_of_trial`) is removed without listing each project again: a
+    trial that left nothing costs these four calls (the image listing is the
+    slow one: the engine walks every image for any image listing). Never
+    raises for Docker errors (see `remove_projects`).
+    """
+    ours = projects_of_trial(trial_name)
+    report = CleanupReport()
+    try:
+        with _client_or(client) as api:
+            listed = _list_all(api, _label_filter(None))
+            projects = sorted({p for items in listed for p in map(_project_of, items) if ours(p)})
+            for project in projects:
+                mine = [[item for item in items if _project_of(item) == project] for items in listed]
+                try:
+                    report.merge(_cleanup_project(api, project, mine))
+                except ENGINE_ERRORS as exc:
+                    report.errors.append(f"project {project}: {one_line(str(exc))}")
+    except (PreflightError, *ENGINE_ERRORS) as exc:
+        report.errors.append(one_line(str(exc)))
+    return report
+
+
+def _project_of(item: dict[str, Any]) -> str:
+    return str((item.get("Labels") or {}).get(COMPOSE_PROJECT_LABEL, ""))
+
+
 def compose_projects_api(api: docker.APIClient) -> set[str]:
     """`compose_projects` on a low-level client: the four listings at once (one trial's wait)."""
-    everything = _label_filter(None)
-    listings: list[Callable[[], list[dict[str, Any]]]] = [
-        lambda: api.containers(all=True, filters=everything),
-        lambda: api.networks(filters=everything),
-        lambda: api.volumes(filters=everything).get("Volumes") or [],
-        lambda: api.images(filters=everything),
-    ]
     found = {
         (item.get("Labels") or {}).get(COMPOSE_PROJECT_LABEL, "")
-        for items in _listing_pool().map(lambda listing: listing(), listings)
+        for items in _list_all(api, _label_filter(None))
         for item in items
     }
     found.discard("")
     return found
+
+
+def _list_all(api: docker.APIClient, filters: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """Containers, networks, volumes and images that `filters` selects, listed concurrently."""
+    listings: list[Callable[[], list[dict[str, Any]]]] = [
+        lambda: api.containers(all=True, filters=filters),
+        lambda: api.networks(filters=filters),
+        lambda: api.volumes(filters=filters).get("Volumes") or [],
+        lambda: api.images(filters=filters),
+    ]
+    return list(_listing_pool().map(lambda listing: listing(), listings))
 
 
 _pool: tuple[int, ThreadPoolExecutor] | None = None
