@@ -16,11 +16,11 @@ Nothing secret is kept: task ids, hashes, dollars and job ids.
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
+from typing import Any
 
-from sciencebench.coordination.history import job_history_keys
+from sciencebench.coordination.history import job_history_keys, record_samples
 from sciencebench.coordination.protocol import History
 from sciencebench.core.models import JobSpec
 from sciencebench.core.paths import JobPaths
@@ -40,28 +40,17 @@ def record_costs(store: History, job: JobSpec, paths: JobPaths) -> int:
 
     Never raises: history is advice, and the job's summary must still be written.
     """
-    keys = job_history_keys(job)
-    costs: dict[str, list[float]] = {}
-    try:
-        for key in job.trial_keys():
-            task_id, _, attempt = key.partition("#")
-            try:
-                record = json.loads(paths.trial_record(task_id, int(attempt)).read_bytes())
-            except (OSError, ValueError):
-                continue
-            if not isinstance(record, dict) or task_id not in keys:
-                continue
-            if record.get("provider_status") is not None or record.get("not_started") is not None:
-                continue
-            cost = record.get("cost_usd")
-            if isinstance(cost, int | float) and not isinstance(cost, bool) and cost >= 0:
-                costs.setdefault(cost_key(keys[task_id]), []).append(float(cost))
-        if costs:
-            store.add_durations(job.job_key, costs)
-    except Exception:
-        log.warning("job %s: trial costs not recorded", job.job_name, exc_info=True)
-        return 0
-    return sum(len(v) for v in costs.values())
+    return record_samples(store, job, paths, trial_cost, cost_key, "costs")
+
+
+def trial_cost(record: dict[str, Any]) -> float | None:
+    """A trial record's dollars as Pier priced them; None: unpriced, a provider failure or never started."""
+    if record.get("provider_status") is not None or record.get("not_started") is not None:
+        return None
+    cost = record.get("cost_usd")
+    if isinstance(cost, int | float) and not isinstance(cost, bool) and cost >= 0:
+        return float(cost)
+    return None
 
 
 def cost_estimates(store: History, job: JobSpec) -> dict[str, float]:

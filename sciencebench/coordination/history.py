@@ -36,7 +36,7 @@ import json
 import logging
 import re
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sciencebench.coordination.protocol import History
@@ -187,22 +187,36 @@ def record_durations(store: History, job: JobSpec, paths: JobPaths) -> int:
     after `retry --failed` counts once). Never raises: history is advice,
     and the job's summary must still be written.
     """
+    return record_samples(store, job, paths, measured_seconds, lambda key: key, "durations")
+
+
+def record_samples(
+    store: History,
+    job: JobSpec,
+    paths: JobPaths,
+    sample: Callable[[dict[str, Any]], float | None],
+    key_of: Callable[[str], str],
+    what: str,
+) -> int:
+    """Add one number per trial record of the job (`sample` of it, None: nothing) under `key_of(history key)`.
+
+    The count added. Never raises (logged as `what` not recorded).
+    """
     keys = job_history_keys(job)
-    measured: dict[str, list[float]] = {}
+    samples: dict[str, list[float]] = {}
     try:
         for key in job.trial_keys():
             task_id, _, attempt = key.partition("#")
-            path = paths.trial_record(task_id, int(attempt))
             try:
-                record = json.loads(path.read_bytes())
+                record = json.loads(paths.trial_record(task_id, int(attempt)).read_bytes())
             except (OSError, ValueError):
                 continue
-            seconds = measured_seconds(record) if isinstance(record, dict) else None
-            if seconds is not None and task_id in keys:
-                measured.setdefault(keys[task_id], []).append(seconds)
-        if measured:
-            store.add_durations(job.job_key, measured)
+            value = sample(record) if isinstance(record, dict) and task_id in keys else None
+            if value is not None:
+                samples.setdefault(key_of(keys[task_id]), []).append(value)
+        if samples:
+            store.add_durations(job.job_key, samples)
     except Exception:
-        log.warning("job %s: trial durations not recorded", job.job_name, exc_info=True)
+        log.warning("job %s: trial %s not recorded", job.job_name, what, exc_info=True)
         return 0
-    return sum(len(v) for v in measured.values())
+    return sum(len(v) for v in samples.values())

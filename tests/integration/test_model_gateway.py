@@ -15,7 +15,6 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before litellm 
 
 import hashlib
 import json
-import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ import litellm
 import pytest
 
 from tests.fixtures.model_gateway import Server, serve
+from tests.fixtures.services import free_port
 
 pytestmark = [
     pytest.mark.integration,
@@ -48,12 +48,6 @@ BASH_TOOL = {
         },
     },
 }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture

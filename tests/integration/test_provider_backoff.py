@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.model_gateway import Server, serve
-from tests.fixtures.services import VENV_BIN, Worker
+from tests.fixtures.services import VENV_BIN, Worker, free_port
 from tests.integration.conftest import FAKE_WORKER, Cluster
 
 pytestmark = pytest.mark.integration
@@ -35,12 +34,6 @@ ACCEPTS = 2  # concurrent model calls the gateway answers; more get 429
 CALLS = 3  # model calls per trial
 TRIALS = 12
 N_CONCURRENT = 6
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
