@@ -121,8 +121,9 @@ def choose(
 
     The twin of `LUA_CHOOSE` (over Redis): the user with the fewest busy
     slots per weight among users with a job that waits and is below its
-    `--n-concurrent`, then that user's such job with the fewest per weight,
-    ties to the earlier submit (then the job id).
+    `--n-concurrent`, then that user's such job with the fewest per weight
+    (users that tie are told apart by their jobs' ratio), then the earlier
+    submit, then the job id.
     """
     user_w, job_w = weights_of(shares, weights)
     busy_by_user: dict[str, int] = {}
