@@ -322,6 +322,10 @@ def status(job_name: str, jobs_dir: Path) -> None:
     out.print(table)
     out.print("  ".join(f"{state} {n}" for state, n in sorted(counts.items())))
     _print_live(job, coord)
+    from sciencebench.coordination.shares import cluster_slots, share_lines
+
+    for shared in share_lines(coord, cluster_slots(coord, Settings.from_env().lease_seconds), job.job_key):
+        out.print(shared, markup=False, soft_wrap=True)
     line = status_line(coord.budget(job.job_key))
     if line:
         out.print(line, markup=False, soft_wrap=True)
@@ -358,6 +362,45 @@ def _print_live(job: JobSpec, coord: Coordinator) -> None:
     slots = live_slots(create_app(Settings.from_env()), coord)
     live = Watcher(coord, job, job.trial_keys()).poll(slots)
     out.print("\n".join(status_lines(live, job.n_concurrent)), markup=False, highlight=False, soft_wrap=True)
+
+
+@main.command()
+@click.argument("name", required=False)
+@click.argument("weight", type=click.FloatRange(min=0, min_open=True), required=False)
+@click.option("--job", "is_job", is_flag=True, help="NAME is a job (in --jobs-dir), not a user.")
+@click.option("--jobs-dir", type=click.Path(path_type=Path), default=DEFAULT_JOBS_DIR, show_default=True,
+              help="Directory holding the job (with --job).")  # fmt: skip
+@click.option(
+    "--reset", is_flag=True, help="Forget NAME's weight set here (back to 1, or the job's --weight)."
+)
+@_handle_errors
+def share(name: str | None, weight: float | None, is_job: bool, jobs_dir: Path, reset: bool) -> None:
+    """Show fair share, or set a user's (or with --job, a job's) WEIGHT.
+
+    Free slots of the cluster go first to the submitting user with the fewest
+    running trials per unit of weight, then to that user's job with the
+    fewest per unit of weight (default 1 per user; a job's is its submit's
+    --weight). `sciencebench share alice 2` gives user alice twice the slots
+    of a user of weight 1; `sciencebench share --job codex-small 3` gives
+    that job three times the slots of the same user's jobs of weight 1.
+    Without NAME: one line per job taking part. Takes effect at the next
+    free slot; running trials are never stopped.
+    """
+    from sciencebench.coordination.redis import RedisCoordinator
+    from sciencebench.coordination.shares import cluster_slots, job_field, share_lines, user_field
+
+    settings = Settings.from_env()
+    coord = RedisCoordinator(settings.broker_url)
+    coord.ping()
+    if name is not None:
+        if weight is None and not reset:
+            raise InputError("share: give a WEIGHT (a number > 0) or --reset")
+        field = job_field(_load(jobs_dir, name).job_key) if is_job else user_field(name)
+        coord.set_weight(field, None if reset else weight)
+        what = f"job {name}" if is_job else f"user {name}"
+        out.print(f"{what}: weight {'reset' if reset else f'{weight:g}'}", markup=False)
+    lines = share_lines(coord, cluster_slots(coord, settings.lease_seconds))
+    out.print("\n".join(lines) if lines else "no job takes part in fair share", markup=False, soft_wrap=True)
 
 
 @main.command()

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, override
 
+from sciencebench.coordination import shares
 from sciencebench.coordination.budget import Budget, Ledger, Spend, spend_of
 from sciencebench.coordination.history import SAMPLES, measured_seconds
 from sciencebench.coordination.protocol import (
@@ -366,6 +367,58 @@ class MemoryCoordinator(Coordinator):
             return stalled
 
     @override
+    def register_share(self, job: str, share: shares.Share) -> None:
+        with self._lock:
+            self._values.setdefault(shares.SHARES_KEY, {})[job] = share
+
+    @override
+    def set_weight(self, field: str, weight: float | None) -> None:
+        with self._lock:
+            weights: dict[str, float] = self._values.setdefault(shares.WEIGHTS_KEY, {})
+            if weight is None:
+                weights.pop(field, None)
+            else:
+                weights[field] = float(weight)
+
+    @override
+    def share_table(self) -> tuple[dict[str, shares.Share], dict[str, float]]:
+        with self._lock:
+            return dict(self._values.get(shares.SHARES_KEY, {})), dict(
+                self._values.get(shares.WEIGHTS_KEY, {})
+            )
+
+    @override
+    def share_load(self, job: str) -> shares.Load:
+        with self._lock:
+            held: _Held | None = self._get(job_key(job, "held"))
+            waiting = len(held.expected) if held is not None else 0
+            waiting += len(self._get(job_key(job, "waiting")) or {})
+            return shares.Load(
+                running=len(self._get(job_key(job, "slots")) or {}),
+                sent=len(self._get(job_key(job, "share", "sent")) or set()),
+                waiting=waiting,
+            )
+
+    @override
+    def choose_share(self, capacity: int) -> str | None:
+        with self._lock:
+            table, weights = self.share_table()
+            loads = {job: self.share_load(job) for job in table}
+            for job in [j for j in table if self.is_cancelled(j)]:  # it occupies, but waits for nothing
+                loads[job] = shares.Load(running=loads[job].running, sent=loads[job].sent)
+            return shares.choose(table, weights, loads, capacity)
+
+    @override
+    def share_sent(self, job: str, key: str) -> None:
+        with self._lock:
+            self._values.setdefault(job_key(job, "share", "sent"), set()).add(key)
+
+    @override
+    def share_started(self, job: str, key: str) -> None:
+        with self._lock:
+            self._values.get(job_key(job, "share", "sent"), set()).discard(key)
+
+    @override
     def add_durations(self, job: str, durations: dict[str, list[float]]) -> None:
         with self._lock:
             history: dict[str, list[tuple[float, str]]] = self._values.setdefault(HISTORY_KEY, {})
@@ -446,6 +499,8 @@ class MemoryCoordinator(Coordinator):
     def retire(self, job: str, ttl_sec: int) -> None:
         with self._lock:
             self._values.get(JOBS_KEY, set()).discard(job)
+            self._values.get(shares.SHARES_KEY, {}).pop(job, None)
+            self._values.get(shares.WEIGHTS_KEY, {}).pop(shares.job_field(job), None)
             deadline = time.monotonic() + ttl_sec
             for name in [n for n in self._values if n.startswith(job_key(job, ""))]:
                 self._expiry[name] = min(self._expiry.get(name, deadline), deadline)

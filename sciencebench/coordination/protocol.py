@@ -13,6 +13,7 @@ cluster, `MemoryCoordinator` for the embedded single-process mode.
     Board       each trial's display state; each worker host's heartbeat and health
     History     what each task's trials measured, across jobs (`coordination.history`)
     Budgets     a job's --max-cost/--max-tokens and what its trials spent (`coordination.budget`)
+    Shares      which job's held trial a free slot of the cluster takes (`coordination.shares`)
 
 Keys (Redis), for a job `J` (the submit's job id, a UUID) and a trial key
 `K` = `<task id>#<attempt>`:
@@ -40,6 +41,9 @@ Keys (Redis), for a job `J` (the submit's job id, a UUID) and a trial key
     sciencebench:history              hash <task id>/<task hash>/<agent> -> JSON [[seconds, job id], ...]
     sciencebench:J:budget             hash: limits, spend, reached_at (`coordination.budget`)
     sciencebench:J:budget:started     hash K -> when the budget let it start (the store's clock, s)
+    sciencebench:shares               hash J -> Share JSON (`coordination.shares`)
+    sciencebench:shares:weights       hash user:<name> | job:J -> an operator's weight
+    sciencebench:J:share:sent         set of K sent by fair share, not yet started
 
 Times that several hosts compare (slot expiry, host heartbeats) come from
 one clock: the store's (`now`).
@@ -55,6 +59,7 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict
 
 from sciencebench.coordination.budget import Budgets
+from sciencebench.coordination.shares import Shares
 from sciencebench.core.models import Redispatch, TrialState, TrialStatus
 
 PREFIX = "sciencebench"
@@ -111,6 +116,8 @@ class HostKit(BaseModel):
     jobs_roots: tuple[str, ...] = ()
     selection_roots: tuple[str, ...] = ()
     env_file_roots: tuple[str, ...] = ()
+    # Its worker's --concurrency: the cluster's slots are what fair share hands out (0: not said).
+    slots: int = 0
 
 
 class HostStatus(BaseModel):
@@ -435,7 +442,7 @@ class History(Protocol):
         ...
 
 
-class Coordinator(Results, Leases, Slots, JobControl, Board, History, Budgets, Protocol):
+class Coordinator(Results, Leases, Slots, JobControl, Board, History, Budgets, Shares, Protocol):
     """All seven parts, and how the implementation lives with broker outages."""
 
     @property

@@ -17,7 +17,7 @@ from typing import Any, override
 import redis
 from redis.typing import EncodableT
 
-from sciencebench.coordination import budget
+from sciencebench.coordination import budget, shares
 from sciencebench.coordination.budget import Budget, Spend
 from sciencebench.coordination.history import SAMPLES
 from sciencebench.coordination.protocol import (
@@ -384,6 +384,7 @@ class RedisCoordinator(Coordinator):
         self._add_durations_script = self._redis.register_script(_ADD_DURATIONS)
         self._set_budget_script = self._redis.register_script(budget.SET_BUDGET)
         self._start_within_budget_script = self._redis.register_script(budget.START_WITHIN_BUDGET)
+        self._choose_share_script = self._redis.register_script(shares.LUA_CHOOSE)
 
     def close(self) -> None:
         """Close this coordinator's connections (it may not be used afterwards)."""
@@ -733,6 +734,8 @@ class RedisCoordinator(Coordinator):
 
         def expire_all() -> None:
             self._redis.srem(JOBS_KEY, job)
+            self._redis.hdel(shares.SHARES_KEY, job)
+            self._redis.hdel(shares.WEIGHTS_KEY, shares.job_field(job))
             with self._redis.pipeline(transaction=False) as pipe:
                 for name in self._redis.scan_iter(match=job_key(job, "*"), count=1000):
                     pipe.expire(name, ttl_sec, lt=True)
@@ -803,6 +806,59 @@ class RedisCoordinator(Coordinator):
         """Let the trial start unless the budget is reached (one script)."""
         keys = list(_budget_keys(job))
         return bool(self.patiently(lambda: self._start_within_budget_script(keys=keys, args=[key])))
+
+    # --- shares
+
+    @override
+    def register_share(self, job: str, share: shares.Share) -> None:
+        """The job's Share in `sciencebench:shares` (`HSET`)."""
+        self.patiently(lambda: self._redis.hset(shares.SHARES_KEY, job, share.model_dump_json()))
+
+    @override
+    def set_weight(self, field: str, weight: float | None) -> None:
+        """An operator's weight (`HSET`), or none (`HDEL`)."""
+        if weight is None:
+            self.patiently(lambda: self._redis.hdel(shares.WEIGHTS_KEY, field))
+        else:
+            self.patiently(lambda: self._redis.hset(shares.WEIGHTS_KEY, field, repr(float(weight))))
+
+    @override
+    def share_table(self) -> tuple[dict[str, shares.Share], dict[str, float]]:
+        """Every registered job and the operator's weights (two `HGETALL`)."""
+        table = {job: shares.Share.model_validate_json(v) for job, v in self._hash(shares.SHARES_KEY).items()}
+        return table, {field: float(v) for field, v in self._hash(shares.WEIGHTS_KEY).items()}
+
+    @override
+    def share_load(self, job: str) -> shares.Load:
+        """The job's slots, sent set, held and parked trials (one pipeline)."""
+
+        def look() -> list[Any]:
+            with self._redis.pipeline(transaction=False) as pipe:
+                pipe.zcard(job_key(job, "slots"))
+                pipe.scard(job_key(job, "share", "sent"))
+                pipe.zcard(job_key(job, "held"))
+                pipe.llen(job_key(job, "waiting"))
+                return list(pipe.execute())
+
+        running, sent, held, waiting = self.patiently(look)
+        return shares.Load(running=int(running), sent=int(sent), waiting=int(held) + int(waiting))
+
+    @override
+    def choose_share(self, capacity: int) -> str | None:
+        """`shares.choose` in one script (`shares.LUA_CHOOSE`)."""
+        keys = [shares.SHARES_KEY, shares.WEIGHTS_KEY]
+        value = self.patiently(lambda: self._choose_share_script(keys=keys, args=[capacity, f"{PREFIX}:"]))
+        return str(value) if value else None
+
+    @override
+    def share_sent(self, job: str, key: str) -> None:
+        """Add the trial to the job's sent set (`SADD`)."""
+        self.patiently(lambda: self._redis.sadd(job_key(job, "share", "sent"), key))
+
+    @override
+    def share_started(self, job: str, key: str) -> None:
+        """Take the trial off the job's sent set (`SREM`)."""
+        self.patiently(lambda: self._redis.srem(job_key(job, "share", "sent"), key))
 
     # --- board
 

@@ -25,6 +25,7 @@ from celery import Celery
 from kombu.exceptions import ChannelError
 
 from sciencebench.coordination.protocol import Coordinator
+from sciencebench.coordination.shares import fill
 from sciencebench.core.models import Redispatch, TrialState
 from sciencebench.core.wire import RUN_TRIAL, trial_shadow
 
@@ -125,6 +126,7 @@ def start_watchdog(app: Celery, coord: Coordinator, lease_seconds: float) -> thr
             try:
                 redispatch_orphans(app, coord, lease_seconds)
                 release_stalled(app, coord, lease_seconds)
+                fill(app, coord, lease_seconds)  # free slots a lost wake-up or a new host left idle
             except Exception:  # the broker may be restarting; scan again later
                 log.warning("watchdog scan failed", exc_info=True)
 

@@ -82,6 +82,8 @@ class RunOptions(BaseModel):
     # The job's budget, cluster-wide, from its trials' Pier totals: once reached, no further trial starts.
     max_cost_usd: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     max_tokens: int | None = Field(default=None, ge=1)
+    # The job's weight beside the same user's other jobs under fair share (`coordination.shares`).
+    weight: float = Field(default=1.0, gt=0, allow_inf_nan=False)
 
 
 # Letters, digits, '.', '_' and '-', at most 128, not starting with punctuation.
@@ -137,6 +139,8 @@ class JobSpec(RunOptions):
     environment_import_path: str = POLICY_ENVIRONMENT
     network_policy: str = POLICY_NAME
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    # The submitting account: fair share's user ("" in a job.json older than fair share).
+    user: str = ""
 
     @property
     def job_dir(self) -> Path:

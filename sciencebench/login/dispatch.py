@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any, cast
@@ -13,10 +14,14 @@ from celery.result import AsyncResult
 
 from sciencebench.coordination.history import ordering_estimates
 from sciencebench.coordination.protocol import Coordinator, Held
+from sciencebench.coordination.shares import Share, cluster_slots, fill
 from sciencebench.coordination.watchdog import send_again
 from sciencebench.core.models import JobSpec, Redispatch, TrialSpec, TrialState
+from sciencebench.core.settings import Settings
 from sciencebench.core.wire import FINALIZE_JOB, RUN_TRIAL, finalize_shadow, trial_shadow
-from sciencebench.login.plan import expected_seconds, schedule
+from sciencebench.login.plan import Schedule, expected_seconds, order, schedule
+
+log = logging.getLogger(__name__)
 
 # Broker operations buffered per Redis round trip while a chord's header is
 # published (each trial is one queue push and, with task events on, one
@@ -24,8 +29,16 @@ from sciencebench.login.plan import expected_seconds, schedule
 PUBLISH_BATCH_OPS = 2000
 
 
-def dispatch(app: Celery, coord: Coordinator, job: JobSpec, trials: list[TrialSpec]) -> AsyncResult[object]:
+def dispatch(
+    app: Celery, coord: Coordinator, job: JobSpec, trials: list[TrialSpec], lease_seconds: float | None = None
+) -> AsyncResult[object]:
     """chord(group(run_trial per trial), finalize_job): longest expected trials first.
+
+    Under fair share (`coordination.shares`: the worker hosts report their
+    slots) every trial is held in the store and only what free slots the job
+    may take now is sent (`shares.fill`); each trial's end sends the next
+    trial of the job furthest below its share. Without reported slots (older
+    workers) a job is sent as follows.
 
     Trials are ordered by what their tasks measured before (the store's
     history for these task versions and this agent, else other agents' of the
@@ -50,7 +63,16 @@ def dispatch(app: Celery, coord: Coordinator, job: JobSpec, trials: list[TrialSp
         options={"shadow": finalize_shadow(job.job_name)},
     )  # fmt: skip
     measured = ordering_estimates(coord, job)
-    plan = schedule(trials, measured, job.n_concurrent)
+    lease = lease_seconds if lease_seconds is not None else Settings.from_env().lease_seconds
+    share = Share(user=job.user or "unknown", weight=job.weight, cap=job.n_concurrent, name=job.job_name,
+                  at=coord.now())  # fmt: skip
+    coord.register_share(job.job_key, share)
+    shared = cluster_slots(coord, lease) > 0
+    plan = (
+        Schedule(send=[], hold=order(trials, measured))
+        if shared
+        else schedule(trials, measured, job.n_concurrent)
+    )
     ordered = plan.send + plan.hold
     header = [
         app.signature(
@@ -87,6 +109,11 @@ def dispatch(app: Celery, coord: Coordinator, job: JobSpec, trials: list[TrialSp
         with contextlib.suppress(Exception):
             coord.release_held(job.job_key, None)  # dropped: nothing is left to send them
         raise
+    if shared:
+        try:
+            fill(app, coord, lease)
+        except Exception:  # they wait in the store: the next trial's end or watchdog scan sends them
+            log.warning("job %s: could not send its first trials now", job.job_name, exc_info=True)
     return frozen.result
 
 

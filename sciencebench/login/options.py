@@ -74,6 +74,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("max_cost_usd", "--max-cost", "Job budget in USD, cluster-wide, from Pier's cost of each finished "
          "trial: once reached, no further trial starts (running ones finish).", metavar="USD"),
     Flag("max_tokens", "--max-tokens", "Job budget in tokens (input + output), as --max-cost.", metavar="N"),
+    Flag("weight", "--weight", "This job's weight beside the submitting user's other jobs under fair share "
+         "(`sciencebench share` changes it later).", metavar="W"),
     Flag("agent_timeout_multiplier", "--agent-timeout-multiplier", "Multiplier for the agent stage timeout."),
     Flag("verifier_timeout_multiplier", "--verifier-timeout-multiplier",
          "Multiplier for the verifier and build timeouts."),

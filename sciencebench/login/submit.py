@@ -6,6 +6,7 @@ anything is written or enqueued.
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import json
 import os
@@ -175,6 +176,7 @@ def prepare(
             agent=agent_plan,
             env_file=env_file,
             agent_images=agent_images,
+            user=submitting_user(),
             # The options every trial runs with, as the table defines them.
             **{name: getattr(opts, name) for name in RunOptions.model_fields},
         )
@@ -199,6 +201,14 @@ def prepare(
         agent_env_values=agent_env,
         agent_kwarg_values=secret_kwargs,
     )
+
+
+def submitting_user() -> str:
+    """The account that submits: its login name, else its uid (fair share's user)."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return f"uid{os.getuid()}"
 
 
 def _served_paths(

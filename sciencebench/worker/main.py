@@ -63,7 +63,7 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     settings = settings.model_copy(update={"hostname": nodename})
     # Live before its first trial: a host that cannot serve a job hands trials back only while
     # another live host may (`worker.trial._unfit`), and the keeper's first beat is a quarter lease away.
-    coord.describe_host(nodename, host_kit(settings))
+    coord.describe_host(nodename, host_kit(settings, concurrency))
     coord.beat(nodename)
     # Forked pool processes build their context from these, not from the environment alone.
     use_settings(settings)
@@ -88,7 +88,10 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
             log.info("Pier starts cold (its zygote did not start; see the warning above)")
         start_watchdog(app, coord, settings.lease_seconds)
         threading.Thread(
-            target=keep_host, args=(app, coord, settings, stop), name="sciencebench-host", daemon=True
+            target=keep_host,
+            args=(app, coord, settings, stop, concurrency),
+            name="sciencebench-host",
+            daemon=True,
         ).start()
 
     @worker_shutdown.connect(weak=False)
@@ -106,9 +109,10 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     app.worker_main(argv)
 
 
-def host_kit(settings: Settings) -> HostKit:
-    """What this host brings to a job, for submit to check: agent install, proxy image, roots."""
+def host_kit(settings: Settings, slots: int = 0) -> HostKit:
+    """What this host brings to a job, for submit to check: agent install, proxy image, roots, slots."""
     return HostKit(
+        slots=slots,
         agent_install=settings.agent_install,
         proxy_image=settings.proxy_image,
         jobs_roots=tuple(str(root) for root in settings.jobs_roots),
@@ -125,7 +129,9 @@ def _report_images(coord: Coordinator, settings: Settings) -> None:
         log.warning("cannot report the image budget: %s", exc)
 
 
-def keep_host(app: Celery, coord: Coordinator, settings: Settings, stop: threading.Event) -> None:
+def keep_host(
+    app: Celery, coord: Coordinator, settings: Settings, stop: threading.Event, slots: int = 0
+) -> None:
     """Beat every quarter lease and own this host's consumer of the trial queue.
 
     A trial that finds the host unhealthy only marks it paused (in the
@@ -144,7 +150,7 @@ def keep_host(app: Celery, coord: Coordinator, settings: Settings, stop: threadi
         try:
             coord.beat(hostname)
             if ticks % reaffirm_every == 0:  # again after a broker that lost its data
-                coord.describe_host(hostname, host_kit(settings))
+                coord.describe_host(hostname, host_kit(settings, slots))
             if settings.image_budget and (ticks == 1 or ticks % reaffirm_every == 0):
                 _report_images(coord, settings)
             status = coord.hosts().get(hostname)

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from sciencebench.coordination.protocol import parking_token
 from sciencebench.coordination.records import finish_job
+from sciencebench.coordination.shares import cluster_slots, fill
 from sciencebench.coordination.watchdog import send_again
 from sciencebench.core.errors import SciencebenchError
 from sciencebench.core.models import Redispatch, TrialSpec, trial_key
@@ -89,12 +90,19 @@ def _hand_back(task: Task[Any, Any], ctx: WorkerContext, redispatch: Redispatch,
 def _wake_one_waiting(task: Task[Any, Any], ctx: WorkerContext, spec: TrialSpec) -> None:
     """Send again the job's longest-waiting trial that still waits for a slot, if any.
 
+    Under fair share (the job is registered, the hosts report slots): fill
+    the cluster's free slots instead, the neediest job's trials first
+    (`coordination.shares.fill`).
+
     Never raises: the trial's own answer must reach the chord. A trial that
     is lost here is still parked (a held one: parked as it was taken); the
     watchdog sends it when the park lapses.
     """
     coord, job = ctx.coord, spec.job_key
     try:
+        if job in coord.share_table()[0] and cluster_slots(coord, ctx.settings.lease_seconds) > 0:
+            fill(task.app, coord, ctx.settings.lease_seconds)  # fair share: the neediest job's trial
+            return
         while (waiting := coord.next_waiting(job, ctx.settings.lease_seconds)) is not None:
             if coord.get_result(job, waiting.trial.key) is None:  # not answered meanwhile
                 send_again(task.app, coord, waiting)

@@ -135,6 +135,8 @@ def _handle(spec: TrialSpec, ctx: WorkerContext, redispatch: Redispatch | None, 
     running = redispatch.model_copy(update={"owner": ctx.owner, "host": host}) if redispatch else None
     start = coord.start(job, key, ctx.owner, lease, cap, parked=parked, running=running)
     claim = start.claim
+    if claim is not Claim.HELD:
+        coord.share_started(job, key)  # fair share: its message arrived
     if claim is Claim.ANSWERED:
         # Redelivered after completion: answer once for the chord, then ignore.
         # While its holder still holds the lease, that holder answers.

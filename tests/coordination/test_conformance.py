@@ -569,3 +569,47 @@ def test_a_hosts_kit_is_kept_until_it_is_forgotten(coord: Coordinator) -> None:
 def test_patiently_returns_what_the_call_returns(coord: Coordinator) -> None:
     assert coord.patiently(lambda: 42) == 42
     assert coord.recovered_at == float("-inf")
+
+
+# --- shares ----------------------------------------------------------------------
+
+
+def test_a_free_slot_goes_to_the_user_then_job_furthest_below_its_share(coord: Coordinator) -> None:
+    from sciencebench.coordination.shares import Share, job_field, user_field
+
+    coord.register_share("a", Share(user="alice", cap=4, name="a", at=1.0))
+    coord.register_share("b", Share(user="bob", cap=4, name="b", at=2.0))
+    coord.register_share("c", Share(user="bob", weight=3.0, cap=4, name="c", at=3.0))
+    assert coord.choose_share(4) is None  # nobody waits
+    for job in ("a", "b", "c"):
+        coord.hold(job, [_held("001", 2, 1.0), _held("002", 2, 1.0)], [], window=1)
+    assert coord.choose_share(4) == "c"  # users tie (nothing busy); then the job: c weighs 3
+    coord.share_sent("c", "001#2")
+    assert coord.share_load("c").busy == 1
+    assert coord.choose_share(4) == "a"  # alice has nothing busy, bob one
+    coord.share_sent("a", "001#2")
+    assert coord.choose_share(4) == "c"  # users tie again; c's (1+1)/3 beats b's (0+1)/1
+    coord.set_weight(user_field("alice"), 3.0)
+    assert coord.choose_share(4) == "a"  # (1+1)/3 < bob's (1+1)/1
+    assert coord.choose_share(2) is None  # no free slot: 2 busy of 2
+    coord.set_weight(job_field("c"), 0.5)
+    coord.set_weight(user_field("alice"), None)
+    assert coord.choose_share(4) == "b"
+    assert coord.acquire_slot("b", "001#1", 4, 30)
+    coord.share_started("a", "001#2")
+    assert coord.share_load("a").busy == 0 and coord.share_load("b").running == 1
+    assert coord.choose_share(4) == "a"
+    coord.cancel("a")
+    assert coord.choose_share(4) == "b"  # a cancelled job waits for nothing
+    coord.retire("b", 60)
+    assert "b" not in coord.share_table()[0]
+
+
+def test_a_job_at_its_cap_takes_no_free_slot(coord: Coordinator) -> None:
+    from sciencebench.coordination.shares import Share
+
+    coord.register_share("a", Share(user="alice", cap=1, name="a", at=1.0))
+    coord.hold("a", [_held("001", 2, 1.0)], [], window=1)
+    assert coord.choose_share(8) == "a"
+    coord.share_sent("a", "001#2")
+    assert coord.choose_share(8) is None

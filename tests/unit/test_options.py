@@ -16,11 +16,12 @@ from tests.fixtures.selection import make_selection
 pytestmark = pytest.mark.unit
 
 # The seed's option table (run-batch.md), in its order, plus --task-id after --path and the job
-# budget (--max-cost, --max-tokens) after --max-retries.
+# budget (--max-cost, --max-tokens) after --max-retries, then fair share's --weight.
 SEED_ORDER = [
     "--path", "--task-id", "--agent", "--env", "--env-file", "--model", "--agent-env", "--agent-kwarg",
     "--n-concurrent", "--n-attempts", "--max-retries", "--max-cost", "--max-tokens",
-    "--agent-timeout-multiplier", "--verifier-timeout-multiplier", "--jobs-dir", "--job-name", "--platform",
+    "--weight", "--agent-timeout-multiplier", "--verifier-timeout-multiplier", "--jobs-dir", "--job-name",
+    "--platform",
     "--pier-bin", "--skip-pull",
     "--no-auto-provider", "--no-auto-agent-adapter", "--agent-import-path", "--dry-run",
     # sciencebench's own, after the seed's table

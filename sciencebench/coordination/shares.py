@@ -1,0 +1,259 @@
+"""Fair share between jobs and users: which job's held trial a free slot of the cluster takes.
+
+Every trial of a job waits in the store (`Slots.hold`); only what may start
+now goes to the broker. A slot is free when the trials running or sent (a
+message on its way, not yet started) number fewer than the cluster's slots
+(the `--concurrency` of the live, unpaused worker hosts, as they report it in
+their `HostKit`). A free slot takes the next trial of the job furthest below
+its share (`choose`): first the submitting user with the fewest trials per
+unit of weight, then that user's job with the fewest per unit of weight,
+never a job at its `--n-concurrent`, ties to the earlier submit. Within the
+job the trial is the one `Slots.next_waiting` hands out (longest expected
+first). `fill` runs at a submit, at each trial's end and at every watchdog
+scan, so a lost wake-up costs at most one scan.
+
+Keys (Redis):
+
+    sciencebench:shares               hash job id -> Share JSON (user, weight, cap, name, at)
+    sciencebench:shares:weights       hash user:<name> | job:<job id> -> weight set by an operator
+    sciencebench:J:share:sent         set of trial keys sent by `fill`, not yet started
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from sciencebench.coordination.protocol import Coordinator
+
+log = logging.getLogger(__name__)
+
+SHARES_KEY = "sciencebench:shares"
+WEIGHTS_KEY = "sciencebench:shares:weights"
+
+
+class Share(BaseModel):
+    """A job as fair share sees it: whose it is, its weight and cap, when it was submitted (store clock)."""
+
+    user: str
+    weight: float = 1.0
+    cap: int = 1
+    name: str = ""
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Load:
+    """One job's trials now: running (holding a slot), sent (on their way), waiting (held or parked)."""
+
+    running: int = 0
+    sent: int = 0
+    waiting: int = 0
+
+    @property
+    def busy(self) -> int:
+        """What the job occupies of the cluster: running and on their way."""
+        return self.running + self.sent
+
+
+class Shares(Protocol):
+    """The coordination part fair share keeps: jobs, weights and what each job occupies."""
+
+    def register_share(self, job: str, share: Share) -> None:
+        """The job takes part in fair share (at its dispatch); forgotten when it is retired."""
+        ...
+
+    def set_weight(self, field: str, weight: float | None) -> None:
+        """An operator's weight of a user (`user_field`) or a job (`job_field`); None: back to the default."""
+        ...
+
+    def share_table(self) -> tuple[dict[str, Share], dict[str, float]]:
+        """Every registered job (id -> Share) and the operator's weights."""
+        ...
+
+    def share_load(self, job: str) -> Load:
+        """What the job runs, has on its way and keeps waiting now."""
+        ...
+
+    def choose_share(self, capacity: int) -> str | None:
+        """`choose` over the store's state, in one step: the job the next free slot of `capacity` takes."""
+        ...
+
+    def share_sent(self, job: str, key: str) -> None:
+        """`fill` sent this trial: it occupies a slot of the cluster until it starts."""
+        ...
+
+    def share_started(self, job: str, key: str) -> None:
+        """The trial was claimed on a worker: from now on its slot (if any) counts, not its message."""
+        ...
+
+
+def user_field(user: str) -> str:
+    """The weights hash field of a user."""
+    return f"user:{user}"
+
+
+def job_field(job: str) -> str:
+    """The weights hash field of a job (its id)."""
+    return f"job:{job}"
+
+
+def weights_of(
+    shares: Mapping[str, Share], weights: Mapping[str, float]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Each user's and each job's weight: the operator's (`share`), else 1 per user and the job's own."""
+    users = {s.user: weights.get(user_field(s.user), 1.0) for s in shares.values()}
+    jobs = {job: weights.get(job_field(job), s.weight) for job, s in shares.items()}
+    return users, jobs
+
+
+def choose(
+    shares: Mapping[str, Share], weights: Mapping[str, float], loads: Mapping[str, Load], capacity: int
+) -> str | None:
+    """The job whose held trial the next free slot takes; None when no slot is free or nobody waits.
+
+    The twin of `LUA_CHOOSE` (over Redis): the user with the fewest busy
+    slots per weight among users with a job that waits and is below its
+    `--n-concurrent`, then that user's such job with the fewest per weight
+    (users that tie are told apart by their jobs' ratio), then the earlier
+    submit, then the job id.
+    """
+    user_w, job_w = weights_of(shares, weights)
+    busy_by_user: dict[str, int] = {}
+    for job, share in shares.items():
+        busy_by_user[share.user] = busy_by_user.get(share.user, 0) + loads.get(job, Load()).busy
+    if sum(busy_by_user.values()) >= capacity:
+        return None
+    candidates = [
+        job
+        for job, share in shares.items()
+        if (load := loads.get(job, Load())).waiting > 0 and load.busy < share.cap
+    ]
+    if not candidates:
+        return None
+
+    def rank(job: str) -> tuple[float, float, float, str]:
+        share, load = shares[job], loads.get(job, Load())
+        return ((busy_by_user[share.user] + 1) / user_w[share.user],
+                (load.busy + 1) / job_w[job], share.at, job)  # fmt: skip
+
+    return min(candidates, key=rank)
+
+
+# `choose` over Redis, in one script. KEYS[1] shares, KEYS[2] weights;
+# ARGV[1] capacity, ARGV[2] the key prefix (`sciencebench:`). A job waits when
+# it has held trials or trials parked for a slot, and is not cancelled.
+LUA_CHOOSE = """
+local capacity = tonumber(ARGV[1])
+local prefix = ARGV[2]
+local entries = redis.call('hgetall', KEYS[1])
+local busy_by_user, candidates, total = {}, {}, 0
+for i = 1, #entries, 2 do
+  local job, share = entries[i], cjson.decode(entries[i + 1])
+  local busy = redis.call('zcard', prefix .. job .. ':slots')
+    + redis.call('scard', prefix .. job .. ':share:sent')
+  total = total + busy
+  busy_by_user[share['user']] = (busy_by_user[share['user']] or 0) + busy
+  local waits = redis.call('exists', prefix .. job .. ':held')
+    + redis.call('llen', prefix .. job .. ':waiting')
+  if waits > 0 and busy < share['cap'] and redis.call('exists', prefix .. job .. ':cancelled') == 0 then
+    table.insert(candidates, {job, share, busy})
+  end
+end
+if total >= capacity or #candidates == 0 then
+  return false
+end
+local best, best_rank = nil, nil
+for _, c in ipairs(candidates) do
+  local job, share, busy = c[1], c[2], c[3]
+  local uw = tonumber(redis.call('hget', KEYS[2], 'user:' .. share['user']) or '1')
+  local jw = tonumber(redis.call('hget', KEYS[2], 'job:' .. job) or share['weight'])
+  local rank = {(busy_by_user[share['user']] + 1) / uw, (busy + 1) / jw, share['at'], job}
+  local better = best_rank == nil
+  if not better then
+    for k = 1, 4 do
+      if rank[k] ~= best_rank[k] then
+        better = rank[k] < best_rank[k]
+        break
+      end
+    end
+  end
+  if better then
+    best, best_rank = job, rank
+  end
+end
+return best
+"""
+
+
+def cluster_slots(coord: Coordinator, lease_seconds: float) -> int:
+    """The slots of the live, unpaused worker hosts as they report them (0: none reported any)."""
+    now = coord.now()
+    return sum(
+        status.kit.slots
+        for status in coord.hosts().values()
+        if status.kit is not None and not status.paused and now - status.seen_at < 2 * lease_seconds
+    )
+
+
+def fill(app: Celery, coord: Coordinator, lease_seconds: float, limit: int | None = None) -> int:
+    """Send held trials, the neediest job's first, while the cluster has free slots; the count.
+
+    Each is taken guarded (`Slots.next_waiting`): one this process could not
+    send the watchdog sends once its park lapses. `limit`: at most this many.
+    """
+    from sciencebench.coordination.watchdog import send_again
+
+    capacity = cluster_slots(coord, lease_seconds)
+    if capacity <= 0:
+        return 0
+    sent = 0
+    for _ in range(limit if limit is not None else capacity):
+        job = coord.choose_share(capacity)
+        if job is None:
+            break
+        payload = coord.next_waiting(job, lease_seconds)
+        if payload is None:
+            continue  # its last held trial went meanwhile: choose again
+        coord.share_sent(job, payload.trial.key)
+        if coord.get_result(job, payload.trial.key) is None:  # not answered meanwhile
+            send_again(app, coord, payload)
+            sent += 1
+        else:
+            coord.share_started(job, payload.trial.key)
+    return sent
+
+
+def share_lines(coord: Coordinator, capacity: int, only: str | None = None) -> list[str]:
+    """One line per registered job (or only job `only`): user, weights, share of the slots, counts."""
+    shares, weights = coord.share_table()
+    if only is not None and only not in shares:
+        return []
+    loads = {job: coord.share_load(job) for job in shares}
+    user_w, job_w = weights_of(shares, weights)
+    active = {job for job, load in loads.items() if load.busy or load.waiting}
+    users = {shares[job].user for job in active}
+    lines = []
+    for job, share in sorted(shares.items(), key=lambda item: item[1].at):
+        if only is not None and job != only:
+            continue
+        load = loads[job]
+        mine = [j for j in active if shares[j].user == share.user]
+        fraction = 0.0
+        if job in active:
+            user_part = user_w[share.user] / sum(user_w[u] for u in users)
+            fraction = user_part * job_w[job] / sum(job_w[j] for j in mine)
+        slots = f"{fraction * capacity:.1f} of {capacity} slot(s)" if capacity else "no slots reported"
+        lines.append(
+            f"share: job {share.name} (user {share.user}, weight {user_w[share.user]:g}; job weight "
+            f"{job_w[job]:g}, --n-concurrent {share.cap}): {fraction:.0%}, {slots}; "
+            f"running {load.running}, sent {load.sent}, waiting {load.waiting}"
+        )
+    return lines
