@@ -574,3 +574,10 @@ class MemoryCoordinator(Coordinator):
             self._put(lock, True)
             self._expiry[lock] = time.monotonic() + ttl_sec
             return True
+
+    @override
+    def unlock(self, name: str) -> None:
+        with self._lock:
+            lock = f"{PREFIX}:lock:{name}"
+            self._values.pop(lock, None)
+            self._expiry.pop(lock, None)

@@ -272,6 +272,10 @@ class Leases(Protocol):
         """A short-lived lock `name`; False when someone holds it."""
         ...
 
+    def unlock(self, name: str) -> None:
+        """Release the lock `name` (taken with `try_lock`) before its time runs out."""
+        ...
+
 
 class Slots(Protocol):
     """The job's `--n-concurrent` cap, held across the whole cluster, and who waits for a slot."""

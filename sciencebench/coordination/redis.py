@@ -583,6 +583,11 @@ class RedisCoordinator(Coordinator):
         lock = f"{PREFIX}:lock:{name}"
         return bool(self.patiently(lambda: self._redis.set(lock, "1", nx=True, px=int(ttl_sec * 1000))))
 
+    @override
+    def unlock(self, name: str) -> None:
+        """Release the lock `name` (`DEL`)."""
+        self.patiently(lambda: self._redis.delete(f"{PREFIX}:lock:{name}"))
+
     # --- slots
 
     @override

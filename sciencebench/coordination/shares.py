@@ -22,6 +22,7 @@ Keys (Redis):
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -37,6 +38,10 @@ log = logging.getLogger(__name__)
 
 SHARES_KEY = "sciencebench:shares"
 WEIGHTS_KEY = "sciencebench:shares:weights"
+# `fill` runs one at a time (a store lock); a stuck holder's lock lapses after its TTL.
+FILL_LOCK = "shares-fill"
+FILL_LOCK_TTL_SEC = 10.0
+FILL_LOCK_WAIT_SEC = 5.0
 
 
 class Share(BaseModel):
@@ -209,11 +214,28 @@ def fill(app: Celery, coord: Coordinator, lease_seconds: float, limit: int | Non
     Each is taken guarded (`Slots.next_waiting`): one this process could not
     send the watchdog sends once its park lapses. `limit`: at most this many.
     """
-    from sciencebench.coordination.watchdog import send_again
-
     capacity = cluster_slots(coord, lease_seconds)
     if capacity <= 0:
         return 0
+    # One fill at a time across the cluster: two would each see the same slot free and send two
+    # trials for it (out of order on the broker). A fill that cannot get the lock leaves it to the
+    # one holding it, and to the watchdog's next scan.
+    deadline = time.monotonic() + FILL_LOCK_WAIT_SEC
+    while not coord.try_lock(FILL_LOCK, FILL_LOCK_TTL_SEC):
+        if time.monotonic() > deadline:
+            return 0
+        time.sleep(0.02)
+    try:
+        return _fill_locked(app, coord, lease_seconds, capacity, limit)
+    finally:
+        coord.unlock(FILL_LOCK)
+
+
+def _fill_locked(
+    app: Celery, coord: Coordinator, lease_seconds: float, capacity: int, limit: int | None
+) -> int:
+    from sciencebench.coordination.watchdog import send_again
+
     sent = 0
     for _ in range(limit if limit is not None else capacity):
         job = coord.choose_share(capacity)

@@ -251,6 +251,14 @@ def test_try_lock_excludes_until_it_expires(coord: Coordinator) -> None:
     assert coord.try_lock("redispatch:j:001#1", TTL)
 
 
+def test_an_unlocked_lock_can_be_taken_at_once(coord: Coordinator) -> None:
+    assert coord.try_lock("shares-fill", 60)
+    assert not coord.try_lock("shares-fill", 60)
+    coord.unlock("shares-fill")
+    assert coord.try_lock("shares-fill", 60)
+    coord.unlock("never-taken")  # nothing to release: no error
+
+
 # --- slots -----------------------------------------------------------------------
 
 
