@@ -235,7 +235,6 @@ def _print_expected(
 
     `coord`: the cluster's store (None for `--local`).
     """
-    from sciencebench.coordination.celery_app import create_app
     from sciencebench.coordination.costs import cost_estimates
     from sciencebench.coordination.history import estimates
     from sciencebench.login.progress import expected_job, expected_lines, live_slots
@@ -245,9 +244,9 @@ def _print_expected(
     cluster: int | None = None
     why_not = "--local"
     if coord is not None:
-        why_not = "no worker answered"
+        why_not = "no live host reported its slots"
         measured, costs = estimates(coord, job), cost_estimates(coord, job)
-        cluster = live_slots(create_app(settings), coord)
+        cluster = live_slots(coord, settings.lease_seconds)
     slots = min(job.n_concurrent, cluster) if cluster else job.n_concurrent
     expected = expected_job(trials, measured, slots, costs)
     lines = expected_lines(expected, job.n_concurrent, cluster, why_not)
@@ -356,10 +355,9 @@ def status(job_name: str, jobs_dir: Path) -> None:
 
 def _print_live(job: JobSpec, coord: Coordinator) -> None:
     """`status`: the job's trials by where they are, their spend so far and an ETA (`login.progress`)."""
-    from sciencebench.coordination.celery_app import create_app
     from sciencebench.login.progress import Watcher, live_slots, status_lines
 
-    slots = live_slots(create_app(Settings.from_env()), coord)
+    slots = live_slots(coord, Settings.from_env().lease_seconds)
     live = Watcher(coord, job, job.trial_keys()).poll(slots)
     out.print("\n".join(status_lines(live, job.n_concurrent)), markup=False, highlight=False, soft_wrap=True)
 

@@ -9,7 +9,6 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from celery import Celery
 from celery.exceptions import ChordError
 from celery.result import AsyncResult
 from rich.console import Console
@@ -18,6 +17,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.core.errors import SciencebenchError
 from sciencebench.core.models import JobSpec, TrialState
+from sciencebench.core.settings import Settings
 from sciencebench.login.progress import Watcher, live_slots, progress_detail
 
 # How often `--wait` asks the workers how many slots the cluster has (a broadcast that waits 1 s).
@@ -49,15 +49,15 @@ def count_states(coord: Coordinator, job: JobSpec, keys: list[str]) -> Counts:
 class _Slots:
     """The live cluster's slots, asked again every `SLOTS_EVERY_SEC`."""
 
-    def __init__(self, app: Celery, coord: Coordinator) -> None:
-        self.app, self.coord = app, coord
+    def __init__(self, coord: Coordinator, lease_seconds: float) -> None:
+        self.coord, self.lease_seconds = coord, lease_seconds
         self.known: int | None = None
         self._asked = float("-inf")
 
     def now(self) -> int | None:
         """The slots, asked when the last answer is old."""
         if time.monotonic() - self._asked >= SLOTS_EVERY_SEC:
-            self.known = live_slots(self.app, self.coord)
+            self.known = live_slots(self.coord, self.lease_seconds)
             self._asked = time.monotonic()
         return self.known
 
@@ -77,7 +77,7 @@ def follow(coord: Coordinator, job: JobSpec, keys: list[str], final: AsyncResult
         TimeElapsedColumn(),
     )
     watcher = Watcher(coord, job, keys)
-    slots = _Slots(final.app, coord)
+    slots = _Slots(coord, Settings.from_env().lease_seconds)
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task(job.job_name, total=len(keys), detail="")
         # The coordinator waits out broker outages; the result backend is asked

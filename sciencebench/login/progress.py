@@ -26,11 +26,11 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from celery import Celery
 from pydantic import ValidationError
 
 from sciencebench.coordination.history import estimates, measured_seconds
 from sciencebench.coordination.protocol import Coordinator
+from sciencebench.coordination.shares import cluster_slots
 from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec, TrialState, TrialStatus
 from sciencebench.core.stats import Spend, duration_text, finish_in, spend_text
 from sciencebench.login.plan import expected_seconds, expected_trial_seconds
@@ -63,23 +63,13 @@ class Live:
         return self.running + self.waiting
 
 
-def live_slots(app: Celery, coord: Coordinator, timeout_sec: float = 1.0) -> int | None:
-    """The trial slots of the workers that answer now (their pool sizes), paused hosts left out.
+def live_slots(coord: Coordinator, lease_seconds: float) -> int | None:
+    """The trial slots of the live, unpaused worker hosts, as each reported them to the store.
 
-    None when no worker answers.
+    None when no live host reported any. Read from the store (no broadcast
+    to the workers), so `status` answers at once.
     """
-    try:
-        stats = app.control.inspect(timeout=timeout_sec).stats() or {}
-    except Exception:  # a broker blip: the job's own --n-concurrent stands in
-        return None
-    if not stats:
-        return None
-    paused = {host for host, health in coord.hosts().items() if health.paused}
-    return sum(
-        int(info.get("pool", {}).get("max-concurrency", 0))
-        for name, info in stats.items()
-        if name not in paused and isinstance(info, dict)
-    )
+    return cluster_slots(coord, lease_seconds) or None
 
 
 def timeout_bound(job: JobSpec, task_id: str) -> float | None:
@@ -229,7 +219,7 @@ def status_lines(live: Live, n_concurrent: int) -> list[str]:
     cluster = (
         f"live cluster {live.live_slots} slot(s), --n-concurrent {n_concurrent}"
         if live.live_slots is not None
-        else f"--n-concurrent {n_concurrent}; no worker answered"
+        else f"--n-concurrent {n_concurrent}; no live host reported its slots"
     )
     basis = ", ".join(f"{n} by {source}" for source, n in sorted(live.sources.items()))
     if live.eta_sec is None:
@@ -274,7 +264,7 @@ def expected_job(
 
 
 def expected_lines(
-    expected: Expected, n_concurrent: int, cluster_slots: int | None, why_not: str = "no worker answered"
+    expected: Expected, n_concurrent: int, cluster_slots: int | None, why_not: str = "no live host reported its slots"
 ) -> list[str]:
     """What `submit --dry-run` prints of the expected duration and cost.
 

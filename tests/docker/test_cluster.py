@@ -330,20 +330,21 @@ def test_a_killed_host_s_trials_rerun_on_the_other(
     proc = dep.login.submit(dep.selection, job, "--n-attempts", "2", "--n-concurrent", "4")
     owned_by_a = f"{OWNER_LABEL}={owner_id(a.hostname)}"
 
-    def running_on_a() -> list[str] | None:
-        """Trials of the job running on host a once Pier has started their containers."""
-        if not docker_client.containers.list(filters={"label": owned_by_a, "status": "running"}):
-            return None
-        status = dep.login.status(job)
-        return [
-            name for name, (state, host) in status.items() if state == "running" and host == a.worker_name
-        ]
+    def containers_on_a() -> bool | None:
+        """Whether Pier has started a trial's containers on host a."""
+        return bool(docker_client.containers.list(filters={"label": owned_by_a, "status": "running"})) or None
 
     try:
-        on_a = until("a trial with live containers on host a", lambda: running_on_a() or None,
-                     timeout=240, interval=0.5)  # fmt: skip
+        # Kill at once when a's trial has containers (a status call first would give it time to finish);
+        # the board still shows a's trials running on a until they are dispatched again.
+        until("a trial with live containers on host a", containers_on_a, timeout=240, interval=0.2)
         a.kill()
         killed_at = time.monotonic()
+        status = dep.login.status(job)
+        on_a = [
+            name for name, (state, host) in status.items() if state == "running" and host == a.worker_name
+        ]
+        assert on_a, status
 
         def moved() -> bool | None:
             status = dep.login.status(job)

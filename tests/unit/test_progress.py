@@ -82,7 +82,7 @@ def test_before_any_trial_ends_the_eta_comes_from_history_else_the_timeouts(tmp_
     assert bound == 600 + 600 + 600  # make_selection's agent, verifier and build timeouts
     assert live.sources == {"history": 1, "timeouts": 1}
     assert live.eta_sec == pytest.approx(40.0 + bound)
-    assert live.live_slots is None and "no worker answered" in status_lines(live, 1)[2]
+    assert live.live_slots is None and "no live host reported its slots" in status_lines(live, 1)[2]
 
 
 def _history_keys(job: JobSpec) -> dict[str, str]:
