@@ -18,7 +18,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from sciencebench import cli
+from tests.fixtures.hosts import register_ready_host
 from tests.fixtures.selection import make_selection
+from tests.fixtures.services import RedisServer
 from tests.unit.test_fuzz_parsers import toml_documents
 
 pytestmark = pytest.mark.unit
@@ -89,7 +91,9 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 @given(submit=submits)
-def test_submit_dry_run_never_tracebacks(pristine: Path, tmp_path: Path, submit: dict[str, object]) -> None:
+def test_submit_dry_run_never_tracebacks(
+    pristine: Path, tmp_path: Path, redis_server: RedisServer, submit: dict[str, object]
+) -> None:
     work = tmp_path / "w"
     shutil.rmtree(work, ignore_errors=True)
     selection = shutil.copytree(pristine, work / "sel")
@@ -108,7 +112,8 @@ def test_submit_dry_run_never_tracebacks(pristine: Path, tmp_path: Path, submit:
         for value in submit[key]:  # type: ignore[attr-defined]
             args += [flag, value]
 
-    result = CliRunner().invoke(cli.main, args, env={"SCIENCEBENCH_BROKER_URL": "redis://127.0.0.1:9/0"})
+    register_ready_host(redis_server.url)  # a dry run checks the live hosts, as a submit does
+    result = CliRunner().invoke(cli.main, args, env={"SCIENCEBENCH_BROKER_URL": redis_server.url})
 
     output = result.stdout + result.stderr
     event(f"exit {result.exit_code}: {(result.stderr.strip().splitlines() or ['ok'])[-1][:40]}")
