@@ -74,7 +74,7 @@ def test_a_gateway_that_pushes_back_gets_fewer_concurrent_calls(
         [str(VENV_BIN / "sciencebench"), "submit", "--path", str(path), "--agent", "mini-swe-agent",
          "--model", "openai/m", "--env-file", str(env_file), "--jobs-dir", str(cluster.jobs_dir),
          "--job-name", "backoff", "--n-concurrent", str(N_CONCURRENT), "--provider-retries", "10", "--wait"],
-        env={**cluster.env, "SCIENCEBENCH_AGENT_INSTALL": "pier"}, capture_output=True, text=True,
+        env=cluster.env, capture_output=True, text=True,
         timeout=600,
     )  # fmt: skip
     wall = time.monotonic() - started
