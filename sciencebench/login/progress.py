@@ -264,7 +264,10 @@ def expected_job(
 
 
 def expected_lines(
-    expected: Expected, n_concurrent: int, cluster_slots: int | None, why_not: str = "no live host reported its slots"
+    expected: Expected,
+    n_concurrent: int,
+    cluster_slots: int | None,
+    why_not: str = "no live host reported its slots",
 ) -> list[str]:
     """What `submit --dry-run` prints of the expected duration and cost.
 
