@@ -8,6 +8,7 @@ the events that matter.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -290,3 +291,28 @@ def test_model_text_that_looks_like_an_api_error_is_the_models(tmp_path: Path) -
     (tmp_path / "agent" / "claude-code.txt").unlink()
     (tmp_path / "agent" / "codex.txt").write_text("\n".join(codex))
     assert detect(tmp_path, rewarded=False, exception_type=None, authority="gw:4443") is None
+
+
+@pytest.mark.parametrize("planted", ["file", "agent-dir", "session-dir", "fifo"])
+def test_a_link_or_fifo_a_trial_planted_is_no_evidence(planted: str, tmp_path: Path) -> None:
+    """The host reads a trial's logs without following what the trial wrote: a link is not evidence."""
+    trial, outside = tmp_path / "trial", tmp_path / "outside"  # `outside`: real logs of a provider failure
+    (outside / "agent").mkdir(parents=True)
+    (outside / "agent" / "codex.txt").write_text("\n".join([*CODEX_START, *codex_failing(CODEX_429)]))
+    (outside / "network-policy" / "s").mkdir(parents=True)
+    log = outside / "network-policy" / "s" / "squid-access.log"
+    log.write_text(squid("503", "ERR_CONNECT_FAIL") + "\n")
+    assert detect(outside, rewarded=False, exception_type=None, authority="gw:4000") is not None
+    trial.mkdir()
+    if planted == "file":
+        (trial / "agent").mkdir()
+        (trial / "agent" / "codex.txt").symlink_to(outside / "agent" / "codex.txt")
+    elif planted == "agent-dir":
+        (trial / "agent").symlink_to(outside / "agent")
+    elif planted == "session-dir":
+        (trial / "network-policy").mkdir()
+        (trial / "network-policy" / "s").symlink_to(outside / "network-policy" / "s")
+    else:
+        (trial / "agent").mkdir()
+        os.mkfifo(trial / "agent" / "codex.txt")  # opened for reading without O_NONBLOCK it would hang
+    assert detect(trial, rewarded=False, exception_type=None, authority="gw:4000") is None

@@ -29,8 +29,12 @@ status is what `TrialRecord.provider_status` holds: an HTTP status ("429",
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,12 +43,14 @@ from sciencebench.core.errors import ProfileError
 from sciencebench.core.gateways import parse_gateway
 from sciencebench.core.models import JobSpec
 
-PROXY_LOG_GLOB = "network-policy/*/squid-access.log"
+PROXY_LOG = "network-policy/squid-access.log"  # one per proxy session: network-policy/<session>/...
 CODEX_LOG = "agent/codex.txt"
 CLAUDE_LOG = "agent/claude-code.txt"
 MSWEA_TRAJECTORY = "agent/mini-swe-agent.trajectory.json"
 # What is read of one log at most (a trial's logs are small; a huge one is read from its end).
 MAX_LOG_BYTES = 8 * 1024 * 1024
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 AGENT_TIMEOUT = "AgentTimeoutError"
 
 # squid's error ids for a gateway connection that failed (the reply is then squid's own 5xx).
@@ -127,9 +133,9 @@ def detect(
     timed_out = exception_type == AGENT_TIMEOUT
     sources: list[tuple[str, list[Call]]] = [
         ("proxy log", proxy),
-        ("codex.txt", codex_calls(_read(trial_dir / CODEX_LOG), timed_out)),
-        ("claude-code.txt", claude_calls(_read(trial_dir / CLAUDE_LOG), timed_out)),
-        ("mini-swe-agent trajectory", mswea_calls(_read(trial_dir / MSWEA_TRAJECTORY), timed_out)),
+        ("codex.txt", codex_calls(_read(trial_dir, CODEX_LOG), timed_out)),
+        ("claude-code.txt", claude_calls(_read(trial_dir, CLAUDE_LOG), timed_out)),
+        ("mini-swe-agent trajectory", mswea_calls(_read(trial_dir, MSWEA_TRAJECTORY), timed_out)),
     ]
     for source, calls in sources:
         if calls:
@@ -152,7 +158,14 @@ def verdict(calls: list[Call], source: str) -> ProviderFailure | None:
 
 
 def _read_proxy_logs(trial_dir: Path) -> str:
-    return "".join(_read(path) for path in sorted(trial_dir.glob(PROXY_LOG_GLOB)))
+    """Every session's access log, in session order; a session entry that is a link is passed over."""
+    parent, _, name = PROXY_LOG.rpartition("/")
+    try:
+        with _opened_dir(trial_dir, parent) as fd:
+            sessions = sorted(os.listdir(fd))
+    except OSError:
+        return ""
+    return "".join(_read(trial_dir, f"{parent}/{session}/{name}") for session in sessions)
 
 
 def proxy_calls(text: str, authority: str | None) -> list[Call] | None:
@@ -341,12 +354,35 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _read(path: Path) -> str:
-    """A log's text (its last `MAX_LOG_BYTES`); empty when it is missing, unreadable or not a file."""
+@contextlib.contextmanager
+def _opened_dir(trial_dir: Path, relative: str) -> Iterator[int]:
+    """An fd of `trial_dir/relative`, each component below the trial directory opened with O_NOFOLLOW."""
+    fd = os.open(trial_dir, _DIR_FLAGS & ~os.O_NOFOLLOW)  # the trial directory itself is the worker's
     try:
-        if not path.is_file() or path.is_symlink():
-            return ""
-        with path.open("rb") as handle:
+        for part in relative.split("/") if relative else []:
+            child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _read(trial_dir: Path, relative: str) -> str:
+    """A log's text (its last `MAX_LOG_BYTES`); empty when it is missing, unreadable or not a regular file.
+
+    What a trial wrote is read as it is at the moment of reading: no
+    component below the trial directory is followed if it is a link (an
+    agent's output may plant one to make the host read another file), and
+    a FIFO or device is not opened for reading (O_NONBLOCK, then fstat).
+    """
+    parent, _, name = relative.rpartition("/")
+    try:
+        with _opened_dir(trial_dir, parent) as dir_fd:
+            fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                return ""
             size = handle.seek(0, 2)
             handle.seek(max(0, size - MAX_LOG_BYTES))
             return handle.read().decode("utf-8", errors="replace")
