@@ -266,17 +266,17 @@ def expected_job(
 def expected_lines(
     expected: Expected,
     n_concurrent: int,
-    cluster_slots: int | None,
+    slots_seen: int | None,
     why_not: str = "no live host reported its slots",
 ) -> list[str]:
     """What `submit --dry-run` prints of the expected duration and cost.
 
-    `cluster_slots` None: the live cluster's slots are unknown, for the reason `why_not`.
+    `slots_seen` None: the live cluster's slots are unknown, for the reason `why_not`.
     """
-    if cluster_slots is None:
+    if slots_seen is None:
         where = f"on --n-concurrent {n_concurrent} slot(s) ({why_not})"
     else:
-        where = f"on {expected.slots} slot(s) (live cluster {cluster_slots}, --n-concurrent {n_concurrent})"
+        where = f"on {expected.slots} slot(s) (live cluster {slots_seen}, --n-concurrent {n_concurrent})"
     basis = (
         f"{expected.n_from_history} of {expected.n_trials} trial(s) by history, the rest by their timeouts"
     )
