@@ -202,11 +202,6 @@ def test_pier_trial_prefix() -> None:
     assert naming.pier_trial_prefix(long_name) == "task_" + "x" * 26 + "__"
 
 
-def test_cleanup_by_prefix_refuses_empty_prefix() -> None:
-    with pytest.raises(ValueError, match="non-empty prefix"):
-        cleanup.cleanup_by_prefix("")
-
-
 # --- leases and locks -------------------------------------------------------------
 
 

@@ -9,8 +9,7 @@ or tasks without a prebuilt image) compose tags the result
 run as is carries no such label (and has RepoDigests from its registry).
 
 `remove_projects` removes named projects, `remove_trial` one trial's
-(all four listings once, filtered by the compose label on the engine's side),
-`cleanup_matching` those a predicate accepts (listing every project), and
+(all four listings once, filtered by the compose label on the engine's side), and
 `sweep_leftovers` (at worker start) those of crashed trials of this host that no live-trial lock covers.
 """
 
@@ -168,32 +167,6 @@ def remove_projects(project_names: Iterable[str], client: docker.DockerClient | 
     except PreflightError as exc:
         report.errors.append(str(exc))
     return report
-
-
-def cleanup_by_prefix(prefix: str, client: docker.DockerClient | None = None) -> CleanupReport:
-    """`remove_projects` for every compose project whose name starts with `prefix`.
-
-    For one trial prefer `cleanup_matching(projects_of_trial(name))`. Raises
-    ValueError for an empty prefix (that would be every project of the host).
-    """
-    if not prefix:
-        raise ValueError("cleanup_by_prefix needs a non-empty prefix")
-    return cleanup_matching(lambda project: project.startswith(prefix), client)
-
-
-def cleanup_matching(
-    match: Callable[[str], bool], client: docker.DockerClient | None = None
-) -> CleanupReport:
-    """`remove_projects` for every compose project on the engine that `match` accepts.
-
-    Never raises for Docker errors (see `remove_projects`).
-    """
-    try:
-        with _client_or(client) as api:
-            projects = sorted(p for p in compose_projects_api(api) if match(p))
-    except (PreflightError, *ENGINE_ERRORS) as exc:
-        return CleanupReport(errors=[one_line(str(exc))])
-    return remove_projects(projects, client)
 
 
 def remove_trial(trial_name: str, client: docker.DockerClient | None = None) -> CleanupReport:
