@@ -103,26 +103,23 @@ def check_jobs_dir(jobs_dir: Path) -> None:
 
     Creates the directory (and parents) when missing.
     """
-    try:
-        jobs_dir.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=jobs_dir, prefix=".sciencebench-preflight-")
-        os.close(fd)
-        Path(name).unlink()
-    except OSError as exc:
-        reason = exc.strerror or exc.__class__.__name__
-        raise PreflightError(f"jobs dir {jobs_dir} is not writable from this host: {reason}") from None
+    _check_writable(jobs_dir, ".sciencebench-preflight-", f"jobs dir {jobs_dir} is not writable from this host")
 
 
 def check_state_dir(state_dir: Path) -> None:
     """Raise PreflightError unless the host state dir (pull locks, live-trial locks) takes a file."""
+    _check_writable(state_dir, ".preflight-", f"host state dir {state_dir} is not writable")
+
+
+def _check_writable(directory: Path, prefix: str, refusal: str) -> None:
+    """Create `directory` when missing, then create and remove a file in it; `refusal: <why>` otherwise."""
     try:
-        state_dir.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=state_dir, prefix=".preflight-")
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=directory, prefix=prefix)
         os.close(fd)
         Path(name).unlink()
     except OSError as exc:
-        reason = exc.strerror or exc.__class__.__name__
-        raise PreflightError(f"host state dir {state_dir} is not writable: {reason}") from None
+        raise PreflightError(f"{refusal}: {exc.strerror or exc.__class__.__name__}") from None
 
 
 def check_host(
