@@ -103,7 +103,9 @@ def check_jobs_dir(jobs_dir: Path) -> None:
 
     Creates the directory (and parents) when missing.
     """
-    _check_writable(jobs_dir, ".sciencebench-preflight-", f"jobs dir {jobs_dir} is not writable from this host")
+    _check_writable(
+        jobs_dir, ".sciencebench-preflight-", f"jobs dir {jobs_dir} is not writable from this host"
+    )
 
 
 def check_state_dir(state_dir: Path) -> None:
