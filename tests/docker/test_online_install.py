@@ -48,7 +48,7 @@ from sciencebench.demo import PROJECT, SOLUTIONS, write_task
 from tests.docker.test_network_pier_run import Task, pier_run
 from tests.fixtures.gateway_lab import GatewayLab
 from tests.fixtures.online_install import ONBUILD_PATH, PACKAGE, NpmRegistry, build_task_images, write_package
-from tests.fixtures.services import VENV_BIN
+from tests.fixtures.services import VENV_BIN, local_host_env
 
 pytestmark = pytest.mark.docker
 
@@ -146,15 +146,9 @@ def submit(lab: GatewayLab, npm: NpmRegistry, selection: Path, jobs: Path, state
     env_file.parent.mkdir(parents=True)
     env_file.write_text(f"ANTHROPIC_AUTH_TOKEN={KEY}\nANTHROPIC_BASE_URL=http://gw:{GATEWAY_PORT}\n")
     env_file.chmod(0o600)
-    env = dict(os.environ)
-    env.update(
-        PATH=f"{VENV_BIN}{os.pathsep}{env['PATH']}",
-        SCIENCEBENCH_PROXY_IMAGE=os.environ["SB_SQUID_IMAGE"],
-        SCIENCEBENCH_STATE_DIR=str(state_dir),
-        LITELLM_LOCAL_MODEL_COST_MAP="True",
-        SCIENCEBENCH_AGENT_INSTALL="online",  # no baked image is required or recorded
-        COLUMNS="250",
-    )
+    env = local_host_env(
+        state_dir, SCIENCEBENCH_AGENT_INSTALL="online"
+    )  # no baked image required or recorded
     gateway_before, npm_before = len(lab.requests()), len(npm.requests())
     argv = [str(SCIENCEBENCH), "submit", "--path", str(selection), "--agent", "claude-code",
             "--model", MODEL, "--env-file", str(env_file),

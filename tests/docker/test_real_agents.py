@@ -41,7 +41,7 @@ from tests.fixtures.flower import Flower
 from tests.fixtures.gateway_lab import GatewayLab, TLSFiles, make_ca
 from tests.fixtures.pier_results import check_pier_job_files
 from tests.fixtures.pier_viewer import check_job_as_pier_shows_it, check_trials_as_pier_shows_them, pier_view
-from tests.fixtures.services import VENV_BIN, RedisServer, Worker
+from tests.fixtures.services import VENV_BIN, RedisServer, Worker, local_host_env
 
 pytestmark = pytest.mark.docker
 
@@ -179,17 +179,8 @@ class Run:
 
 
 def agent_env(state_dir: Path, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        SCIENCEBENCH_AGENT_INSTALL="baked",  # an offline host: the baked images only
-        PATH=f"{VENV_BIN}{os.pathsep}{env['PATH']}",
-        SCIENCEBENCH_PROXY_IMAGE=os.environ["SB_SQUID_IMAGE"],
-        SCIENCEBENCH_STATE_DIR=str(state_dir),
-        LITELLM_LOCAL_MODEL_COST_MAP="True",
-        COLUMNS="250",
-    )
-    env.update(extra)
-    return env
+    """A local submit's environment on an offline host: the baked images only."""
+    return local_host_env(state_dir, **{"SCIENCEBENCH_AGENT_INSTALL": "baked", **extra})
 
 
 def write_env_file(directory: Path, text: str) -> Path:

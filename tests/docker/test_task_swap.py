@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import threading
 import time
@@ -35,7 +34,7 @@ from pier.models.trial.paths import TrialPaths
 from sciencebench.network.environment import IsolatedDockerEnvironment
 from sciencebench.network.errors import PolicyRefused
 from tests.fixtures.selection import make_selection, task_toml
-from tests.fixtures.services import VENV_BIN
+from tests.fixtures.services import VENV_BIN, local_host_env
 
 pytestmark = pytest.mark.docker
 
@@ -76,13 +75,7 @@ def _selection(root: Path, base_image: str) -> Path:
 def _submit(
     selection: Path, jobs: Path, job: str, state_dir: Path, *extra: str
 ) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env.update(
-        PATH=f"{VENV_BIN}{os.pathsep}{env['PATH']}",
-        SCIENCEBENCH_PROXY_IMAGE=os.environ["SB_SQUID_IMAGE"],
-        SCIENCEBENCH_STATE_DIR=str(state_dir),
-        LITELLM_LOCAL_MODEL_COST_MAP="True",
-    )
+    env = local_host_env(state_dir)
     argv = [str(VENV_BIN / "sciencebench"), "submit", "--local", "--path", str(selection), "--agent", "nop",
             "--jobs-dir", str(jobs), "--job-name", job, *extra]  # fmt: skip
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
