@@ -28,22 +28,26 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from sciencebench.coordination.heartbeat import Heartbeat
 from sciencebench.core.errors import (
+    Cancelled,
     CollectError,
     HarnessError,
     HarnessTimeoutError,
     RefusedError,
+    Stage,
     WorkspaceError,
 )
+from sciencebench.core.failures import failure_record, recorded_failure, trial_record
 from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec
 from sciencebench.core.paths import META_DIR_NAME, SUPERSEDED_DIR_NAME, JobPaths, copy_tree_at, open_job_dir
 from sciencebench.core.pier_argv import render_argv
 from sciencebench.core.settings import SCRATCH_DIR_ENV, Settings
+from sciencebench.network import errors as policy_errors
 from sciencebench.worker.context import HostRuntime, WorkerContext
 from sciencebench.worker.pier import process
 from sciencebench.worker.pier.agentconfig import redact_pier_files, write_agent_config
@@ -54,14 +58,10 @@ from sciencebench.worker.reviews import reviewed
 from sciencebench.worker.secrets import load_secrets
 from sciencebench.worker.snapshot import snapshot_task
 
-CANCELLED = "Cancelled"
-# Exceptions Pier records that another try cannot mend (Pier's own RetryConfig
-# excludes the first five), plus the network policy's deterministic refusals.
-NOT_RETRIED = frozenset({
-    "AgentTimeoutError", "VerifierTimeoutError", "RewardFileNotFoundError", "RewardFileEmptyError",
-    "VerifierOutputParseError", "CancelledError", CANCELLED, "PolicyRefused", "PolicyViolation",
-    "AgentImageMismatch", "TransferRefused",
-})  # fmt: skip
+CANCELLED = Cancelled.__name__
+# Pier records the policy's failures by class name; `recorded_failure` finds the classes imported here.
+POLICY_ERRORS = (policy_errors.PolicyRefused, policy_errors.PolicyViolation, policy_errors.TransferRefused,
+                 policy_errors.AgentImageMismatch)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -103,21 +103,6 @@ def _private_dir(path: Path) -> None:
             f"scratch directory {path} must be a directory of the worker's own account that no one else "
             f"may write (set {SCRATCH_DIR_ENV} to one)"
         )
-
-
-def trial_record(spec: TrialSpec, ctx: WorkerContext, started: datetime, **fields: Any) -> TrialRecord:
-    """A record of `spec` by this worker, started at `started`, finished now."""
-    return TrialRecord(
-        job_id=spec.job_id,
-        job_name=spec.job_name,
-        task_id=spec.task_id,
-        attempt=spec.attempt,
-        model=spec.model,
-        worker=ctx.settings.hostname,
-        started_at=started,
-        finished_at=datetime.now(UTC),
-        **fields,
-    )
 
 
 # --- the task's files: a snapshot of the worker's own, then every check on it ------------------
@@ -221,9 +206,10 @@ def run_try(
     name_the_selection(trial_dirs, snapshot.path, spec.task_dir)
     timed("cleanup", lambda: _cleanup(ctx.runtime, trial_dirs))
     if run.cancelled:
-        record = trial_record(spec, ctx, started, exception_type=CANCELLED,
-                              exception_message="job cancelled while the trial ran",
-                              stage="harness", timings_sec=timings)  # fmt: skip
+        cancelled = Cancelled("job cancelled while the trial ran")
+        record = failure_record(
+            spec, cancelled, Stage.HARNESS, worker=ctx.settings.hostname, started=started, timings_sec=timings
+        )
         return Try(record=record, pier_dir=trial_dirs[-1] if trial_dirs else None, retryable=False)
     if run.timed_out:
         raise HarnessTimeoutError(f"Pier exceeded {timeout_sec:.0f}s and was stopped")
@@ -289,19 +275,20 @@ def _collect(
     failure = detect_provider_failure(
         trial_dir, rewarded=rewarded, exception_type=exception_type, authority=authority
     )
+    stage, deterministic = recorded_failure(exception_type) if exception_type else (None, True)
     record = trial_record(
-        spec, ctx, started,
+        spec, worker=ctx.settings.hostname, started=started,
         trial_dir=trial_dir.name, rewards=outcome.rewards,
         n_input_tokens=n_input, n_output_tokens=n_output, cost_usd=cost,
         exception_type=exception_type, exception_message=outcome.exception_message,
-        stage="harness" if exception_type else None,
+        stage=stage,
         timings_sec=timings, patch_collected=_regular_file(trial_dir / "artifacts" / "model.patch"),
         provider_status=failure.status if failure else None,
     )  # fmt: skip
     return Try(
         record=record,
         pier_dir=trial_dir,
-        retryable=bool(exception_type) and exception_type not in NOT_RETRIED,
+        retryable=not deterministic,
         retry_after_sec=failure.retry_after_sec if failure else None,
     )
 

@@ -29,7 +29,6 @@ import logging
 import random
 import shutil
 import time
-import traceback
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -38,13 +37,16 @@ from sciencebench.coordination.gateways import GatewaySlot, gateway_limits
 from sciencebench.coordination.heartbeat import Heartbeat
 from sciencebench.coordination.protocol import Claim, parking_token
 from sciencebench.core.errors import (
+    Cancelled,
     NoRoomError,
     PreflightError,
     RefusedError,
+    Stage,
     TrialError,
     UnfitError,
     WorkspaceError,
 )
+from sciencebench.core.failures import failure_record, trial_record
 from sciencebench.core.models import (
     JobSpec,
     Redispatch,
@@ -59,7 +61,7 @@ from sciencebench.core.settings import Settings
 from sciencebench.worker.admission import Admitted, admit, verified_paths
 from sciencebench.worker.context import WorkerContext
 from sciencebench.worker.pier.provider import gateway_authority
-from sciencebench.worker.stages import CANCELLED, Staged, Try, run_try, scratch_root, stage_dirs, trial_record
+from sciencebench.worker.stages import Staged, Try, run_try, scratch_root, stage_dirs
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +106,7 @@ def handle(spec: TrialSpec, ctx: WorkerContext, redispatch: Redispatch | None) -
         return _handle(spec, ctx, redispatch, started)
     except Exception as exc:
         log.exception("%s: unexpected failure", spec.label)
-        record = trial_record(
-            spec, ctx, started, exception_type=type(exc).__name__, exception_message=str(exc)[:2000],
-            exception_traceback=traceback.format_exc()[-8000:], stage="worker",
-        )  # fmt: skip
+        record = failure_record(spec, exc, Stage.WORKER, worker=ctx.settings.hostname, started=started)
         _publish_unleased(spec, ctx, record)
         return Answer(record)
 
@@ -124,7 +123,7 @@ def _handle(spec: TrialSpec, ctx: WorkerContext, redispatch: Redispatch | None, 
         ctx.runtime.check_host()
     except PreflightError as exc:
         if redispatch is None:
-            return _refused(spec, ctx, started, exc, stage="preflight")
+            return _refused(spec, ctx, started, exc)
         return HandBack(f"host unfit: {exc}", park_sec=backoff(ctx), host_fault=True)
 
     parked = parking_token(redispatch.task_id) if redispatch is not None else ""
@@ -148,10 +147,8 @@ def _handle(spec: TrialSpec, ctx: WorkerContext, redispatch: Redispatch | None, 
         return Duplicate()  # a live copy of this trial runs elsewhere
 
     if start.cancelled:
-        message = "job cancelled before the trial started"
-        record = trial_record(
-            spec, ctx, started, exception_type=CANCELLED, exception_message=message, stage="slot"
-        )
+        cancelled = Cancelled("job cancelled before the trial started")
+        record = failure_record(spec, cancelled, Stage.SLOT, worker=ctx.settings.hostname, started=started)
         try:
             return _commit(spec, ctx, admitted, record, tries=[])
         finally:
@@ -186,7 +183,9 @@ def _not_started(spec: TrialSpec, ctx: WorkerContext, admitted: Admitted, starte
     its lease (and a slot, had it one) at once.
     """
     log.info("%s: not started, the job's budget is reached", spec.label)
-    record = trial_record(spec, ctx, started, not_started=BUDGET, stage="slot")
+    record = trial_record(
+        spec, worker=ctx.settings.hostname, started=started, not_started=BUDGET, stage=Stage.SLOT
+    )
     try:
         return _commit(spec, ctx, admitted, record, tries=[])
     finally:
@@ -210,21 +209,18 @@ def _run_claimed(
     except _HostFault as fault:
         if redispatch is not None:
             return HandBack(f"host unfit after a failed try: {fault}", park_sec=backoff(ctx), host_fault=True)
-        record = trial_record(spec, ctx, started, exception_type=PreflightError.__name__,
-                              exception_message=str(fault), stage="preflight")  # fmt: skip
+        record = failure_record(
+            spec, PreflightError(str(fault)), worker=ctx.settings.hostname, started=started
+        )
         return _commit(spec, ctx, admitted, record, tries=[])
     except NoRoomError as exc:
         if redispatch is not None:  # another host may have room, or this one once its trials end
             return HandBack(f"no room for its images: {exc}", park_sec=backoff(ctx) * 2)
-        record = trial_record(spec, ctx, started, exception_type=NoRoomError.__name__,
-                              exception_message=str(exc), stage=NoRoomError.stage)  # fmt: skip
+        record = failure_record(spec, exc, worker=ctx.settings.hostname, started=started)
         return _commit(spec, ctx, admitted, record, tries=[])
     except Exception as exc:  # e.g. the store gone for good: a record, committed only if still ours
         log.exception("%s: unexpected failure", spec.label)
-        record = trial_record(
-            spec, ctx, started, exception_type=type(exc).__name__, exception_message=str(exc)[:2000],
-            exception_traceback=traceback.format_exc()[-8000:], stage="worker",
-        )  # fmt: skip
+        record = failure_record(spec, exc, Stage.WORKER, worker=ctx.settings.hostname, started=started)
         try:
             return _commit(spec, ctx, admitted, record, tries=[])
         except Exception:
@@ -320,18 +316,14 @@ def _one_try(
     except NoRoomError:
         raise  # not this trial's failure: it goes back to the queue
     except TrialError as exc:
-        record = trial_record(spec, ctx, started, exception_type=type(exc).__name__,
-                              exception_message=str(exc), stage=exc.stage)  # fmt: skip
-        return Try(record=record, pier_dir=None, retryable=exc.retryable)
+        record = failure_record(spec, exc, worker=ctx.settings.hostname, started=started)
+        return Try(record=record, pier_dir=None, retryable=not exc.deterministic)
     except Exception as exc:  # a full disk, a broken file: the try's record says so
         if isinstance(exc, OSError):
             log.error("%s: try %d failed: %s", spec.label, number, exc)
         else:
             log.exception("%s: try %d failed unexpectedly", spec.label, number)
-        record = trial_record(
-            spec, ctx, started, exception_type=type(exc).__name__, exception_message=str(exc)[:2000],
-            exception_traceback=traceback.format_exc()[-8000:], stage="worker",
-        )  # fmt: skip
+        record = failure_record(spec, exc, Stage.WORKER, worker=ctx.settings.hostname, started=started)
         return Try(record=record, pier_dir=None, retryable=False)
 
 
@@ -375,14 +367,12 @@ def _adjust_gateway(slot: GatewaySlot, record: TrialRecord) -> None:
 
 
 def _stopped_waiting(spec: TrialSpec, ctx: WorkerContext, started: datetime) -> Try:
-    message = "job cancelled while the trial waited for its gateway's limit"
-    record = trial_record(
-        spec, ctx, started, exception_type=CANCELLED, exception_message=message, stage="slot"
-    )
+    cancelled = Cancelled("job cancelled while the trial waited for its gateway's limit")
+    record = failure_record(spec, cancelled, Stage.SLOT, worker=ctx.settings.hostname, started=started)
     return Try(record=record, pier_dir=None, retryable=False)
 
 
-class _HostFault(Exception):
+class _HostFault(PreflightError):
     """A try failed and this host is unhealthy now: the failure is the host's, not the job's."""
 
 
@@ -440,12 +430,9 @@ def _commit(
     return Answer(record)
 
 
-def _refused(
-    spec: TrialSpec, ctx: WorkerContext, started: datetime, exc: Exception, stage: str = "admission"
-) -> Outcome:
+def _refused(spec: TrialSpec, ctx: WorkerContext, started: datetime, exc: Exception) -> Outcome:
     log.error("%s: refused: %s", spec.label, exc)
-    record = trial_record(spec, ctx, started, exception_type=type(exc).__name__, exception_message=str(exc),
-                          stage=stage)  # fmt: skip
+    record = failure_record(spec, exc, worker=ctx.settings.hostname, started=started)
     return _publish_unleased(spec, ctx, record)
 
 
