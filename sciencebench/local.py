@@ -22,6 +22,7 @@ from sciencebench.core.paths import JobPaths
 from sciencebench.core.settings import Settings
 from sciencebench.login.submit import Prepared
 from sciencebench.worker.context import WorkerContext, docker_runtime
+from sciencebench.worker.dispatch import EMBEDDED
 from sciencebench.worker.trial import Answer, handle
 
 
@@ -60,7 +61,7 @@ def run_local(prepared: Prepared, settings: Settings, console: Console) -> dict[
         ThreadPoolExecutor(max_workers=job.n_concurrent, thread_name_prefix="trial") as pool,
     ):
         progress = bar.add_task(job.job_name, total=len(prepared.trials), failed=0)
-        futures = [pool.submit(handle, trial, ctx, None) for trial in prepared.trials]
+        futures = [pool.submit(handle, trial, ctx, EMBEDDED) for trial in prepared.trials]
         for future in futures:
             outcome = future.result()
             failed += not isinstance(outcome, Answer) or outcome.record.errored

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from sciencebench.core.agentimages import BAKEABLE_AGENTS
+from sciencebench.core.errors import SciencebenchError
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ RECIPE_VERSION = "5"
 _VERSION = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}$")
 
 
-class RecipeError(ValueError):
+class RecipeError(SciencebenchError, ValueError):
     """An agent cannot be baked: unknown agent, version without artifacts, unsuitable image."""
 
 

@@ -21,13 +21,52 @@ escape a Celery task (the chord finalizer must always run).
         ├── PullError               image pull or digest verification failed
         │   └── NoRoomError         the image budget cannot fit the trial's images now (handed back)
         ├── PolicyError             network policy refused or inspection failed
-        ├── HarnessError            Pier crashed, timed out or was cancelled
-        └── CollectError            Pier produced no usable trial directory
+        ├── HarnessError            Pier crashed, timed out or could not start
+        │   └── HarnessTimeoutError Pier outran the trial's whole budget
+        ├── CollectError            Pier produced no usable trial directory
+        └── Cancelled               the job was cancelled before or while the trial ran
+
+Elsewhere in the package (each a SciencebenchError too): `network.errors`
+(PolicyError's subclasses, raised inside Pier), `agents.recipes.RecipeError`,
+`worker.docker.bake.BakeError`, `bake.BakeFailed`, `worker.pier.zygote.ZygoteError`.
+
+Every class says where a trial failed (`stage`, the record's stage) and whether
+another try would fail the same (`deterministic`: then --max-retries does not
+try it again). Pier records a failure raised inside it by class name only;
+`failure_class` finds the class again.
 """
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import ClassVar
+
+
+class Stage(StrEnum):
+    """Where a trial failed: a record's `stage` (the strings records and files have always carried)."""
+
+    TRIAL = "trial"
+    ADMISSION = "admission"
+    PREFLIGHT = "preflight"
+    SLOT = "slot"
+    WORKSPACE = "workspace"
+    SECRETS = "secrets"
+    PULL = "pull"
+    POLICY = "policy"
+    HARNESS = "harness"
+    COLLECT = "collect"
+    WORKER = "worker"  # nothing foresaw it: the record carries its traceback
 
 
 class SciencebenchError(Exception):
-    """Base of every error sciencebench raises on purpose."""
+    """Base of every error sciencebench raises on purpose.
+
+    `stage`: where a trial that met it failed; `deterministic`: another try
+    would fail the same (not tried again under --max-retries).
+    """
+
+    stage: ClassVar[Stage] = Stage.WORKER
+    deterministic: ClassVar[bool] = True
 
 
 class InputError(SciencebenchError):
@@ -57,48 +96,54 @@ class SettingsError(InputError):
 class BrokerUnavailableError(SciencebenchError):
     """The broker cannot be reached."""
 
+    deterministic = False
+
 
 class PreflightError(SciencebenchError):
-    """A worker host is not fit to run trials."""
+    """A worker host is not fit to run trials (the host's fault, not the job's)."""
+
+    stage = Stage.PREFLIGHT
+    deterministic = False
 
 
 class UnfitError(SciencebenchError):
     """This worker host cannot serve one job (its files are not visible here); other hosts may."""
 
+    stage = Stage.ADMISSION
+
 
 class TrialError(SciencebenchError):
     """A trial failed in a named stage; recorded on the trial, never raised out of a task.
 
-    `retryable`: another try (under --max-retries) may succeed.
+    Deterministic unless its class says otherwise.
     """
 
-    stage = "trial"
-    retryable = False
+    stage = Stage.TRIAL
 
 
 class RefusedError(TrialError):
     """The job asks for something a worker refuses to do (paths, harness keys, imports)."""
 
-    stage = "admission"
+    stage = Stage.ADMISSION
 
 
 class WorkspaceError(TrialError):
     """The task directory or the job directory is unusable from this worker."""
 
-    stage = "workspace"
+    stage = Stage.WORKSPACE
 
 
 class SecretsMismatchError(TrialError):
     """An env file is unreadable here or changed since submit."""
 
-    stage = "secrets"
+    stage = Stage.SECRETS
 
 
 class PullError(TrialError):
     """A pinned image could not be pulled or verified."""
 
-    stage = "pull"
-    retryable = True
+    stage = Stage.PULL
+    deterministic = False
 
 
 class NoRoomError(PullError):
@@ -108,30 +153,53 @@ class NoRoomError(PullError):
     host may have room, or this one will when its trials end); the host is not paused.
     """
 
-    retryable = False
+    deterministic = True
 
 
 class PolicyError(TrialError):
     """The network policy refused the trial or its inspection failed."""
 
-    stage = "policy"
+    stage = Stage.POLICY
 
 
 class HarnessError(TrialError):
     """Pier crashed, timed out or could not start."""
 
-    stage = "harness"
-    retryable = True
+    stage = Stage.HARNESS
+    deterministic = False
 
 
 class HarnessTimeoutError(HarnessError):
     """Pier outran the trial's whole budget; another try would too (as Pier's own timeouts)."""
 
-    retryable = False
+    deterministic = True
 
 
 class CollectError(TrialError):
     """Pier left no usable trial directory."""
 
-    stage = "collect"
-    retryable = True
+    stage = Stage.COLLECT
+    deterministic = False
+
+
+class Cancelled(TrialError):
+    """The job was cancelled before or while the trial ran (its record's type: `Cancelled`)."""
+
+    stage = Stage.SLOT
+
+
+def failure_class(name: str | None) -> type[SciencebenchError] | None:
+    """The class of the tree named `name` (as Pier records one raised inside it), else None.
+
+    Only classes of modules imported in this process are found: the worker
+    imports `network.errors`, whose classes Pier raises.
+    """
+    if not name:
+        return None
+    pending: list[type[SciencebenchError]] = [SciencebenchError]
+    while pending:
+        cls = pending.pop()
+        if cls.__name__ == name:
+            return cls
+        pending += cls.__subclasses__()
+    return None

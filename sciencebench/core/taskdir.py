@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sciencebench.core.errors import SciencebenchError
+
 # The files whose bytes define what a trial of the task does.
 DEFINING_FILES = ("task.toml", "pre_artifacts.sh", "instruction.md")
 # The compose files Pier reads from a task directory, relative to it (steps add their own).
@@ -87,7 +89,7 @@ PROJECT_DIRS = ("environment", "tests")
 _WATCHED = frozenset({"Dockerfile", "docker-compose.yaml", "test.sh", ".env"})
 
 
-class _Unusual(Exception):
+class _Unusual(SciencebenchError):
     """Something a scan does not decide by itself: the per-path checks must look."""
 
 

@@ -90,7 +90,7 @@ from sciencebench.network.compose import (
     policy_compose,
 )
 from sciencebench.network.composeenv import compose_environment, exec_names, explicit_exec_values, from_worker
-from sciencebench.network.errors import PolicyRefused, PolicyViolation, TransferRefused
+from sciencebench.network.errors import AgentImageMismatch, PolicyRefused, PolicyViolation, TransferRefused
 from sciencebench.network.execenv import SecretSafeExecEnvironment
 from sciencebench.network.inspection import (
     INSPECT_TIMEOUT_SEC,
@@ -137,10 +137,6 @@ SQUID_ACCESS_LOG = "/tmp/squid-access.log"  # noqa: S108 (inside the proxy conta
 PROXY_LOG_MAX_BYTES = 16 * 1024 * 1024
 PROXY_LOG_SETTLE_SEC = 0.5  # for squid to log the calls the agent's container left open
 _LOG_DIR_MODE = 0o777
-
-
-class AgentImageMismatch(RuntimeError):
-    """The `agent_image` keyword names an image baked for another agent or version."""
 
 
 @dataclass(frozen=True)

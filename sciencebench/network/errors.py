@@ -1,4 +1,4 @@
-"""The two ways the network policy stops a trial (both are PolicyError).
+"""The ways the network policy stops a trial (each a PolicyError: deterministic, stage "policy").
 
     PolicyError                 (sciencebench.core.errors)
     ├── PolicyRefused           refused before anything started: the task
@@ -6,10 +6,12 @@
     │                           image is unusable, a compose task wants egress
     ├── PolicyViolation         the started containers and networks do not
     │                           match the policy; the environment was stopped
-    └── TransferRefused         a copy to the host refused what a container
-                                wrote (a link, a device, over the size bound)
+    ├── TransferRefused         a copy to the host refused what a container
+    │                           wrote (a link, a device, over the size bound)
+    └── AgentImageMismatch      the `agent_image` keyword names an image
+                                baked for another agent or version
 
-Pier records the class name and message of either in the trial's
+Pier records the class name and message of each in the trial's
 `result.json` (`exception_info`), so messages name every failed check.
 """
 
@@ -53,3 +55,7 @@ class TransferRefused(PolicyError):
 
     def __reduce__(self) -> tuple[type[TransferRefused], tuple[list[object]]]:
         return (type(self), (self.refusals,))
+
+
+class AgentImageMismatch(PolicyError):
+    """The `agent_image` keyword names an image baked for another agent or version."""

@@ -1,27 +1,32 @@
-"""What a trial runs with on a worker: coordination, the host's engine, the settings.
+"""What a trial runs with on a worker: coordination, the host's engine, the settings, Pier, the clock.
 
-`WorkerContext` is built once per worker process (after Celery's prefork
-fork: `worker_context`); the embedded mode builds its own with an in-memory
-coordinator. `HostRuntime` is the seam to the container engine: the real one
-is `runtime.DockerRuntime`.
+The trial logic (`worker.trial`) takes its `WorkerContext` as an argument.
+A worker process builds its own once, after Celery's prefork fork
+(`worker_context`), from the builder its entry point set (`use_context`:
+`worker.main`, else the Celery task module's default); the embedded mode
+builds one with an in-memory coordinator, unit tests one with a fake
+`HostRuntime`. `HostRuntime` is the seam to the container engine: the real
+one is `runtime.DockerRuntime`.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 import uuid
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from sciencebench.coordination.protocol import Coordinator
-from sciencebench.coordination.redis import RedisCoordinator
 from sciencebench.core.errors import WorkspaceError
 from sciencebench.core.models import JobSpec
 from sciencebench.core.paths import JobPaths
 from sciencebench.core.settings import Settings
+from sciencebench.worker.pier.process import PierRun, run_pier
 
 
 class HostRuntime(Protocol):
@@ -59,40 +64,64 @@ class HostRuntime(Protocol):
         ...
 
 
+class PierRunner(Protocol):
+    """How a try runs Pier: one process until it exits, times out or must stop (`process.run_pier`)."""
+
+    def __call__(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: Path,
+        log_path: Path,
+        timeout_sec: float,
+        should_stop: Callable[[], bool] = ...,
+        poll_sec: float = ...,
+        zygote_env: dict[str, str] | None = None,
+    ) -> PierRun:
+        """Run Pier's `argv` in `cwd`, its output in `log_path`; how it ended."""
+        ...
+
+
 @dataclass
 class WorkerContext:
-    """One worker process's coordination, engine seam and settings; `owner` names its leases."""
+    """One worker process's coordination, engine seam and settings; `owner` names its leases.
+
+    `pier` runs Pier and `sleep` waits (between tries, for a slot in the
+    embedded mode): the real ones unless a unit test gives its own.
+    """
 
     coord: Coordinator
     runtime: HostRuntime
     settings: Settings
     owner: str = field(default_factory=lambda: f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    pier: PierRunner = run_pier
+    sleep: Callable[[float], None] = time.sleep
 
 
 _context: WorkerContext | None = None
 _context_lock = threading.Lock()
-_settings: Settings | None = None
+_build: Callable[[], WorkerContext] | None = None
 
 
-def use_settings(settings: Settings) -> None:
-    """The settings every WorkerContext of this process (and its forks) is built with."""
-    global _settings
-    _settings = settings
+def use_context(build: Callable[[], WorkerContext]) -> None:
+    """How this process (and its forks) builds its WorkerContext: set once by the worker's entry point."""
+    global _build, _context
+    with _context_lock:
+        _build, _context = build, None
 
 
-def worker_context() -> WorkerContext:
+def worker_context(default: Callable[[], WorkerContext]) -> WorkerContext:
     """The process's WorkerContext, built on first use (after a prefork fork).
 
-    Its `settings.hostname` is the Celery node name (`w1@host`) that
+    Built by what `use_context` set, else by `default`. A worker's
+    `settings.hostname` is the Celery node name (`w1@host`) that
     `worker.main` set before forking: every pause, unfit mark and record of
     this worker says that one name.
     """
     global _context
     with _context_lock:
         if _context is None:
-            settings = _settings or Settings.from_env()
-            coord = RedisCoordinator(settings.broker_url)
-            _context = WorkerContext(coord=coord, runtime=docker_runtime(settings), settings=settings)
+            _context = (_build or default)()
         return _context
 
 

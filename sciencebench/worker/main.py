@@ -25,9 +25,10 @@ from sciencebench.core.errors import InputError, PreflightError, PullError
 from sciencebench.core.settings import Settings
 from sciencebench.worker import preflight
 from sciencebench.worker.app import app
-from sciencebench.worker.context import use_settings
+from sciencebench.worker.context import use_context
 from sciencebench.worker.pier import process
 from sciencebench.worker.runtime import images_report, prepare_host
+from sciencebench.worker.tasks import cluster_context
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,8 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     # another live host may (`worker.trial._unfit`), and the keeper's first beat is a quarter lease away.
     coord.describe_host(nodename, host_kit(settings, concurrency))
     coord.beat(nodename)
-    # Forked pool processes build their context from these, not from the environment alone.
-    use_settings(settings)
+    # Forked pool processes build their context with these settings, not from the environment alone.
+    use_context(lambda: cluster_context(settings))
     pier_bin = settings.pier_bin
     # Imports Pier in the background while Celery starts; pool processes share it.
     zygote_pid = (

@@ -14,7 +14,7 @@
 
 A stage fails by raising its TrialError; `worker.trial` turns that into the
 try's record and decides on another try. Nothing is moved into the job
-directory here: `publish_dirs` does that once the record is committed, so a
+directory here: `worker.publish` does that once the record is committed, so a
 host that lost its lease never touches the job's files.
 """
 
@@ -28,22 +28,26 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from sciencebench.coordination.heartbeat import Heartbeat
 from sciencebench.core.errors import (
+    Cancelled,
     CollectError,
     HarnessError,
     HarnessTimeoutError,
     RefusedError,
+    Stage,
     WorkspaceError,
 )
+from sciencebench.core.failures import failure_record, recorded_failure, trial_record
 from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec
-from sciencebench.core.paths import META_DIR_NAME, SUPERSEDED_DIR_NAME, JobPaths, copy_tree_at, open_job_dir
+from sciencebench.core.paths import META_DIR_NAME, JobPaths, open_job_dir
 from sciencebench.core.pier_argv import render_argv
 from sciencebench.core.settings import SCRATCH_DIR_ENV, Settings
+from sciencebench.network import errors as policy_errors
 from sciencebench.worker.context import HostRuntime, WorkerContext
 from sciencebench.worker.pier import process
 from sciencebench.worker.pier.agentconfig import redact_pier_files, write_agent_config
@@ -54,14 +58,10 @@ from sciencebench.worker.reviews import reviewed
 from sciencebench.worker.secrets import load_secrets
 from sciencebench.worker.snapshot import snapshot_task
 
-CANCELLED = "Cancelled"
-# Exceptions Pier records that another try cannot mend (Pier's own RetryConfig
-# excludes the first five), plus the network policy's deterministic refusals.
-NOT_RETRIED = frozenset({
-    "AgentTimeoutError", "VerifierTimeoutError", "RewardFileNotFoundError", "RewardFileEmptyError",
-    "VerifierOutputParseError", "CancelledError", CANCELLED, "PolicyRefused", "PolicyViolation",
-    "AgentImageMismatch", "TransferRefused",
-})  # fmt: skip
+CANCELLED = Cancelled.__name__
+# Pier records the policy's failures by class name; `recorded_failure` finds the classes imported here.
+POLICY_ERRORS = (policy_errors.PolicyRefused, policy_errors.PolicyViolation, policy_errors.TransferRefused,
+                 policy_errors.AgentImageMismatch)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -103,21 +103,6 @@ def _private_dir(path: Path) -> None:
             f"scratch directory {path} must be a directory of the worker's own account that no one else "
             f"may write (set {SCRATCH_DIR_ENV} to one)"
         )
-
-
-def trial_record(spec: TrialSpec, ctx: WorkerContext, started: datetime, **fields: Any) -> TrialRecord:
-    """A record of `spec` by this worker, started at `started`, finished now."""
-    return TrialRecord(
-        job_id=spec.job_id,
-        job_name=spec.job_name,
-        task_id=spec.task_id,
-        attempt=spec.attempt,
-        model=spec.model,
-        worker=ctx.settings.hostname,
-        started_at=started,
-        finished_at=datetime.now(UTC),
-        **fields,
-    )
 
 
 # --- the task's files: a snapshot of the worker's own, then every check on it ------------------
@@ -212,7 +197,7 @@ def run_try(
     zygote_env = process.zygote_environment(job.platform, passed) if ctx.settings.warm_pier else None
     timeout_sec = spec.expected_sec * 1.25 + 300
     with ctx.runtime.live_trial(spec.task_dir.name):
-        run = timed("harness", lambda: process.run_pier(
+        run = timed("harness", lambda: ctx.pier(
             argv, env, cwd=scratch, log_path=scratch / "pier.log", timeout_sec=timeout_sec,
             should_stop=lambda: heartbeat.should_stop, zygote_env=zygote_env,
         ))  # fmt: skip
@@ -221,9 +206,10 @@ def run_try(
     name_the_selection(trial_dirs, snapshot.path, spec.task_dir)
     timed("cleanup", lambda: _cleanup(ctx.runtime, trial_dirs))
     if run.cancelled:
-        record = trial_record(spec, ctx, started, exception_type=CANCELLED,
-                              exception_message="job cancelled while the trial ran",
-                              stage="harness", timings_sec=timings)  # fmt: skip
+        cancelled = Cancelled("job cancelled while the trial ran")
+        record = failure_record(
+            spec, cancelled, Stage.HARNESS, worker=ctx.settings.hostname, started=started, timings_sec=timings
+        )
         return Try(record=record, pier_dir=trial_dirs[-1] if trial_dirs else None, retryable=False)
     if run.timed_out:
         raise HarnessTimeoutError(f"Pier exceeded {timeout_sec:.0f}s and was stopped")
@@ -289,113 +275,22 @@ def _collect(
     failure = detect_provider_failure(
         trial_dir, rewarded=rewarded, exception_type=exception_type, authority=authority
     )
+    stage, deterministic = recorded_failure(exception_type) if exception_type else (None, True)
     record = trial_record(
-        spec, ctx, started,
+        spec, worker=ctx.settings.hostname, started=started,
         trial_dir=trial_dir.name, rewards=outcome.rewards,
         n_input_tokens=n_input, n_output_tokens=n_output, cost_usd=cost,
         exception_type=exception_type, exception_message=outcome.exception_message,
-        stage="harness" if exception_type else None,
+        stage=stage,
         timings_sec=timings, patch_collected=_regular_file(trial_dir / "artifacts" / "model.patch"),
         provider_status=failure.status if failure else None,
     )  # fmt: skip
     return Try(
         record=record,
         pier_dir=trial_dir,
-        retryable=bool(exception_type) and exception_type not in NOT_RETRIED,
+        retryable=not deterministic,
         retry_after_sec=failure.retry_after_sec if failure else None,
     )
-
-
-@dataclass
-class Staged:
-    """A try's trial directories copied into the job directory, the final one under a temporary name.
-
-    `stage_dirs` makes it before the record is committed (a job directory
-    that cannot take the copy, a full disk, fails the try instead of losing
-    its files); `publish` renames it into place once the record is stored,
-    `discard` removes it when the lease was lost.
-    """
-
-    paths: JobPaths
-    previous: str | None  # an earlier run's trial directory, to move to superseded/
-    incoming: str | None  # the final try's copy, under its temporary name
-    final_name: str | None
-
-    def publish(self) -> None:
-        """Move an earlier run's directory to `superseded/` and the final copy into place. Raises OSError."""
-        job_fd = open_job_dir(self.paths)
-        try:
-            if self.previous is not None and self.previous != self.final_name:
-                superseded_fd = open_job_dir(self.paths, (META_DIR_NAME, SUPERSEDED_DIR_NAME), create=True)
-                try:
-                    os.rename(self.previous, _free_name(superseded_fd, self.previous), src_dir_fd=job_fd,
-                              dst_dir_fd=superseded_fd)  # fmt: skip
-                finally:
-                    os.close(superseded_fd)
-            if self.incoming is not None and self.final_name is not None:
-                os.rename(self.incoming, self.final_name, src_dir_fd=job_fd, dst_dir_fd=job_fd)
-        finally:
-            os.close(job_fd)
-
-    def discard(self) -> None:
-        """Remove the final copy (best effort): its record was not stored."""
-        if self.incoming is None:
-            return
-        with contextlib.suppress(OSError):
-            job_fd = open_job_dir(self.paths)
-            try:
-                shutil.rmtree(self.incoming, dir_fd=job_fd)
-            finally:
-                os.close(job_fd)
-
-
-def stage_dirs(paths: JobPaths, spec: TrialSpec, tries: list[Try]) -> Staged:
-    """Copy the try's trial directories into the job directory: earlier tries' into `superseded/`.
-
-    Pier's layout and naming: `<jobs-dir>/<job-name>/<task>__<trial>/`. The
-    final copy keeps a temporary name until `Staged.publish`, so a trial
-    directory is either absent or complete; every step goes through
-    directory descriptors that follow no link (`core.paths.open_job_dir`), so
-    nothing the job's owner put in the job directory takes a write outside
-    it. Raises OSError when the job directory cannot take them.
-    """
-    final = tries[-1].pier_dir if tries else None
-    earlier = [t.pier_dir for t in tries[:-1] if t.pier_dir is not None and t.pier_dir.is_dir()]
-    staged = Staged(paths, _previous_trial_dir(paths, spec), None, final.name if final else None)
-    job_fd = open_job_dir(paths)
-    try:
-        if earlier:
-            superseded_fd = open_job_dir(paths, (META_DIR_NAME, SUPERSEDED_DIR_NAME), create=True)
-            try:
-                for directory in earlier:
-                    copy_tree_at(directory, superseded_fd, _free_name(superseded_fd, directory.name))
-            finally:
-                os.close(superseded_fd)
-        if final is not None and final.is_dir():
-            incoming = f".incoming-{uuid.uuid4().hex[:12]}"
-            staged.incoming = incoming
-            try:
-                copy_tree_at(final, job_fd, incoming)
-            except OSError:
-                staged.discard()
-                raise
-    finally:
-        os.close(job_fd)
-    return staged
-
-
-def publish_dirs(paths: JobPaths, spec: TrialSpec, tries: list[Try]) -> None:
-    """`stage_dirs`, then `Staged.publish`: the try's trial directories into the job. Raises OSError."""
-    stage_dirs(paths, spec, tries).publish()
-
-
-def _free_name(dir_fd: int, name: str) -> str:
-    """`name`, or `name` with a suffix when the directory `dir_fd` has an entry of that name."""
-    try:
-        os.lstat(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return name
-    return f"{name}.{uuid.uuid4().hex[:6]}"
 
 
 def _regular_file(path: Path) -> bool:
@@ -404,20 +299,3 @@ def _regular_file(path: Path) -> bool:
         return stat.S_ISREG(path.lstat().st_mode)
     except OSError:
         return False
-
-
-def _previous_trial_dir(paths: JobPaths, spec: TrialSpec) -> str | None:
-    """The name of an earlier run's trial directory of this trial (retry --failed) in the job directory.
-
-    A record names it by its name alone; anything else (a path, `..`) is not
-    moved, and what that name is now (a link included) only ever moves
-    within the job directory.
-    """
-    try:
-        old = TrialRecord.model_validate_json(paths.trial_record(spec.task_id, spec.attempt).read_bytes())
-    except (OSError, ValueError):
-        return None
-    name = old.trial_dir
-    if not name or name in (".", "..") or "/" in name or os.sep in name:
-        return None
-    return name if os.path.lexists(paths.job_dir / name) else None

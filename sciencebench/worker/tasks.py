@@ -3,11 +3,14 @@
 `run_trial` never raises for a failed trial: it returns the record so the
 chord's finalizer always runs. A duplicate delivery (the trial already
 answered the chord, or runs elsewhere) raises `Ignore`, which Celery does not
-count towards the chord; so does a hand-back, after parking the trial (it is
-sent again, same task id and chord membership, by the watchdog when the park
-lapses, or at once when it waits for a slot and a trial of its job ends). A
-hand-back for a host fault also stops this worker consuming until its health
-check passes (`worker.main`).
+count towards the chord; so does a hand-back, which the trial logic made
+(`worker.dispatch.Clustered`: it is sent again, same task id and chord
+membership, by the watchdog when the park lapses, or at once when it waits
+for a slot and a trial of its job ends); a hand-back that could not be stored
+rejects the message back to the broker.
+
+Each task runs with the process's `WorkerContext` (`context`): the one
+`worker.main` set, else `cluster_context` from the environment.
 """
 
 from __future__ import annotations
@@ -23,19 +26,31 @@ from celery.exceptions import Ignore, Reject
 from celery.signals import task_success
 from pydantic import ValidationError
 
-from sciencebench.coordination.protocol import parking_token
 from sciencebench.coordination.records import finish_job
+from sciencebench.coordination.redis import RedisCoordinator
 from sciencebench.coordination.shares import cluster_slots, fill
 from sciencebench.coordination.watchdog import send_again
 from sciencebench.core.errors import SciencebenchError
 from sciencebench.core.models import Redispatch, TrialSpec, trial_key
-from sciencebench.core.settings import RESULT_EXPIRES_SEC
+from sciencebench.core.settings import RESULT_EXPIRES_SEC, Settings
 from sciencebench.core.wire import FINALIZE_JOB, PREWARM_IMAGES, RUN_TRIAL
 from sciencebench.worker.admission import verified_paths_of
-from sciencebench.worker.context import WorkerContext, worker_context
-from sciencebench.worker.trial import Answer, Duplicate, HandBack, handle
+from sciencebench.worker.context import WorkerContext, docker_runtime, worker_context
+from sciencebench.worker.dispatch import Answer, Clustered, Duplicate, HandBack, Requeue
+from sciencebench.worker.trial import handle
 
 log = logging.getLogger(__name__)
+
+
+def cluster_context(settings: Settings) -> WorkerContext:
+    """A cluster worker's context: the Redis store and this host's Docker Engine."""
+    return WorkerContext(coord=RedisCoordinator(settings.broker_url), runtime=docker_runtime(settings),
+                         settings=settings)  # fmt: skip
+
+
+def context() -> WorkerContext:
+    """This process's WorkerContext (`worker.context.worker_context`)."""
+    return worker_context(default=lambda: cluster_context(Settings.from_env()))
 
 
 @shared_task(bind=True, name=RUN_TRIAL)
@@ -52,39 +67,17 @@ def run_trial(self: Task[Any, Any], trial: dict[str, Any]) -> dict[str, Any]:
         task_id=request.id, trial=spec, chord=request.chord,
         group_id=request.group, group_index=request.group_index,
     )  # fmt: skip
-    ctx = worker_context()
-    outcome = handle(spec, ctx, redispatch)
+    ctx = context()
+    outcome = handle(spec, ctx, Clustered(redispatch))
+    if isinstance(outcome, Requeue):
+        raise Reject(requeue=True)
     if isinstance(outcome, HandBack):
-        _hand_back(self, ctx, redispatch, outcome)
         raise Ignore()
     _wake_one_waiting(self, ctx, spec)  # a trial of the job ended: its slot may be free
     if isinstance(outcome, Answer):
         return outcome.record.model_dump(mode="json")
     assert isinstance(outcome, Duplicate)
     raise Ignore()
-
-
-def _hand_back(task: Task[Any, Any], ctx: WorkerContext, redispatch: Redispatch, outcome: HandBack) -> None:
-    """Park the trial's lease under its message's token; pause this host on a host fault.
-
-    The running entry makes the watchdog send the trial again once the park
-    lapses; a trial waiting for a slot is also queued to be woken when one frees.
-    """
-    spec, coord = redispatch.trial, ctx.coord
-    try:
-        if not coord.park(spec.job_key, spec.key, parking_token(redispatch.task_id), outcome.park_sec):
-            return  # a live copy holds the trial, or the chord counted it: nothing to hand back
-        coord.set_running(spec.job_key, spec.key, redispatch)
-        if outcome.for_slot:
-            coord.wait_for_slot(spec.job_key, redispatch)
-        log.warning("%s: handed back (%s)", spec.label, outcome.reason)
-        if outcome.host_fault:
-            # The host keeper (worker.main) stops taking trials and resumes once the host is healthy.
-            coord.pause_host(ctx.settings.hostname, outcome.reason)
-    except Exception:
-        # Not parked: the message goes back to the broker instead of being dropped.
-        log.exception("%s: could not hand the trial back; the broker gets its message again", spec.label)
-        raise Reject(requeue=True) from None
 
 
 def _wake_one_waiting(task: Task[Any, Any], ctx: WorkerContext, spec: TrialSpec) -> None:
@@ -118,7 +111,7 @@ def _mark_counted(sender: Any = None, result: Any = None, **_: Any) -> None:
     if getattr(sender, "name", None) != RUN_TRIAL or not isinstance(result, dict):
         return
     job = str(result.get("job_id", ""))
-    worker_context().coord.mark_counted(job, trial_key(result["task_id"], result["attempt"]))
+    context().coord.mark_counted(job, trial_key(result["task_id"], result["attempt"]))
 
 
 @shared_task(name=FINALIZE_JOB)
@@ -130,7 +123,7 @@ def finalize_job(jobs_dir: str, job_name: str, job_id: str, dispatch_id: str = "
     files. When this host cannot write the job directory, the answer says so
     and the login node writes them (`submit --wait`, `summarize`).
     """
-    ctx = worker_context()
+    ctx = context()
     try:
         job_uuid = uuid.UUID(job_id)
     except ValueError:
@@ -159,7 +152,7 @@ def prewarm_images(refs: list[str], platform: str) -> dict[str, Any]:
     """Pull pinned images on this host ahead of a job (a dry run's pre-warm)."""
     started = time.monotonic()
     try:
-        worker_context().runtime.ensure_images(refs, platform, False)
+        context().runtime.ensure_images(refs, platform, False)
     except SciencebenchError as exc:
         return {"error": str(exc), "seconds": time.monotonic() - started}
     return {"error": None, "seconds": time.monotonic() - started}

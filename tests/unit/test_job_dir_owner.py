@@ -21,7 +21,7 @@ from sciencebench.core.settings import Settings
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.runrecord import build_run_record
 from sciencebench.login.submit import Prepared, persist
-from sciencebench.worker import stages
+from sciencebench.worker import publish, stages
 from sciencebench.worker.pier.agentconfig import write_agent_config
 from tests.fixtures.hosts import prepare
 from tests.fixtures.selection import make_selection
@@ -102,10 +102,10 @@ def test_publishing_follows_no_link_the_job_owner_planted(tmp_path: Path) -> Non
     tries = [stages.Try(record=record, pier_dir=earlier, retryable=False),
              stages.Try(record=record, pier_dir=trial, retryable=False)]  # fmt: skip
     with pytest.raises(OSError):  # superseded/ is a link: refused, nothing written through it
-        stages.publish_dirs(paths, spec, tries)
+        publish.publish_dirs(paths, spec, tries)
     assert list(elsewhere.iterdir()) == []
     (paths.meta_dir / "superseded").unlink()
-    stages.publish_dirs(paths, spec, tries)
+    publish.publish_dirs(paths, spec, tries)
     assert (paths.job_dir / "task_002__abcdefg" / "result.json").read_text() == "{}"
     assert (paths.meta_dir / "superseded" / "task_002__earlier").is_dir()
     assert list(elsewhere.iterdir()) == []

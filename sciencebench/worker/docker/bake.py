@@ -23,6 +23,7 @@ import docker.types
 
 from sciencebench.agents.recipes import MOUNT_DIR, Recipe, image_tag, render
 from sciencebench.core.agentimages import BakedImage
+from sciencebench.core.errors import SciencebenchError
 from sciencebench.core.images import image_digest, image_repository
 from sciencebench.worker.docker.engine import ENGINE_ERRORS, connect, one_line
 
@@ -31,7 +32,7 @@ Action = Literal["built", "found in registry", "up to date"]
 BUILD_TIMEOUT_SEC = 1800
 
 
-class BakeError(RuntimeError):
+class BakeError(SciencebenchError, RuntimeError):
     """A bake step failed on the engine or the registry (one line why)."""
 
 

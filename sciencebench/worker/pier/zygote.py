@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from sciencebench.core.errors import SciencebenchError
+
 try:
     import setproctitle
 except ImportError:  # an optional nicety of the worker extra
@@ -76,7 +78,7 @@ def die_with_parent() -> None:
     _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-class ZygoteError(OSError):
+class ZygoteError(SciencebenchError, OSError):
     """The zygote could not start the run (nothing was started)."""
 
 

@@ -1,0 +1,147 @@
+"""What a trial's run answers, and how a trial that cannot run here now is run later.
+
+`handle` (`worker.trial`) ends with an `Outcome`: a record for the chord, a
+duplicate (answer nothing), or a hand-back. Who may hand back is the
+`Dispatch`:
+
+    Clustered   a Celery worker host: the trial is parked under its message's
+                token (`Redispatch`) and sent again by the watchdog when the
+                park lapses, or as soon as a slot of its job frees; no worker
+                process waits, and no host's clock is trusted
+    Embedded    `submit --local`: this process is the job's only worker; no
+                host is lost and nothing is handed back, a trial waits here
+                for its slot and a host fault is its record
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from typing import ClassVar
+
+from sciencebench.coordination.protocol import parking_token
+from sciencebench.core.models import Redispatch, TrialRecord, TrialSpec, TrialState
+from sciencebench.worker.context import WorkerContext
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """Answer the chord with this record."""
+
+    record: TrialRecord
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    """A copy of a trial that runs or ran elsewhere: answer nothing."""
+
+
+@dataclass(frozen=True)
+class HandBack:
+    """Park the trial for `park_sec`, then have it sent again.
+
+    `for_slot`: it waits for one of its job's slots (sent again as soon as one
+    frees); `host_fault`: this host stops taking trials until it is healthy.
+    """
+
+    reason: str
+    park_sec: float
+    host_fault: bool = False
+    for_slot: bool = False
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """The hand-back could not be stored: the broker must deliver the trial's message again."""
+
+
+Outcome = Answer | Duplicate | HandBack | Requeue
+
+
+@dataclass(frozen=True)
+class Embedded:
+    """The embedded mode: the trial runs in this process or not at all (nothing is handed back)."""
+
+    hands_back: ClassVar[bool] = False
+    parked: ClassVar[str] = ""  # no hand-back parks it
+
+    def running(self, ctx: WorkerContext) -> Redispatch | None:
+        """No running entry: no watchdog sends the trial again."""
+        return None
+
+    def wait_for_slot(self, ctx: WorkerContext, spec: TrialSpec, cap: int) -> HandBack | None:
+        """Wait here (polling) until one of the job's `cap` slots is this trial's."""
+        lease = ctx.settings.lease_seconds
+        while True:
+            ctx.sleep(min(1.0, lease / 4))
+            if ctx.coord.acquire_slot(spec.job_key, spec.key, cap, lease):
+                return None
+
+    def hand_back(self, ctx: WorkerContext, spec: TrialSpec, outcome: HandBack) -> Outcome:
+        """Never asked: an embedded trial is not handed back."""
+        raise AssertionError(f"{spec.label}: the embedded mode hands nothing back ({outcome.reason})")
+
+
+@dataclass(frozen=True)
+class Clustered:
+    """A Celery worker host; `redispatch` is how the watchdog or a hand-back sends the trial again."""
+
+    redispatch: Redispatch
+    hands_back: ClassVar[bool] = True
+
+    @property
+    def parked(self) -> str:
+        """The token a hand-back of this message parked the trial's lease under."""
+        return parking_token(self.redispatch.task_id)
+
+    def running(self, ctx: WorkerContext) -> Redispatch:
+        """The trial's running entry, naming this process: should it die, the watchdog resends the trial."""
+        return self.redispatch.model_copy(update={"owner": ctx.owner, "host": ctx.settings.hostname})
+
+    def wait_for_slot(self, ctx: WorkerContext, spec: TrialSpec, cap: int) -> HandBack | None:
+        """Waiting would hold a worker process: give the lease (and the running entry) up, come back later."""
+        ctx.coord.finish(spec.job_key, spec.key, ctx.owner)
+        ctx.coord.set_state(spec.job_key, spec.key, TrialState.WAITING, ctx.settings.hostname)
+        return HandBack(
+            "waiting for a slot of the job's --n-concurrent",
+            park_sec=ctx.settings.lease_seconds,
+            for_slot=True,
+        )
+
+    def hand_back(self, ctx: WorkerContext, spec: TrialSpec, outcome: HandBack) -> Outcome:
+        """Park the trial's lease under its message's token; pause this host on a host fault.
+
+        The running entry makes the watchdog send the trial again once the park
+        lapses; a trial waiting for a slot is also queued to be woken when one
+        frees. A trial a live copy holds, or the chord counted, is not parked.
+        """
+        coord, job, key = ctx.coord, spec.job_key, spec.key
+        try:
+            if not coord.park(job, key, self.parked, outcome.park_sec):
+                return outcome  # nothing to hand back
+            coord.set_running(job, key, self.redispatch)
+            if outcome.for_slot:
+                coord.wait_for_slot(job, self.redispatch)
+            log.warning("%s: handed back (%s)", spec.label, outcome.reason)
+            if outcome.host_fault:
+                # The host keeper (worker.main) stops taking trials and resumes once the host is healthy.
+                coord.pause_host(ctx.settings.hostname, outcome.reason)
+        except Exception:
+            log.exception("%s: could not hand the trial back; the broker gets its message again", spec.label)
+            return Requeue()
+        return outcome
+
+
+Dispatch = Embedded | Clustered
+EMBEDDED = Embedded()
+
+
+def backoff(ctx: WorkerContext) -> float:
+    """How long a handed-back trial stays parked: a quarter lease, between 1 s and 5 s, plus up to half again.
+
+    The jitter keeps hand-backs from falling into step with the hosts' polling.
+    """
+    return min(max(ctx.settings.lease_seconds / 4, 1.0), 5.0) * random.uniform(1.0, 1.5)  # noqa: S311

@@ -1,0 +1,180 @@
+"""A claimed trial's tries: run again while a failure is worth another try and the job allows it.
+
+A try that failed on its model provider is run again after a back-off, up
+to --provider-retries; any other failure whose class is not deterministic
+(`core.errors`), up to --max-retries, after 2, 4, ... s. A failed try on a
+host found unhealthy raises `HostFault` (the host's fault, not the job's);
+`NoRoomError` goes up too (the trial goes back to the queue).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from sciencebench.coordination.gateways import GatewaySlot, gateway_limits
+from sciencebench.coordination.heartbeat import Heartbeat
+from sciencebench.core.errors import Cancelled, NoRoomError, PreflightError, Stage, TrialError
+from sciencebench.core.failures import failure_record
+from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec, TryRecord
+from sciencebench.core.settings import Settings
+from sciencebench.worker.admission import Admitted
+from sciencebench.worker.context import WorkerContext
+from sciencebench.worker.pier.provider import gateway_authority
+from sciencebench.worker.stages import Try, run_try
+
+log = logging.getLogger(__name__)
+
+
+def run_tries(
+    spec: TrialSpec, ctx: WorkerContext, admitted: Admitted, heartbeat: Heartbeat, started: datetime
+) -> list[Try]:
+    """Run tries until one is final: succeeded, not worth another, or the retries spent.
+
+    A try that failed on its model provider (`TrialRecord.provider_status`)
+    is run again after a back-off (`provider_backoff`) up to the job's
+    --provider-retries, apart from --max-retries; each try waits for a slot
+    of its gateway's cluster-wide limit (`coordination.gateways`) first.
+    """
+    job = admitted.job
+    tries: list[Try] = []
+    reruns = 0  # tries run again because of the provider
+    while True:
+        number = len(tries) + 1
+        slot = _gateway_slot(spec, ctx, job)
+        if slot is not None and not slot.wait(lambda: heartbeat.should_stop):
+            if not tries:
+                tries.append(_stopped_waiting(spec, ctx, started))
+            break
+        try:
+            attempt = _one_try(spec, ctx, admitted, heartbeat, started, number)
+        finally:
+            if slot is not None:
+                slot.release()
+        if slot is not None and attempt.pier_dir is not None:
+            _adjust_gateway(slot, attempt.record)
+        tries.append(attempt)
+        if heartbeat.should_stop:
+            break
+        if attempt.record.provider_status is not None:
+            if reruns >= job.provider_retries:
+                break
+            reruns += 1
+            delay = provider_backoff(ctx.settings, reruns, attempt.retry_after_sec)
+            log.warning("%s: try %d failed on its provider (%s); rerun %d of %d in %.0fs", spec.label, number,
+                        attempt.record.provider_status, reruns, job.provider_retries, delay)  # fmt: skip
+            _sleep(ctx, delay, heartbeat)
+            if heartbeat.should_stop:
+                break
+            continue
+        if attempt.record.errored:
+            _raise_if_host_unfit(ctx)
+        if not attempt.retryable or number - reruns > job.max_retries:
+            break
+        delay = min(2.0 ** (number - reruns), 60.0)
+        log.warning("%s: try %d failed (%s); try %d of %d in %.0fs", spec.label, number,
+                    attempt.record.exception_type, number + 1, job.max_retries + 1, delay)  # fmt: skip
+        ctx.sleep(delay)
+    final = tries[-1].record.model_copy(
+        update={
+            "tries": len(tries),
+            "started_at": started,
+            "earlier_tries": [_summary_of(t.record) for t in tries[:-1]],
+        }
+    )
+    tries[-1] = Try(record=final, pier_dir=tries[-1].pier_dir, retryable=False)
+    return tries
+
+
+def _one_try(
+    spec: TrialSpec,
+    ctx: WorkerContext,
+    admitted: Admitted,
+    heartbeat: Heartbeat,
+    started: datetime,
+    number: int,
+) -> Try:
+    """One try's stages; a stage's failure becomes the try's record (NoRoomError goes up)."""
+    try:
+        # The host's image budget evicts none of the trial's images while a try needs them.
+        with ctx.runtime.images_held(spec.image_refs):
+            return run_try(
+                spec, admitted.job, ctx, admitted.paths, heartbeat, started, number, admitted.owner_uid
+            )
+    except NoRoomError:
+        raise  # not this trial's failure: it goes back to the queue
+    except TrialError as exc:
+        record = failure_record(spec, exc, worker=ctx.settings.hostname, started=started)
+        return Try(record=record, pier_dir=None, retryable=not exc.deterministic)
+    except Exception as exc:  # a full disk, a broken file: the try's record says so
+        if isinstance(exc, OSError):
+            log.error("%s: try %d failed: %s", spec.label, number, exc)
+        else:
+            log.exception("%s: try %d failed unexpectedly", spec.label, number)
+        record = failure_record(spec, exc, Stage.WORKER, worker=ctx.settings.hostname, started=started)
+        return Try(record=record, pier_dir=None, retryable=False)
+
+
+def provider_backoff(settings: Settings, rerun: int, retry_after_sec: float | None) -> float:
+    """The wait before a provider failure's `rerun`-th rerun: the Retry-After seen, else doubling; capped."""
+    cap = settings.provider_backoff_max_sec
+    if retry_after_sec is not None:
+        return min(max(retry_after_sec, 0.0), cap)
+    return min(settings.provider_backoff_sec * 2.0 ** (rerun - 1), cap)
+
+
+def _sleep(ctx: WorkerContext, seconds: float, heartbeat: Heartbeat) -> None:
+    """Sleep `seconds`, or less when the trial must stop (cancelled, lease lost)."""
+    left = seconds
+    while not heartbeat.should_stop and left > 0:
+        ctx.sleep(min(left, 0.5))
+        left -= 0.5
+
+
+def _gateway_slot(spec: TrialSpec, ctx: WorkerContext, job: JobSpec) -> GatewaySlot | None:
+    """The try's slot of its gateway authority's cluster-wide limit; None for a job without a gateway."""
+    authority = gateway_authority(job)
+    if authority is None:
+        return None
+    member = f"{spec.job_key}/{spec.key}/{ctx.owner}"
+    return GatewaySlot(
+        gateway_limits(ctx.coord), authority, member, job.n_concurrent, ctx.settings.lease_seconds
+    )
+
+
+def _adjust_gateway(slot: GatewaySlot, record: TrialRecord) -> None:
+    """Halve the authority's limit on a provider failure, grow it by one on a try that got its answers."""
+    try:
+        if record.provider_status is not None:
+            limit = slot.limits.provider_error(slot.authority, record.provider_status, since=slot.acquired_at)
+            log.warning("gateway %s: provider error %s; its limit is now %d", slot.authority,
+                        record.provider_status, limit)  # fmt: skip
+        else:
+            slot.limits.success(slot.authority)
+    except Exception:  # the limit is advice: a store blip does not fail the trial
+        log.warning("gateway %s: its limit could not be updated", slot.authority, exc_info=True)
+
+
+def _stopped_waiting(spec: TrialSpec, ctx: WorkerContext, started: datetime) -> Try:
+    cancelled = Cancelled("job cancelled while the trial waited for its gateway's limit")
+    record = failure_record(spec, cancelled, Stage.SLOT, worker=ctx.settings.hostname, started=started)
+    return Try(record=record, pier_dir=None, retryable=False)
+
+
+class HostFault(PreflightError):
+    """A try failed and this host is unhealthy now: the failure is the host's, not the job's."""
+
+
+def _raise_if_host_unfit(ctx: WorkerContext) -> None:
+    try:
+        ctx.runtime.check_host(fresh=True)
+    except PreflightError as exc:
+        raise HostFault(str(exc)) from None
+
+
+def _summary_of(record: TrialRecord) -> TryRecord:
+    return TryRecord(
+        trial_dir=record.trial_dir, exception_type=record.exception_type,
+        exception_message=record.exception_message, stage=record.stage,
+        worker=record.worker, finished_at=record.finished_at, provider_status=record.provider_status,
+    )  # fmt: skip
