@@ -163,9 +163,9 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
 
 def _broker(settings: Settings) -> Coordinator:
     """The cluster's store, reachable (BrokerUnavailableError, one line, when not): submit reads its hosts."""
-    from sciencebench.coordination.redis import RedisCoordinator
+    from sciencebench.coordination import connect
 
-    coord = RedisCoordinator(settings.broker_url)
+    coord = connect(settings)
     coord.ping()
     return coord
 
@@ -301,12 +301,12 @@ def _load(jobs_dir: Path, job_name: str) -> JobSpec:
 @_handle_errors
 def status(job_name: str, jobs_dir: Path) -> None:
     """Show a job's counts, each trial's state and host, its budget and its gateways' limits."""
+    from sciencebench.coordination import connect
     from sciencebench.coordination.budget import status_line
     from sciencebench.coordination.gateways import gateway_limits
-    from sciencebench.coordination.redis import RedisCoordinator
 
     job = _load(jobs_dir, job_name)
-    coord = RedisCoordinator(Settings.from_env().broker_url)
+    coord = connect(Settings.from_env())
     coord.ping()
     states = coord.states(job.job_key)
     table = Table(title=f"job {job.job_name}" + ("  (cancelled)" if coord.is_cancelled(job.job_key) else ""))
@@ -384,11 +384,11 @@ def share(name: str | None, weight: float | None, is_job: bool, jobs_dir: Path, 
     Without NAME: one line per job taking part. Takes effect at the next
     free slot; running trials are never stopped.
     """
-    from sciencebench.coordination.redis import RedisCoordinator
+    from sciencebench.coordination import connect
     from sciencebench.coordination.shares import cluster_slots, job_field, share_lines, user_field
 
     settings = Settings.from_env()
-    coord = RedisCoordinator(settings.broker_url)
+    coord = connect(settings)
     coord.ping()
     if name is not None:
         if weight is None and not reset:
@@ -406,14 +406,14 @@ def share(name: str | None, weight: float | None, is_job: bool, jobs_dir: Path, 
 @_handle_errors
 def cancel(job_name: str, jobs_dir: Path) -> None:
     """Cancel a job: queued trials end at once, running Pier processes are stopped."""
+    from sciencebench.coordination import connect
     from sciencebench.coordination.celery_app import create_app
     from sciencebench.coordination.records import forget_agent_env
-    from sciencebench.coordination.redis import RedisCoordinator
     from sciencebench.login.dispatch import release_held
 
     job = _load(jobs_dir, job_name)
     settings = Settings.from_env()
-    coord = RedisCoordinator(settings.broker_url)
+    coord = connect(settings)
     coord.ping()
     coord.cancel(job.job_key)
     forget_agent_env(job)  # no trial starts any more; running ones hold their values already
@@ -445,9 +445,9 @@ def retry(job_name: str, jobs_dir: Path, failed: bool, wait: bool, force: bool,
     Refused (exit 2) while the job is still running: its trials would run
     twice.
     """
+    from sciencebench.coordination import connect
     from sciencebench.coordination.celery_app import create_app
     from sciencebench.coordination.records import store_records_to_disk
-    from sciencebench.coordination.redis import RedisCoordinator
     from sciencebench.login.dispatch import dispatch
     from sciencebench.login.follow import follow
     from sciencebench.login.retry import continue_budget, failed_trials
@@ -455,7 +455,7 @@ def retry(job_name: str, jobs_dir: Path, failed: bool, wait: bool, force: bool,
     limits = options.budget_limits(max_cost_usd, max_tokens)
     job = _load(jobs_dir, job_name)
     settings = Settings.from_env()
-    coord = RedisCoordinator(settings.broker_url)
+    coord = connect(settings)
     coord.ping()
     if coord.open_dispatches(job.job_key) and not force:
         raise JobConflictError(

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from sciencebench.coordination import connect
 from sciencebench.coordination.protocol import Coordinator
-from sciencebench.coordination.redis import RedisCoordinator
 from sciencebench.core.errors import WorkspaceError
 from sciencebench.core.models import JobSpec
 from sciencebench.core.paths import JobPaths
@@ -91,7 +91,7 @@ def worker_context() -> WorkerContext:
     with _context_lock:
         if _context is None:
             settings = _settings or Settings.from_env()
-            coord = RedisCoordinator(settings.broker_url)
+            coord = connect(settings)
             _context = WorkerContext(coord=coord, runtime=docker_runtime(settings), settings=settings)
         return _context
 
