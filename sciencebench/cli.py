@@ -14,7 +14,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from rich.console import Console
@@ -30,6 +30,9 @@ from sciencebench.core.settings import Settings
 from sciencebench.core.sizes import parse_size
 from sciencebench.login import options
 from sciencebench.login.options import SubmitOptions
+
+if TYPE_CHECKING:
+    from sciencebench.coordination.records import FinalizerAnswer
 
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
@@ -170,7 +173,7 @@ def _broker(settings: Settings) -> Coordinator:
     return coord
 
 
-def _conclude(job: JobSpec, answer: dict[str, Any], coord: Coordinator | None = None) -> int:
+def _conclude(job: JobSpec, answer: FinalizerAnswer, coord: Coordinator | None = None) -> int:
     """Print the summary and what is missing; the exit code: 1 if any trial errored or is missing.
 
     3 (`EXIT_BUDGET`) when, without either, the job's budget left trials not started.
@@ -181,9 +184,9 @@ def _conclude(job: JobSpec, answer: dict[str, Any], coord: Coordinator | None = 
     from sciencebench.coordination.records import finish_job, forget_agent_env
 
     paths = JobPaths(job.jobs_dir, job.job_name)
-    if coord is not None and (not answer.get("summary_written") or answer.get("missing")):
-        if answer.get("problem"):
-            err.print(f"finalizer: {answer['problem']}; writing the summary here", markup=False)
+    if coord is not None and (not answer.summary_written or answer.missing):
+        if answer.problem:
+            err.print(f"finalizer: {answer.problem}; writing the summary here", markup=False)
         try:
             answer = finish_job(coord, paths, job.job_name, job.job_id)
         except OSError as exc:
@@ -195,14 +198,14 @@ def _conclude(job: JobSpec, answer: dict[str, Any], coord: Coordinator | None = 
     except (OSError, ValueError) as exc:
         err.print(f"no summary in {paths.job_dir} ({exc.__class__.__name__})", markup=False)
         return 1
-    missing = list(answer.get("missing") or [])
+    missing = answer.missing or []
     if coord is not None or not missing:
         forget_agent_env(job)  # the job has ended: its --agent-env values are no longer needed
     if missing:
         shown = ", ".join(f"task_{key.replace('#', ' #')}" for key in missing[:20])
         more = f" and {len(missing) - 20} more" if len(missing) > 20 else ""
         err.print(f"missing: {len(missing)} trial(s) have no record: {shown}{more}", markup=False)
-    if answer.get("n_errored_trials") or missing:
+    if answer.n_errored_trials or missing:
         return 1
     return EXIT_BUDGET if not_started else 0
 

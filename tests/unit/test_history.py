@@ -13,7 +13,7 @@ from celery import Celery
 from sciencebench.coordination import history
 from sciencebench.coordination.memory import MemoryCoordinator
 from sciencebench.coordination.protocol import Claim
-from sciencebench.coordination.records import finish_job
+from sciencebench.coordination.records import FinalizerAnswer, finish_job
 from sciencebench.coordination.watchdog import release_stalled
 from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec
 from sciencebench.core.paths import JobPaths, write_atomic
@@ -218,11 +218,28 @@ def test_the_finalizer_records_what_trials_measured(tmp_path: Path) -> None:
     _write_record(job, "002", 1, 1.0, exception_type=CANCELLED)  # cut short: not a duration
     _write_record(job, "003", 1, None, exception_type="PullError")  # never reached Pier
     coord = MemoryCoordinator()
-    finish_job(coord, paths, job.job_name, job.job_id)
+    answer = finish_job(coord, paths, job.job_name, job.job_id)
+    assert (answer.summary_written, answer.n_total_trials, answer.missing) == (
+        True,
+        8,
+        ["002#2", "003#2", "004#1", "004#2"],
+    )
+    assert FinalizerAnswer.model_validate(answer.wire()) == answer  # what the chord carries reads back
     assert history.estimates(coord, job) == {"001": 4.0}
     finish_job(coord, paths, job.job_name, job.job_id)  # finalized again: counted once
     assert coord.durations([history.job_history_keys(job)["001"]]) == {
         history.job_history_keys(job)["001"]: [3.0, 5.0]
+    }
+
+
+def test_an_unwritten_summary_answers_why_and_nothing_else(tmp_path: Path) -> None:
+    job = _prepare(tmp_path).job
+    answer = finish_job(MemoryCoordinator(), None, job.job_name, job.job_id)
+    assert answer.wire() == {
+        "job_name": job.job_name,
+        "job_id": str(job.job_id),
+        "summary_written": False,
+        "problem": "the job directory is not visible on the finalizing host",
     }
 
 
