@@ -40,20 +40,6 @@ from sciencebench.coordination.protocol import (
 from sciencebench.core.errors import BrokerUnavailableError
 from sciencebench.core.models import Redispatch, TrialState, TrialStatus
 
-# Claim a trial: nothing if it has a result (KEYS[2]) or a live lease (KEYS[1])
-# other than the parked one the caller's message may take over (ARGV[4]).
-_CLAIM = """
-if redis.call('exists', KEYS[2]) == 1 then
-  return 'answered'
-end
-local holder = redis.call('get', KEYS[1])
-if holder and (ARGV[4] == '' or holder ~= ARGV[4]) then
-  return 'held'
-end
-redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('sadd', KEYS[3], ARGV[3])
-return 'claimed'
-"""
 # Park a lease under a token unless the chord counted the trial (KEYS[3]) or a
 # live process holds it.
 _PARK = """
@@ -92,12 +78,6 @@ end
 return 0
 """
 )
-_RELEASE = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('del', KEYS[1])
-end
-return 0
-"""
 # Store the record (KEYS[3]) only while the caller is the rightful holder; add
 # its spend (ARGV[5] tokens, ARGV[6] cost) to the job's budget (KEYS[5], KEYS[6]).
 _COMMIT = (
@@ -304,7 +284,9 @@ local function take_slot(slots, member, cap, ttl_ms)
 end
 """
 _SLOT = _TAKE_SLOT + "return take_slot(KEYS[1], ARGV[1], ARGV[2], ARGV[3])"
-# A trial's start in one round trip: the claim (as _CLAIM), then, when
+# A trial's start in one round trip: the claim (nothing if it has a result,
+# KEYS[2], or a live lease, KEYS[1], other than the parked one its message may
+# take over, ARGV[4]), then, when
 # claimed, the cancel flag (KEYS[4]), the budget (KEYS[7], KEYS[8]) and a slot
 # (KEYS[5], as _SLOT).
 _START = (
@@ -369,10 +351,8 @@ class RedisCoordinator(Coordinator):
         self._redis: redis.Redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=30)
         self.outage_sec = outage_sec
         self._recovered_at = float("-inf")
-        self._claim_script = self._redis.register_script(_CLAIM)
         self._park_script = self._redis.register_script(_PARK)
         self._renew_script = self._redis.register_script(_RENEW)
-        self._release_script = self._redis.register_script(_RELEASE)
         self._commit_script = self._redis.register_script(_COMMIT)
         self._slot_script = self._redis.register_script(_SLOT)
         self._start_script = self._redis.register_script(_START)
@@ -465,13 +445,6 @@ class RedisCoordinator(Coordinator):
     # --- leases
 
     @override
-    def claim(self, job: str, key: str, owner: str, ttl_sec: float, parked: str = "") -> Claim:
-        """Take the trial's lease unless it has a result or a live holder; the job joins the scan."""
-        keys = [job_key(job, "lease", key), job_key(job, "result", key), JOBS_KEY]
-        args: list[int | str] = [owner, int(ttl_sec * 1000), job, parked]
-        return Claim(str(self.patiently(lambda: self._claim_script(keys=keys, args=args))))
-
-    @override
     def park(self, job: str, key: str, token: str, ttl_sec: float) -> bool:
         """Hold the lease under `token` unless a live process holds it or the chord counted the trial."""
         keys = [job_key(job, "lease", key), JOBS_KEY, job_key(job, "counted", key)]
@@ -525,12 +498,6 @@ class RedisCoordinator(Coordinator):
                 pipe.execute()
 
         self.patiently(send)
-
-    @override
-    def release(self, job: str, key: str, owner: str) -> None:
-        """Give the lease up if `owner` still holds it."""
-        lease = job_key(job, "lease", key)
-        self.patiently(lambda: self._release_script(keys=[lease], args=[owner]))
 
     @override
     def set_running(self, job: str, key: str, payload: Redispatch) -> None:

@@ -198,7 +198,6 @@ def _run_claimed(
 ) -> Outcome:
     coord, job, key = ctx.coord, spec.job_key, spec.key
     heartbeat = Heartbeat(coord, job, key, ctx.owner, ctx.settings.lease_seconds)
-    heartbeat.holds_slot = True
     heartbeat.start()
     try:
         coord.run_started(job, key, None, ctx.settings.hostname)  # the running entry came with the claim

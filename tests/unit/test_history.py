@@ -23,6 +23,7 @@ from sciencebench.login.plan import order, schedule
 from sciencebench.login.submit import Prepared, persist
 from sciencebench.worker.stages import CANCELLED
 from tests.fixtures.hosts import prepare
+from tests.fixtures.leases import claim as _claim
 from tests.fixtures.selection import make_selection
 
 pytestmark = pytest.mark.unit
@@ -331,7 +332,7 @@ def test_the_watchdog_sends_held_trials_nobody_else_will(tmp_path: Path) -> None
     dispatch(app, coord, job, prepared.trials)
     assert len(_sent(app)) == 2  # the window; taken off the queue: they ran
     assert release_stalled(app, coord, lease_seconds=0.0) == 0  # no trial of the job ever started
-    assert coord.claim(job.job_key, "001#1", "w", 30) is Claim.CLAIMED
+    assert _claim(coord, job.job_key, "001#1", "w", 30) is Claim.CLAIMED
     assert coord.finish(job.job_key, "001#1", "w")  # ...and ended without waking anyone
     assert release_stalled(app, coord, lease_seconds=60.0) == 0  # not for two lease periods yet
     assert release_stalled(app, coord, lease_seconds=0.0) == 2  # a window's worth
