@@ -11,7 +11,7 @@ from typing import Any, override
 
 from sciencebench.coordination import shares
 from sciencebench.coordination.budget import Budget, Ledger, Spend, spend_of
-from sciencebench.coordination.history import SAMPLES, measured_seconds
+from sciencebench.coordination.history import SAMPLES, stored_seconds
 from sciencebench.coordination.protocol import (
     HISTORY_KEY,
     JOBS_KEY,
@@ -298,7 +298,7 @@ class MemoryCoordinator(Coordinator):
                     continue
                 held.probe.discard(key)
                 task = key.partition("#")[0]
-                seconds = measured_seconds(json.loads(record))
+                seconds = stored_seconds(json.loads(record))
                 if seconds is not None and task in held.tasks:
                     for member in held.tasks.pop(task):
                         if member in held.expected:

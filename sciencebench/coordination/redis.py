@@ -120,19 +120,19 @@ if redis.call('hset', KEYS[2], ARGV[1], ARGV[2]) == 1 then
 end
 return 1
 """
-# A trial record's measured seconds: its harness stage, unless cancelled. The
-# twin of `coordination.history.measured_seconds`.
+# The measured seconds a trial record stores (`measured_sec`, computed when it
+# was written), as `coordination.history.stored_seconds` reads them.
 _MEASURED = """
 local function measured(record)
   local ok, r = pcall(cjson.decode, record)
-  if not ok or type(r) ~= 'table' or r['exception_type'] == 'Cancelled' then
+  if not ok or type(r) ~= 'table' then
     return nil
   end
-  local timings = r['timings_sec']
-  if type(timings) ~= 'table' or type(timings['harness']) ~= 'number' or timings['harness'] < 0 then
+  local seconds = r['measured_sec']
+  if type(seconds) ~= 'number' or seconds < 0 then
     return nil
   end
-  return timings['harness']
+  return seconds
 end
 """
 # A held trial handed out (payload, trial key) while its message is on the way:

@@ -20,7 +20,7 @@ from sciencebench.coordination.history import SAMPLES
 from sciencebench.coordination.memory import MemoryCoordinator
 from sciencebench.coordination.protocol import Claim, Coordinator, Held, HostKit
 from sciencebench.coordination.redis import RedisCoordinator
-from sciencebench.core.models import Redispatch, TrialSpec, TrialState, TrialStatus
+from sciencebench.core.models import Redispatch, TrialRecord, TrialSpec, TrialState, TrialStatus
 from tests.fixtures.leases import claim as _claim
 from tests.fixtures.services import RedisServer
 
@@ -338,8 +338,8 @@ def _held(task_id: str, attempt: int, expected: float) -> Held:
 
 def _record(task_id: str, attempt: int, harness: float | None, exception: str | None = None) -> str:
     timings = {"pull": 9.0} if harness is None else {"pull": 9.0, "harness": harness}
-    return json.dumps({"job_id": str(JOB_ID), "job_name": "j", "task_id": task_id, "attempt": attempt,
-                       "exception_type": exception, "timings_sec": timings})  # fmt: skip
+    return TrialRecord(job_id=JOB_ID, job_name="j", task_id=task_id, attempt=attempt,
+                       exception_type=exception, timings_sec=timings).model_dump_json()  # fmt: skip
 
 
 def _keys(payloads: list[Redispatch | None]) -> list[str | None]:
@@ -388,6 +388,15 @@ def test_cancelled_or_unmeasured_records_measure_nothing(coord: Coordinator) -> 
     coord.store_result("j", "002#1", _record("002", 1, harness=None, exception="PullError"))
     coord.store_result("j", "003#1", _record("003", 1, harness=0.5))
     assert _keys([coord.next_waiting("j", 30) for _ in range(4)]) == ["001#2", "002#2", "003#2", None]
+
+
+def test_a_record_without_stored_seconds_measures_nothing(coord: Coordinator) -> None:
+    # A record an older worker wrote has no `measured_sec`: the store does not measure it again.
+    coord.hold("j", [_held("001", 2, 1.0), _held("002", 2, 9.0)], ["001#1"], window=1)
+    older = json.loads(_record("001", 1, harness=50.0))
+    del older["measured_sec"]
+    coord.store_result("j", "001#1", json.dumps(older))
+    assert _keys([coord.next_waiting("j", 30) for _ in range(3)]) == ["002#2", "001#2", None]
 
 
 def test_release_held_takes_every_held_trial_in_order(coord: Coordinator) -> None:

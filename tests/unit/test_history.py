@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from sciencebench.coordination.memory import MemoryCoordinator
 from sciencebench.coordination.protocol import Claim
 from sciencebench.coordination.records import FinalizerAnswer, finish_job
 from sciencebench.coordination.watchdog import release_stalled
+from sciencebench.core import models
 from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec
 from sciencebench.core.paths import JobPaths, write_atomic
 from sciencebench.login.dispatch import dispatch
@@ -29,6 +31,7 @@ from tests.fixtures.selection import make_selection
 pytestmark = pytest.mark.unit
 
 CANARY = "sk-canary-history-51d"
+JOB_ID = uuid.UUID("00000000-0000-4000-8000-000000000051")
 IDS = ["001", "002", "003", "004"]
 
 
@@ -194,7 +197,21 @@ def test_measured_seconds_is_the_harness_stage_unless_cancelled() -> None:
     )
     for bad in (True, -1.0, "3", None):
         assert history.measured_seconds({"timings_sec": {"harness": bad}}) is None
-    assert history.CANCELLED == CANCELLED  # the worker's name for a cancelled trial
+    assert models.CANCELLED == CANCELLED  # the worker's name for a cancelled trial
+
+
+def test_a_record_stores_what_it_measured_and_readers_read_that() -> None:
+    record = TrialRecord(job_id=JOB_ID, job_name="j", task_id="001", attempt=1, timings_sec={"harness": 7.5})
+    stored = json.loads(record.model_dump_json())
+    assert stored["measured_sec"] == 7.5  # computed once, when the record is written
+    cancelled = record.model_copy(update={"exception_type": CANCELLED})
+    assert json.loads(cancelled.model_dump_json())["measured_sec"] is None
+    assert (
+        history.measured_seconds({**stored, "measured_sec": 2.0}) == 2.0
+    )  # the stored value, not the timings
+    assert history.measured_seconds({**stored, "measured_sec": None}) is None
+    assert history.stored_seconds({"timings_sec": {"harness": 7.5}}) is None  # the store re-ranks by it only
+    assert TrialRecord.model_validate_json(record.model_dump_json()) == record  # read back as written
 
 
 def test_history_is_per_task_hash_and_agent(tmp_path: Path) -> None:
