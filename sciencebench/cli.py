@@ -14,7 +14,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from rich.console import Console
@@ -30,6 +30,9 @@ from sciencebench.core.settings import Settings
 from sciencebench.core.sizes import parse_size
 from sciencebench.login import options
 from sciencebench.login.options import SubmitOptions
+
+if TYPE_CHECKING:
+    from sciencebench.coordination.records import FinalizerAnswer
 
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
@@ -163,14 +166,14 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
 
 def _broker(settings: Settings) -> Coordinator:
     """The cluster's store, reachable (BrokerUnavailableError, one line, when not): submit reads its hosts."""
-    from sciencebench.coordination.redis import RedisCoordinator
+    from sciencebench.coordination import connect
 
-    coord = RedisCoordinator(settings.broker_url)
+    coord = connect(settings)
     coord.ping()
     return coord
 
 
-def _conclude(job: JobSpec, answer: dict[str, Any], coord: Coordinator | None = None) -> int:
+def _conclude(job: JobSpec, answer: FinalizerAnswer, coord: Coordinator | None = None) -> int:
     """Print the summary and what is missing; the exit code: 1 if any trial errored or is missing.
 
     3 (`EXIT_BUDGET`) when, without either, the job's budget left trials not started.
@@ -181,9 +184,9 @@ def _conclude(job: JobSpec, answer: dict[str, Any], coord: Coordinator | None = 
     from sciencebench.coordination.records import finish_job, forget_agent_env
 
     paths = JobPaths(job.jobs_dir, job.job_name)
-    if coord is not None and (not answer.get("summary_written") or answer.get("missing")):
-        if answer.get("problem"):
-            err.print(f"finalizer: {answer['problem']}; writing the summary here", markup=False)
+    if coord is not None and (not answer.summary_written or answer.missing):
+        if answer.problem:
+            err.print(f"finalizer: {answer.problem}; writing the summary here", markup=False)
         try:
             answer = finish_job(coord, paths, job.job_name, job.job_id)
         except OSError as exc:
@@ -195,14 +198,14 @@ def _conclude(job: JobSpec, answer: dict[str, Any], coord: Coordinator | None = 
     except (OSError, ValueError) as exc:
         err.print(f"no summary in {paths.job_dir} ({exc.__class__.__name__})", markup=False)
         return 1
-    missing = list(answer.get("missing") or [])
+    missing = answer.missing or []
     if coord is not None or not missing:
         forget_agent_env(job)  # the job has ended: its --agent-env values are no longer needed
     if missing:
         shown = ", ".join(f"task_{key.replace('#', ' #')}" for key in missing[:20])
         more = f" and {len(missing) - 20} more" if len(missing) > 20 else ""
         err.print(f"missing: {len(missing)} trial(s) have no record: {shown}{more}", markup=False)
-    if answer.get("n_errored_trials") or missing:
+    if answer.n_errored_trials or missing:
         return 1
     return EXIT_BUDGET if not_started else 0
 
@@ -301,12 +304,12 @@ def _load(jobs_dir: Path, job_name: str) -> JobSpec:
 @_handle_errors
 def status(job_name: str, jobs_dir: Path) -> None:
     """Show a job's counts, each trial's state and host, its budget and its gateways' limits."""
+    from sciencebench.coordination import connect
     from sciencebench.coordination.budget import status_line
     from sciencebench.coordination.gateways import gateway_limits
-    from sciencebench.coordination.redis import RedisCoordinator
 
     job = _load(jobs_dir, job_name)
-    coord = RedisCoordinator(Settings.from_env().broker_url)
+    coord = connect(Settings.from_env())
     coord.ping()
     states = coord.states(job.job_key)
     table = Table(title=f"job {job.job_name}" + ("  (cancelled)" if coord.is_cancelled(job.job_key) else ""))
@@ -384,11 +387,11 @@ def share(name: str | None, weight: float | None, is_job: bool, jobs_dir: Path, 
     Without NAME: one line per job taking part. Takes effect at the next
     free slot; running trials are never stopped.
     """
-    from sciencebench.coordination.redis import RedisCoordinator
+    from sciencebench.coordination import connect
     from sciencebench.coordination.shares import cluster_slots, job_field, share_lines, user_field
 
     settings = Settings.from_env()
-    coord = RedisCoordinator(settings.broker_url)
+    coord = connect(settings)
     coord.ping()
     if name is not None:
         if weight is None and not reset:
@@ -406,14 +409,14 @@ def share(name: str | None, weight: float | None, is_job: bool, jobs_dir: Path, 
 @_handle_errors
 def cancel(job_name: str, jobs_dir: Path) -> None:
     """Cancel a job: queued trials end at once, running Pier processes are stopped."""
+    from sciencebench.coordination import connect
     from sciencebench.coordination.celery_app import create_app
     from sciencebench.coordination.records import forget_agent_env
-    from sciencebench.coordination.redis import RedisCoordinator
     from sciencebench.login.dispatch import release_held
 
     job = _load(jobs_dir, job_name)
     settings = Settings.from_env()
-    coord = RedisCoordinator(settings.broker_url)
+    coord = connect(settings)
     coord.ping()
     coord.cancel(job.job_key)
     forget_agent_env(job)  # no trial starts any more; running ones hold their values already
@@ -445,9 +448,9 @@ def retry(job_name: str, jobs_dir: Path, failed: bool, wait: bool, force: bool,
     Refused (exit 2) while the job is still running: its trials would run
     twice.
     """
+    from sciencebench.coordination import connect
     from sciencebench.coordination.celery_app import create_app
     from sciencebench.coordination.records import store_records_to_disk
-    from sciencebench.coordination.redis import RedisCoordinator
     from sciencebench.login.dispatch import dispatch
     from sciencebench.login.follow import follow
     from sciencebench.login.retry import continue_budget, failed_trials
@@ -455,7 +458,7 @@ def retry(job_name: str, jobs_dir: Path, failed: bool, wait: bool, force: bool,
     limits = options.budget_limits(max_cost_usd, max_tokens)
     job = _load(jobs_dir, job_name)
     settings = Settings.from_env()
-    coord = RedisCoordinator(settings.broker_url)
+    coord = connect(settings)
     coord.ping()
     if coord.open_dispatches(job.job_key) and not force:
         raise JobConflictError(

@@ -10,13 +10,12 @@ the same three files.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sciencebench.coordination.memory import MemoryCoordinator
-from sciencebench.coordination.records import finish_job
+from sciencebench.coordination.records import FinalizerAnswer, finish_job
 from sciencebench.core.models import JobSpec
 from sciencebench.core.paths import JobPaths
 from sciencebench.core.settings import Settings
@@ -39,7 +38,7 @@ def local_settings(settings: Settings, job: JobSpec) -> Settings:
     )
 
 
-def run_local(prepared: Prepared, settings: Settings, console: Console) -> dict[str, Any]:
+def run_local(prepared: Prepared, settings: Settings, console: Console) -> FinalizerAnswer:
     """Run every trial with `n_concurrent` threads; return what the finalizer would answer."""
     job = prepared.job
     settings = local_settings(settings, job)

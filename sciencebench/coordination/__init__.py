@@ -3,5 +3,23 @@
 One protocol (`protocol.Coordinator`: results, leases, slots, job control,
 display states) with a Redis and an in-memory implementation, the lease
 heartbeat of a running trial, the lost-host watchdog, and the Celery app
-both sides configure alike.
+both sides configure alike. `connect` is the one way to the cluster's store.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sciencebench.coordination.redis import RedisCoordinator
+    from sciencebench.core.settings import Settings
+
+
+def connect(settings: Settings) -> RedisCoordinator:
+    """The cluster's store (`settings.broker_url`), as every command and worker reaches it.
+
+    Nothing is sent yet: call `ping` to fail at once when the broker does not answer.
+    """
+    from sciencebench.coordination.redis import RedisCoordinator  # Redis only for those who connect
+
+    return RedisCoordinator(settings.broker_url)

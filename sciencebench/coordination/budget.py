@@ -1,7 +1,7 @@
 """A job's budget: what its trials spent, cluster-wide, and whether another trial may start.
 
 `submit --max-cost USD` and `--max-tokens N` cap a job. The store keeps one
-ledger per job (`sciencebench:J:budget`, a hash; over Redis the scripts below
+ledger per job (`sciencebench:J:budget`, a hash; over Redis its Lua functions
 run inside `commit_result` and `start`):
 
     spend    each committed record's Pier totals (`TrialRecord.n_input_tokens`
@@ -142,93 +142,8 @@ class Budgets(Protocol):
         ...
 
 
-# --- over Redis: Lua shared by the scripts of `coordination.redis` -----------------------------
-
-# Whether the ledger (a hash) has reached a limit.
-LUA_REACHED = """
-local function budget_reached(ledger)
-  local v = redis.call('hmget', ledger, 'max_cost_usd', 'max_tokens', 'cost_usd', 'tokens')
-  if v[1] and tonumber(v[3] or '0') >= tonumber(v[1]) then
-    return true
-  end
-  return v[2] ~= false and tonumber(v[4] or '0') >= tonumber(v[2])
-end
-local function budget_now()
-  local t = redis.call('time')
-  return tostring(tonumber(t[1]) + tonumber(t[2]) / 1e6)
-end
-local function mark_reached(ledger, started)
-  redis.call('hset', ledger, 'reached_at', budget_now(), 'started_when_reached', redis.call('hlen', started))
-end
-"""
-# A trial the check lets start: noted with the store's clock when the job has limits.
-LUA_LET_START = """
-local function let_start(ledger, started, key)
-  local limits = redis.call('hmget', ledger, 'max_cost_usd', 'max_tokens')
-  if limits[1] or limits[2] then
-    redis.call('hset', started, key, budget_now())
-  end
-end
-"""
-# Add a committed record's spend (tokens, cost: '' when unknown) to the ledger.
-LUA_SPEND = """
-local function add_spend(ledger, started, tokens, cost)
-  if tokens == '' and cost == '' then
-    return
-  end
-  local was = budget_reached(ledger)
-  redis.call('hincrby', ledger, 'trials', 1)
-  if tokens ~= '' then
-    redis.call('hincrby', ledger, 'tokens', tokens)
-    redis.call('hsetnx', ledger, 'first_priced', cost ~= '' and '1' or '0')
-    if cost == '' then
-      redis.call('hincrby', ledger, 'unpriced', 1)
-    end
-  end
-  if cost ~= '' then
-    redis.call('hincrbyfloat', ledger, 'cost_usd', cost)
-  end
-  if not was and budget_reached(ledger) then
-    mark_reached(ledger, started)
-  end
-end
-"""
-# `Budgets.set_budget`: KEYS[1] ledger, KEYS[2] started; ARGV max cost, max tokens, seed tokens, seed cost.
-SET_BUDGET = (
-    LUA_REACHED
-    + """
-local fresh = redis.call('exists', KEYS[1]) == 0
-redis.call('hdel', KEYS[1], 'max_cost_usd', 'max_tokens', 'reached_at', 'started_when_reached')
-if ARGV[1] ~= '' then
-  redis.call('hset', KEYS[1], 'max_cost_usd', ARGV[1])
-end
-if ARGV[2] ~= '' then
-  redis.call('hset', KEYS[1], 'max_tokens', ARGV[2])
-end
-if fresh and ARGV[3] ~= '' then
-  redis.call('hset', KEYS[1], 'tokens', ARGV[3])
-end
-if fresh and ARGV[4] ~= '' then
-  redis.call('hset', KEYS[1], 'cost_usd', ARGV[4])
-end
-if budget_reached(KEYS[1]) then
-  mark_reached(KEYS[1], KEYS[2])
-end
-return redis.call('hgetall', KEYS[1])
-"""
-)
-# `Budgets.start_within_budget`: KEYS[1] ledger, KEYS[2] started; ARGV[1] trial key.
-START_WITHIN_BUDGET = (
-    LUA_REACHED
-    + LUA_LET_START
-    + """
-if budget_reached(KEYS[1]) then
-  return 0
-end
-let_start(KEYS[1], KEYS[2], ARGV[1])
-return 1
-"""
-)
+# --- over Redis: the scripts are `lua/set_budget.lua`, `lua/start_within_budget.lua` and the
+# functions `lua/lib/budget_reached.lua`, `let_start.lua`, `add_spend.lua` (`coordination.scripts`).
 
 
 def from_hash(ledger: dict[str, str], started: dict[str, str]) -> Budget:

@@ -14,7 +14,7 @@ _ANY_CAP = 1 << 30
 
 
 class Heartbeat(threading.Thread):
-    """Renews a trial's lease every `ttl_sec / 4` (and its slot, once held) until stopped.
+    """Renews a trial's lease and its slot every `ttl_sec / 4` until stopped (it runs while both are held).
 
     `lost` is set when the lease could not be renewed (another run owns the
     trial now); `cancelled` when the job's cancel flag appears. A broker blip
@@ -24,7 +24,6 @@ class Heartbeat(threading.Thread):
     def __init__(self, coord: Coordinator, job: str, key: str, owner: str, ttl_sec: float) -> None:
         super().__init__(daemon=True, name=f"lease {key}")
         self.coord, self.job, self.key, self.owner, self.ttl_sec = coord, job, key, owner, ttl_sec
-        self.holds_slot = False
         self.lost = threading.Event()
         self.cancelled = threading.Event()
         self._stop_event = threading.Event()
@@ -37,8 +36,7 @@ class Heartbeat(threading.Thread):
                 if not self.coord.renew(self.job, self.key, self.owner, self.ttl_sec):
                     self.lost.set()
                     return
-                if self.holds_slot:
-                    self.coord.acquire_slot(self.job, self.key, _ANY_CAP, self.ttl_sec)
+                self.coord.acquire_slot(self.job, self.key, _ANY_CAP, self.ttl_sec)
                 if self.coord.is_cancelled(self.job):
                     self.cancelled.set()
             except Exception:  # a broker blip: keep trying until the lease lapses

@@ -10,7 +10,9 @@ login node orders the next job of the same tasks by it (`login.plan`).
     value    the last `SAMPLES` measured seconds, each with the job it came from
     measure  the record's `harness` stage (the Pier process: environment, agent
              and verifier), not the image pull, which a host pays once; a
-             cancelled trial, or one that never reached Pier, measures nothing
+             cancelled trial, or one that never reached Pier, measures nothing.
+             Computed once, when the record is written: its `measured_sec`
+             (`core.models.TrialRecord`), which every reader reads
 
 A first run of a task version by an agent has no entry of its own; what
 other agents measured of the same version stands in (`ordering_estimates`),
@@ -25,8 +27,9 @@ agent digest hashes the harness, agent name, import path and models only
 (`coordination.protocol.History`; over Redis the hash `sciencebench:history`,
 which nothing expires).
 
-`measured_seconds` has a twin in Lua (`coordination.redis`), which measures
-a job's first finished attempt while the job runs: the two must agree.
+While a job runs, the store reads a first finished attempt's `measured_sec`
+to re-rank its task's held trials (`Slots.next_waiting`, in Lua over Redis);
+a record without the field (written by an older worker) re-ranks nothing.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sciencebench.coordination.protocol import History
-from sciencebench.core.models import AgentPlan, JobSpec
+from sciencebench.core.models import AgentPlan, JobSpec, measured_seconds_of
 from sciencebench.core.paths import JobPaths
 
 log = logging.getLogger(__name__)
@@ -49,7 +52,6 @@ _HASH = re.compile(r"[0-9a-f]{64}")  # a task hash (`JobSpec.task_hashes`)
 _DIGEST = re.compile(r"[0-9a-f]{16}")  # an agent digest (`agent_digest`)
 
 SAMPLES = 5  # measured durations kept per task (the estimate is their median)
-CANCELLED = "Cancelled"  # the exception type of a trial stopped by `cancel` (worker.stages.CANCELLED)
 
 
 def agent_digest(plan: AgentPlan) -> str:
@@ -79,11 +81,19 @@ def job_history_keys(job: JobSpec) -> dict[str, str]:
 
 
 def measured_seconds(record: Mapping[str, Any]) -> float | None:
-    """A trial record's (JSON) measured duration: its harness stage; None when it measured nothing."""
-    if record.get("exception_type") == CANCELLED:
-        return None
-    timings = record.get("timings_sec")
-    seconds = timings.get("harness") if isinstance(timings, dict) else None
+    """A trial record's (JSON) measured duration: the one it stores; None when it measured nothing.
+
+    The record stores it when written (`TrialRecord.measured_sec`); a record
+    written before that field existed measures its harness stage here instead.
+    """
+    if "measured_sec" not in record:
+        return measured_seconds_of(record.get("exception_type"), record.get("timings_sec"))
+    return stored_seconds(record)
+
+
+def stored_seconds(record: Mapping[str, Any]) -> float | None:
+    """The measured duration a record (JSON) stores; None when it stores none (as the store reads it)."""
+    seconds = record.get("measured_sec")
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
         return None
     return float(seconds)

@@ -11,7 +11,7 @@ from typing import Any, override
 
 from sciencebench.coordination import shares
 from sciencebench.coordination.budget import Budget, Ledger, Spend, spend_of
-from sciencebench.coordination.history import SAMPLES, measured_seconds
+from sciencebench.coordination.history import SAMPLES, stored_seconds
 from sciencebench.coordination.protocol import (
     HISTORY_KEY,
     JOBS_KEY,
@@ -100,8 +100,8 @@ class MemoryCoordinator(Coordinator):
         with self._lock:
             return bool(self._get(job_key(job, "counted", key)))
 
-    @override
-    def claim(self, job: str, key: str, owner: str, ttl_sec: float, parked: str = "") -> Claim:
+    def _claim(self, job: str, key: str, owner: str, ttl_sec: float, parked: str) -> Claim:
+        """As `_START`'s claim over Redis: the lease unless the trial has a result or a live holder."""
         with self._lock:
             if self._get(job_key(job, "result", key)) is not None:
                 return Claim.ANSWERED
@@ -163,7 +163,7 @@ class MemoryCoordinator(Coordinator):
         running: Redispatch | None = None,
     ) -> Start:  # fmt: skip
         with self._lock:  # one step, as the script over Redis
-            claim = self.claim(job, key, owner, ttl_sec, parked=parked)
+            claim = self._claim(job, key, owner, ttl_sec, parked)
             if claim is not Claim.CLAIMED:
                 return Start(claim=claim)
             if running is not None:
@@ -213,14 +213,6 @@ class MemoryCoordinator(Coordinator):
         if payload is not None:
             self.set_running(job, key, payload)
         self.set_state(job, key, TrialState.RUNNING, host)
-
-    @override
-    def release(self, job: str, key: str, owner: str) -> None:
-        with self._lock:
-            name = job_key(job, "lease", key)
-            if self._get(name) == owner:
-                self._values.pop(name, None)
-                self._expiry.pop(name, None)
 
     @override
     def is_leased(self, job: str, key: str) -> bool:
@@ -306,7 +298,7 @@ class MemoryCoordinator(Coordinator):
                     continue
                 held.probe.discard(key)
                 task = key.partition("#")[0]
-                seconds = measured_seconds(json.loads(record))
+                seconds = stored_seconds(json.loads(record))
                 if seconds is not None and task in held.tasks:
                     for member in held.tasks.pop(task):
                         if member in held.expected:

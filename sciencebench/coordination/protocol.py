@@ -82,7 +82,7 @@ def parking_token(task_id: str) -> str:
 
 
 class Claim(StrEnum):
-    """What `Leases.claim` found."""
+    """What a trial's claim found (`Leases.start`)."""
 
     CLAIMED = "claimed"  # the caller holds the lease now
     HELD = "held"  # another live process holds it
@@ -172,14 +172,6 @@ class Results(Protocol):
 class Leases(Protocol):
     """Which process runs a trial, and how to send it again when that process is lost."""
 
-    def claim(self, job: str, key: str, owner: str, ttl_sec: float, parked: str = "") -> Claim:
-        """Take the trial's lease for `ttl_sec`, unless the trial has a result or a live holder.
-
-        A lease parked under the token `parked` (see `park`) counts as free.
-        One atomic step: two copies of a message never both claim.
-        """
-        ...
-
     def park(self, job: str, key: str, token: str, ttl_sec: float) -> bool:
         """Hold the lease under `token` while a handed-back trial waits to be sent again.
 
@@ -217,9 +209,13 @@ class Leases(Protocol):
         self, job: str, key: str, owner: str, ttl_sec: float, cap: int, parked: str = "",
         running: Redispatch | None = None,
     ) -> Start:  # fmt: skip
-        """`claim`; when claimed, also the cancel flag, the budget and, unless they stop it, a slot of `cap`.
+        """Claim the trial; when claimed, also the cancel flag, the budget and, unless they stop it, a slot.
 
-        A trial that gets its slot counts as started under the job's budget
+        The claim takes the trial's lease for `ttl_sec`, unless the trial has
+        a result (ANSWERED) or a live holder (HELD); a lease parked under the
+        token `parked` (see `park`) counts as free. Two copies of a message
+        never both claim. The slot is one of the job's `cap`; a
+        trial that gets its slot counts as started under the job's budget
         (`Budgets.start_within_budget`).
 
         One step (one round trip over Redis): what a trial does first on a
@@ -232,10 +228,6 @@ class Leases(Protocol):
 
     def run_started(self, job: str, key: str, payload: Redispatch | None, host: str) -> None:
         """The trial runs now on `host`: its running entry (`payload`, sent by a broker) and its state."""
-        ...
-
-    def release(self, job: str, key: str, owner: str) -> None:
-        """Give the lease up if `owner` still holds it."""
         ...
 
     def is_leased(self, job: str, key: str) -> bool:

@@ -12,6 +12,8 @@ import logging
 import uuid
 from typing import Any
 
+from pydantic import BaseModel
+
 from sciencebench.coordination.costs import record_costs
 from sciencebench.coordination.history import record_durations
 from sciencebench.coordination.protocol import Coordinator
@@ -20,6 +22,28 @@ from sciencebench.core.paths import JobPaths, write_in_job
 from sciencebench.core.summary import write_summary
 
 log = logging.getLogger(__name__)
+
+
+class FinalizerAnswer(BaseModel):
+    """What the chord's finalizer answers (`finish_job`): whether the summary is written, or why not.
+
+    On the wire (Celery's result, `wire`) the fields that say nothing are
+    left out: a written summary has the counts and `missing`, an unwritten
+    one its `problem`.
+    """
+
+    job_name: str
+    job_id: str
+    summary_written: bool = False
+    problem: str | None = None  # why the summary is not written
+    n_total_trials: int | None = None
+    n_completed_trials: int | None = None
+    n_errored_trials: int | None = None
+    missing: list[str] | None = None  # trial keys with no record on disk
+
+    def wire(self) -> dict[str, Any]:
+        """The answer as the chord's JSON result."""
+        return self.model_dump(exclude_none=True)
 
 
 def store_records_to_disk(coord: Coordinator, job: JobSpec, paths: JobPaths) -> None:
@@ -75,7 +99,7 @@ def forget_agent_env(job: JobSpec) -> None:
 
 def finish_job(
     coord: Coordinator, paths: JobPaths | None, job_name: str, job_id: uuid.UUID
-) -> dict[str, Any]:
+) -> FinalizerAnswer:
     """Records to disk, the agent-env file deleted, the summary written; the chord's answer.
 
     The summary is Pier's `result.json` and `config.json` and sciencebench's
@@ -83,23 +107,22 @@ def finish_job(
     `paths` is None when this host cannot (or may not) write the job
     directory; the answer then says the summary is not written.
     """
-    answer: dict[str, Any] = {"job_name": job_name, "job_id": str(job_id), "summary_written": False}
     if paths is None:
-        answer["problem"] = "the job directory is not visible on the finalizing host"
-        return answer
+        problem = "the job directory is not visible on the finalizing host"
+        return FinalizerAnswer(job_name=job_name, job_id=str(job_id), problem=problem)
     job = JobSpec.model_validate_json(paths.job_spec.read_bytes())
     store_records_to_disk(coord, job, paths)
     forget_agent_env(job)
     record_durations(coord, job, paths)  # what the next job of these tasks is ordered by
     record_costs(coord, job, paths)  # what `submit --dry-run` expects the next one to cost
     result = write_summary(job).result
-    missing = missing_trials(job, paths)
     stats = result["stats"]
-    answer.update(
+    return FinalizerAnswer(
+        job_name=job_name,
+        job_id=str(job_id),
         summary_written=True,
         n_total_trials=result["n_total_trials"],
         n_completed_trials=stats["n_completed_trials"],
         n_errored_trials=stats["n_errored_trials"],
-        missing=missing,
+        missing=missing_trials(job, paths),
     )
-    return answer

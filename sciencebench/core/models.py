@@ -21,7 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, computed_field
 
 from sciencebench.core.agentimages import BakedImage
 from sciencebench.core.envfile import EnvFile
@@ -229,6 +229,22 @@ class TryRecord(BaseModel):
     provider_status: str | None = None
 
 
+CANCELLED = "Cancelled"  # the exception type of a trial stopped by `cancel` (worker.stages.CANCELLED)
+
+
+def measured_seconds_of(exception_type: object, timings: object) -> float | None:
+    """What a trial measured: its harness stage (the Pier process), unless cancelled; None for nothing.
+
+    The one definition (`TrialRecord.measured_sec` stores it with the record).
+    """
+    if exception_type == CANCELLED:
+        return None
+    seconds = timings.get("harness") if isinstance(timings, dict) else None
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+        return None
+    return float(seconds)
+
+
 class TrialRecord(BaseModel):
     """The small JSON record of one finished trial (successful or not).
 
@@ -265,6 +281,16 @@ class TrialRecord(BaseModel):
     n_input_tokens: int | None = None
     n_output_tokens: int | None = None
     cost_usd: float | None = None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def measured_sec(self) -> float | None:
+        """What the trial measured (`measured_seconds_of`), stored in its JSON for the store and history.
+
+        Computed when the record is written (at commit), so readers read it;
+        a record written before it existed has none (`coordination.history.measured_seconds`).
+        """
+        return measured_seconds_of(self.exception_type, self.timings_sec)
 
     @property
     def key(self) -> str:

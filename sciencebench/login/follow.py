@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sciencebench.coordination.protocol import Coordinator
+from sciencebench.coordination.records import FinalizerAnswer
 from sciencebench.core.errors import SciencebenchError
 from sciencebench.core.models import JobSpec, TrialState
 from sciencebench.core.settings import Settings
@@ -63,7 +64,7 @@ class _Slots:
 
 
 def follow(coord: Coordinator, job: JobSpec, keys: list[str], final: AsyncResult[object],
-           console: Console, poll_sec: float = 1.0) -> dict[str, object]:  # fmt: skip
+           console: Console, poll_sec: float = 1.0) -> FinalizerAnswer:  # fmt: skip
     """Show a live bar until the finalizer has written the summary; return its answer.
 
     Its line: the trials done, failed, running and waiting, their tokens and
@@ -95,5 +96,4 @@ def follow(coord: Coordinator, job: JobSpec, keys: list[str], final: AsyncResult
             f"job {job.job_name}: the chord failed ({exc}); rebuild the summary with "
             f"`sciencebench summarize --job-name {job.job_name}`"
         ) from None
-    assert isinstance(answer, dict)
-    return answer
+    return FinalizerAnswer.model_validate(answer)

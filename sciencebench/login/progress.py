@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from sciencebench.coordination.history import estimates, measured_seconds
+from sciencebench.coordination.history import estimates
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.coordination.shares import cluster_slots
 from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec, TrialState, TrialStatus
@@ -157,9 +157,7 @@ class Watcher:
         for record in finished:
             if not record.scored:  # a provider failure or a trial never started measures no task
                 continue
-            seconds = measured_seconds(
-                {"exception_type": record.exception_type, "timings_sec": record.timings_sec}
-            )
+            seconds = record.measured_sec
             if seconds is not None:
                 own.setdefault(record.task_id, []).append(seconds)
         measured = [s for values in own.values() for s in values]

@@ -18,8 +18,8 @@ from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
 from celery.utils.nodenames import default_nodename, host_format
 
+from sciencebench.coordination import connect
 from sciencebench.coordination.protocol import Coordinator, HostKit
-from sciencebench.coordination.redis import RedisCoordinator
 from sciencebench.coordination.watchdog import start_watchdog
 from sciencebench.core.errors import InputError, PreflightError, PullError
 from sciencebench.core.settings import Settings
@@ -54,7 +54,7 @@ def worker_settings(settings: Settings, **overrides: Any) -> Settings:
 def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, loglevel: str,
                platform: str, settings: Settings) -> None:  # fmt: skip
     """Check the host, then run the Celery worker until it is stopped."""
-    coord = RedisCoordinator(settings.broker_url)
+    coord = connect(settings)
     coord.ping()
     prepare_host(platform, settings)
     log.info(preflight.ensure_proxy_image(settings.proxy_image))

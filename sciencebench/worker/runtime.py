@@ -14,7 +14,7 @@ import time
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from sciencebench.coordination.redis import RedisCoordinator
+from sciencebench import coordination
 from sciencebench.core.errors import BrokerUnavailableError, PreflightError, PullError, RefusedError
 from sciencebench.core.models import JobSpec
 from sciencebench.core.settings import Settings
@@ -134,7 +134,7 @@ def host_preflight(platform: str, jobs_dir: Path | None, pier_bin: str, broker: 
     )
     if broker:
         try:
-            RedisCoordinator(settings.broker_url).ping()
+            coordination.connect(settings).ping()
         except BrokerUnavailableError as exc:
             raise PreflightError(f"{exc} ({settings.public_broker_url})") from None
         lines.append(f"ok: broker {settings.public_broker_url} reachable")

@@ -26,8 +26,8 @@ from celery.exceptions import Ignore, Reject
 from celery.signals import task_success
 from pydantic import ValidationError
 
-from sciencebench.coordination.records import finish_job
-from sciencebench.coordination.redis import RedisCoordinator
+from sciencebench.coordination import connect
+from sciencebench.coordination.records import FinalizerAnswer, finish_job
 from sciencebench.coordination.shares import cluster_slots, fill
 from sciencebench.coordination.watchdog import send_again
 from sciencebench.core.errors import SciencebenchError
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 def cluster_context(settings: Settings) -> WorkerContext:
     """A cluster worker's context: the Redis store and this host's Docker Engine."""
-    return WorkerContext(coord=RedisCoordinator(settings.broker_url), runtime=docker_runtime(settings),
+    return WorkerContext(coord=connect(settings), runtime=docker_runtime(settings),
                          settings=settings)  # fmt: skip
 
 
@@ -127,7 +127,7 @@ def finalize_job(jobs_dir: str, job_name: str, job_id: str, dispatch_id: str = "
     try:
         job_uuid = uuid.UUID(job_id)
     except ValueError:
-        return {"job_name": job_name, "job_id": job_id, "problem": "not a job id", "summary_written": False}
+        return FinalizerAnswer(job_name=job_name, job_id=job_id, problem="not a job id").wire()
     paths = verified_paths_of(Path(jobs_dir), job_name, job_uuid, ctx.settings)
     try:
         answer = finish_job(ctx.coord, paths, job_name, job_uuid)
@@ -136,15 +136,14 @@ def finalize_job(jobs_dir: str, job_name: str, job_id: str, dispatch_id: str = "
             log.error("finalizing job %s: cannot write its summary (%s)", job_name, exc.strerror)
         else:
             log.exception("finalizing job %s failed", job_name)
-        answer = {"job_name": job_name, "job_id": job_id, "problem": f"{type(exc).__name__}: {exc}",
-                  "summary_written": False}  # fmt: skip
+        answer = FinalizerAnswer(job_name=job_name, job_id=job_id, problem=f"{type(exc).__name__}: {exc}")
     try:
         if dispatch_id:
             ctx.coord.close_dispatch(job_id, dispatch_id)
         ctx.coord.retire(job_id, RESULT_EXPIRES_SEC)
     except SciencebenchError:
         log.warning("job %s: its coordination state could not be retired", job_name)
-    return answer
+    return answer.wire()
 
 
 @shared_task(name=PREWARM_IMAGES)

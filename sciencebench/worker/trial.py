@@ -142,7 +142,6 @@ def _run_claimed(
 ) -> Outcome:
     coord, job, key, host = ctx.coord, spec.job_key, spec.key, ctx.settings.hostname
     heartbeat = Heartbeat(coord, job, key, ctx.owner, ctx.settings.lease_seconds)
-    heartbeat.holds_slot = True
     heartbeat.start()
     try:
         coord.run_started(job, key, None, host)  # the running entry came with the claim

@@ -14,6 +14,7 @@ from sciencebench.coordination.budget import Spend
 from sciencebench.coordination.protocol import Claim, Coordinator
 from sciencebench.core.models import TrialRecord
 from tests.coordination import test_conformance
+from tests.fixtures.leases import claim as _claim
 
 JOB_ID = test_conformance.JOB_ID
 coord = test_conformance.coord  # the conformance suite's fixture: each case runs on both implementations
@@ -42,7 +43,7 @@ def _run(coord: Coordinator, key: str, tokens: tuple[int | None, int | None], co
 
 def test_a_commit_adds_its_record_s_spend_in_the_same_step(coord: Coordinator) -> None:
     assert coord.budget("j").tokens == 0 and coord.budget("j").trials == 0
-    assert coord.claim("j", "001#1", "a", 30) is Claim.CLAIMED
+    assert _claim(coord, "j", "001#1", "a", 30) is Claim.CLAIMED
     assert not coord.commit_result("j", "001#1", "b", _record("001#1", (100, 7), 0.25))  # not b's trial
     assert coord.budget("j").trials == 0
     assert coord.commit_result("j", "001#1", "a", _record("001#1", (100, 7), 0.25))
@@ -61,7 +62,7 @@ def test_commits_from_many_hosts_at_once_lose_no_spend(coord: Coordinator) -> No
     def commit_many(worker: int) -> None:
         for i in range(25):
             key = f"{worker:03d}#{i + 1}"
-            assert coord.claim("j", key, "o", 30) is Claim.CLAIMED
+            assert _claim(coord, "j", key, "o", 30) is Claim.CLAIMED
             assert coord.commit_result("j", key, "o", _record(key, (2, 1), 0.01))
 
     threads = [threading.Thread(target=commit_many, args=(w,)) for w in range(8)]

@@ -20,7 +20,8 @@ from sciencebench.coordination.history import SAMPLES
 from sciencebench.coordination.memory import MemoryCoordinator
 from sciencebench.coordination.protocol import Claim, Coordinator, Held, HostKit
 from sciencebench.coordination.redis import RedisCoordinator
-from sciencebench.core.models import Redispatch, TrialSpec, TrialState, TrialStatus
+from sciencebench.core.models import Redispatch, TrialRecord, TrialSpec, TrialState, TrialStatus
+from tests.fixtures.leases import claim as _claim
 from tests.fixtures.services import RedisServer
 
 TTL = 0.4  # seconds: short enough to watch a lease expire
@@ -70,31 +71,31 @@ def test_results_are_stored_once_and_cleared(coord: Coordinator) -> None:
 # --- leases ----------------------------------------------------------------------
 
 
-def test_a_lease_has_one_owner_until_released(coord: Coordinator) -> None:
-    assert coord.claim("j", "001#1", "a", 30) is Claim.CLAIMED
-    assert coord.claim("j", "001#1", "b", 30) is Claim.HELD
-    assert coord.claim("j", "001#2", "b", 30) is Claim.CLAIMED  # another trial
+def test_a_lease_has_one_owner_until_finished(coord: Coordinator) -> None:
+    assert _claim(coord, "j", "001#1", "a", 30) is Claim.CLAIMED
+    assert _claim(coord, "j", "001#1", "b", 30) is Claim.HELD
+    assert _claim(coord, "j", "001#2", "b", 30) is Claim.CLAIMED  # another trial
     assert coord.renew("j", "001#1", "a", 30)
     assert not coord.renew("j", "001#1", "b", 30)
-    coord.release("j", "001#1", "b")  # not b's to release
-    assert coord.claim("j", "001#1", "c", 30) is Claim.HELD
-    coord.release("j", "001#1", "a")
-    assert coord.claim("j", "001#1", "c", 30) is Claim.CLAIMED
+    assert not coord.finish("j", "001#1", "b")  # not b's to give back
+    assert _claim(coord, "j", "001#1", "c", 30) is Claim.HELD
+    assert coord.finish("j", "001#1", "a")
+    assert _claim(coord, "j", "001#1", "c", 30) is Claim.CLAIMED
 
 
 def test_a_trial_with_a_result_is_never_claimed_again(coord: Coordinator) -> None:
     assert coord.store_result("j", "001#1", "{}")
-    assert coord.claim("j", "001#1", "a", 30) is Claim.ANSWERED
+    assert _claim(coord, "j", "001#1", "a", 30) is Claim.ANSWERED
 
 
 def test_a_lease_expires_unless_renewed(coord: Coordinator) -> None:
-    assert coord.claim("j", "001#1", "a", TTL) is Claim.CLAIMED
+    assert _claim(coord, "j", "001#1", "a", TTL) is Claim.CLAIMED
     time.sleep(TTL * 0.6)
     assert coord.renew("j", "001#1", "a", TTL)
     time.sleep(TTL * 0.6)
-    assert coord.claim("j", "001#1", "b", TTL) is Claim.HELD  # renewed: still a's
+    assert _claim(coord, "j", "001#1", "b", TTL) is Claim.HELD  # renewed: still a's
     time.sleep(TTL * 1.5)
-    assert coord.claim("j", "001#1", "b", TTL) is Claim.CLAIMED
+    assert _claim(coord, "j", "001#1", "b", TTL) is Claim.CLAIMED
 
 
 def test_start_claims_then_reads_the_cancel_flag_and_takes_a_slot(coord: Coordinator) -> None:
@@ -112,7 +113,7 @@ def test_start_claims_then_reads_the_cancel_flag_and_takes_a_slot(coord: Coordin
 
 
 def test_the_commit_sets_the_board_state_with_the_record(coord: Coordinator) -> None:
-    assert coord.claim("j", "001#1", "a", 30) is Claim.CLAIMED
+    assert _claim(coord, "j", "001#1", "a", 30) is Claim.CLAIMED
     coord.run_started("j", "001#1", _payload().model_copy(update={"owner": "a"}), "h1")
     assert coord.states("j")["001#1"].state == TrialState.RUNNING
     done = TrialStatus(state=TrialState.DONE, host="h1", at=1.0)
@@ -125,33 +126,33 @@ def test_the_commit_sets_the_board_state_with_the_record(coord: Coordinator) -> 
 def test_a_lapsed_lease_is_lost_once_the_trial_was_sent_elsewhere(coord: Coordinator) -> None:
     # Fencing: a host cut off (or paused) longer than its lease, whose trial a watchdog
     # sent again (clearing its running entry), never gets the trial back.
-    assert coord.claim("j", "001#1", "a", TTL) is Claim.CLAIMED
+    assert _claim(coord, "j", "001#1", "a", TTL) is Claim.CLAIMED
     coord.set_running("j", "001#1", _payload("001").model_copy(update={"owner": "a"}))
     time.sleep(TTL * 1.5)
     assert coord.take_orphan("j", "001#1")  # what the watchdog does before sending it again
     assert not coord.renew("j", "001#1", "a", 30)
     assert not coord.commit_result("j", "001#1", "a", '{"by": "a"}')
-    assert coord.claim("j", "001#1", "b", 30) is Claim.CLAIMED
+    assert _claim(coord, "j", "001#1", "b", 30) is Claim.CLAIMED
     assert not coord.renew("j", "001#1", "a", 30)
 
 
 def test_a_lease_lapsed_in_an_outage_returns_to_its_holder(coord: Coordinator) -> None:
     # Nobody could renew (the broker was away) and nobody took the trial: it is still a's.
-    assert coord.claim("j", "001#1", "a", TTL) is Claim.CLAIMED
+    assert _claim(coord, "j", "001#1", "a", TTL) is Claim.CLAIMED
     coord.set_running("j", "001#1", _payload("001").model_copy(update={"owner": "a"}))
     time.sleep(TTL * 1.5)
     assert not coord.renew("j", "001#1", "b", 30)  # a stranger is not its holder
-    assert coord.renew("j", "001#1", "a", 30)
-    assert coord.claim("j", "001#1", "b", 30) is Claim.HELD
-    coord.release("j", "001#1", "a")  # lapsed again; the entry still names a: a may commit
+    assert coord.renew("j", "001#1", "a", TTL)
+    assert _claim(coord, "j", "001#1", "b", 30) is Claim.HELD
+    time.sleep(TTL * 1.5)  # lapsed again; the entry still names a: a may commit
     assert coord.commit_result("j", "001#1", "a", '{"by": "a"}')
 
 
 def test_only_the_lease_holder_commits_and_only_once(coord: Coordinator) -> None:
-    assert coord.claim("j", "001#1", "a", TTL) is Claim.CLAIMED
+    assert _claim(coord, "j", "001#1", "a", TTL) is Claim.CLAIMED
     assert not coord.commit_result("j", "001#1", "b", '{"by": "b"}')
     time.sleep(TTL * 1.5)
-    assert coord.claim("j", "001#1", "b", 30) is Claim.CLAIMED  # a's lease lapsed; b runs it again
+    assert _claim(coord, "j", "001#1", "b", 30) is Claim.CLAIMED  # a's lease lapsed; b runs it again
     assert not coord.commit_result("j", "001#1", "a", '{"by": "a"}')  # a finishes late: discarded
     assert coord.commit_result("j", "001#1", "b", '{"by": "b"}')
     assert not coord.commit_result("j", "001#1", "b", '{"by": "b again"}')
@@ -161,9 +162,9 @@ def test_only_the_lease_holder_commits_and_only_once(coord: Coordinator) -> None
 def test_a_parked_lease_is_taken_over_only_by_its_message(coord: Coordinator) -> None:
     assert coord.park("j", "001#1", "parked:m1", 30)
     assert coord.park("j", "001#1", "parked:m1", 30)  # parking again extends it
-    assert coord.claim("j", "001#1", "a", 30) is Claim.HELD  # another copy waits
-    assert coord.claim("j", "001#1", "a", 30, parked="parked:m2") is Claim.HELD
-    assert coord.claim("j", "001#1", "a", 30, parked="parked:m1") is Claim.CLAIMED
+    assert _claim(coord, "j", "001#1", "a", 30) is Claim.HELD  # another copy waits
+    assert _claim(coord, "j", "001#1", "a", 30, parked="parked:m2") is Claim.HELD
+    assert _claim(coord, "j", "001#1", "a", 30, parked="parked:m1") is Claim.CLAIMED
     assert not coord.park("j", "001#1", "parked:m1", 30)  # a live holder is never parked over
 
 
@@ -185,9 +186,9 @@ def test_a_parked_trial_whose_copy_is_lost_is_an_orphan(coord: Coordinator) -> N
 
 def test_running_trials_without_a_lease_are_orphans(coord: Coordinator) -> None:
     assert coord.orphaned() == []
-    assert coord.claim("j", "001#1", "a", TTL) is Claim.CLAIMED
+    assert _claim(coord, "j", "001#1", "a", TTL) is Claim.CLAIMED
     coord.set_running("j", "001#1", _payload("001"))
-    assert coord.claim("j", "002#1", "b", 30) is Claim.CLAIMED
+    assert _claim(coord, "j", "002#1", "b", 30) is Claim.CLAIMED
     coord.set_running("j", "002#1", _payload("002"))
     assert coord.orphaned() == []
     time.sleep(TTL * 1.5)
@@ -199,7 +200,7 @@ def test_running_trials_without_a_lease_are_orphans(coord: Coordinator) -> None:
 
 
 def test_an_orphan_is_taken_once_and_its_old_holder_is_fenced(coord: Coordinator) -> None:
-    assert coord.claim("j", "001#1", "a", TTL) is Claim.CLAIMED
+    assert _claim(coord, "j", "001#1", "a", TTL) is Claim.CLAIMED
     coord.set_running("j", "001#1", _payload().model_copy(update={"owner": "a"}))
     assert not coord.take_orphan("j", "001#1")  # the lease is live: not an orphan
     time.sleep(TTL * 1.5)
@@ -209,7 +210,7 @@ def test_an_orphan_is_taken_once_and_its_old_holder_is_fenced(coord: Coordinator
 
 
 def test_a_late_renewal_before_the_take_keeps_the_trial(coord: Coordinator) -> None:
-    assert coord.claim("j", "001#1", "a", TTL) is Claim.CLAIMED
+    assert _claim(coord, "j", "001#1", "a", TTL) is Claim.CLAIMED
     coord.set_running("j", "001#1", _payload().model_copy(update={"owner": "a"}))
     time.sleep(TTL * 1.5)
     assert coord.renew("j", "001#1", "a", TTL)  # lapsed, but no watchdog acted yet
@@ -218,7 +219,7 @@ def test_a_late_renewal_before_the_take_keeps_the_trial(coord: Coordinator) -> N
 
 
 def test_a_retired_job_is_not_scanned_for_orphans(coord: Coordinator) -> None:
-    assert coord.claim("j", "001#1", "a", TTL) is Claim.CLAIMED
+    assert _claim(coord, "j", "001#1", "a", TTL) is Claim.CLAIMED
     coord.set_running("j", "001#1", _payload())
     coord.retire("j", 3600)
     time.sleep(TTL * 1.5)
@@ -226,10 +227,10 @@ def test_a_retired_job_is_not_scanned_for_orphans(coord: Coordinator) -> None:
 
 
 def test_retiring_never_lengthens_a_live_lease(coord: Coordinator) -> None:
-    assert coord.claim("j", "001#1", "a", TTL) is Claim.CLAIMED
+    assert _claim(coord, "j", "001#1", "a", TTL) is Claim.CLAIMED
     coord.retire("j", 3600)
     time.sleep(TTL * 1.5)
-    assert coord.claim("j", "001#1", "b", TTL) is Claim.CLAIMED  # lapsed on time
+    assert _claim(coord, "j", "001#1", "b", TTL) is Claim.CLAIMED  # lapsed on time
 
 
 def test_a_retired_job_forgets_its_keys_but_not_later_writes(coord: Coordinator) -> None:
@@ -268,30 +269,30 @@ def test_slots_cap_the_job_and_free_up(coord: Coordinator) -> None:
     assert not coord.acquire_slot("j", "003#1", 2, 30)
     assert coord.acquire_slot("j", "001#1", 2, 30)  # a holder refreshes its own slot
     assert coord.acquire_slot("other", "003#1", 2, 30)  # caps are per job
-    assert coord.claim("j", "002#1", "b", 30) is Claim.CLAIMED
+    assert _claim(coord, "j", "002#1", "b", 30) is Claim.CLAIMED
     assert coord.finish("j", "002#1", "b")  # the trial ends: its slot frees
     assert coord.acquire_slot("j", "003#1", 2, 30)
 
 
 def test_finishing_gives_back_slot_running_entry_and_lease(coord: Coordinator) -> None:
-    assert coord.claim("j", "001#1", "a", 30) is Claim.CLAIMED
+    assert _claim(coord, "j", "001#1", "a", 30) is Claim.CLAIMED
     coord.set_running("j", "001#1", _payload().model_copy(update={"owner": "a"}))
     assert coord.acquire_slot("j", "001#1", 1, 30)
     assert coord.is_leased("j", "001#1")
     assert coord.finish("j", "001#1", "a")
     assert not coord.is_leased("j", "001#1")
     assert coord.acquire_slot("j", "002#1", 1, 30)
-    assert coord.claim("j", "001#1", "b", TTL) is Claim.CLAIMED
+    assert _claim(coord, "j", "001#1", "b", TTL) is Claim.CLAIMED
     time.sleep(TTL * 1.5)
     assert coord.orphaned() == []  # no running entry left behind
 
 
 def test_a_copy_that_lost_the_trial_frees_nothing_of_its_successor(coord: Coordinator) -> None:
-    assert coord.claim("j", "001#1", "a", TTL) is Claim.CLAIMED
+    assert _claim(coord, "j", "001#1", "a", TTL) is Claim.CLAIMED
     coord.set_running("j", "001#1", _payload().model_copy(update={"owner": "a"}))
     time.sleep(TTL * 1.5)
     assert coord.take_orphan("j", "001#1")  # sent again; c runs it now
-    assert coord.claim("j", "001#1", "c", TTL) is Claim.CLAIMED
+    assert _claim(coord, "j", "001#1", "c", TTL) is Claim.CLAIMED
     coord.set_running("j", "001#1", _payload().model_copy(update={"owner": "c"}))
     assert coord.acquire_slot("j", "001#1", 1, 30)
     assert not coord.finish("j", "001#1", "a")  # a comes back late
@@ -337,8 +338,8 @@ def _held(task_id: str, attempt: int, expected: float) -> Held:
 
 def _record(task_id: str, attempt: int, harness: float | None, exception: str | None = None) -> str:
     timings = {"pull": 9.0} if harness is None else {"pull": 9.0, "harness": harness}
-    return json.dumps({"job_id": str(JOB_ID), "job_name": "j", "task_id": task_id, "attempt": attempt,
-                       "exception_type": exception, "timings_sec": timings})  # fmt: skip
+    return TrialRecord(job_id=JOB_ID, job_name="j", task_id=task_id, attempt=attempt,
+                       exception_type=exception, timings_sec=timings).model_dump_json()  # fmt: skip
 
 
 def _keys(payloads: list[Redispatch | None]) -> list[str | None]:
@@ -389,6 +390,15 @@ def test_cancelled_or_unmeasured_records_measure_nothing(coord: Coordinator) -> 
     assert _keys([coord.next_waiting("j", 30) for _ in range(4)]) == ["001#2", "002#2", "003#2", None]
 
 
+def test_a_record_without_stored_seconds_measures_nothing(coord: Coordinator) -> None:
+    # A record an older worker wrote has no `measured_sec`: the store does not measure it again.
+    coord.hold("j", [_held("001", 2, 1.0), _held("002", 2, 9.0)], ["001#1"], window=1)
+    older = json.loads(_record("001", 1, harness=50.0))
+    del older["measured_sec"]
+    coord.store_result("j", "001#1", json.dumps(older))
+    assert _keys([coord.next_waiting("j", 30) for _ in range(3)]) == ["002#2", "001#2", None]
+
+
 def test_release_held_takes_every_held_trial_in_order(coord: Coordinator) -> None:
     coord.hold("j", [_held("001", 2, 1.0), _held("002", 2, 9.0)], ["001#1", "002#1"], window=2)
     assert _keys(list(coord.release_held("j", 30))) == ["002#2", "001#2"]
@@ -403,12 +413,12 @@ def test_a_held_trial_taken_is_guarded_until_its_message_is_claimed(coord: Coord
     assert taken == _payload("002", 2)
     assert coord.is_leased("j", "002#2")  # parked under its message's token...
     assert coord.orphaned() == []
-    assert coord.claim("j", "002#2", "w", 30, parked="parked:celery-other") is Claim.HELD
+    assert _claim(coord, "j", "002#2", "w", 30, parked="parked:celery-other") is Claim.HELD
     time.sleep(TTL * 1.5)  # ...the message never came: the watchdog finds an orphan to send again
     assert [(job, key, payload) for job, key, payload in coord.orphaned()] == [("j", "002#2", taken)]
     # Had it come, it takes the parked lease over, and its end clears the guard.
     assert coord.release_held("j", 30) == [_payload("001", 2)]
-    assert coord.claim("j", "001#2", "w", 30, parked="parked:celery-001") is Claim.CLAIMED
+    assert _claim(coord, "j", "001#2", "w", 30, parked="parked:celery-001") is Claim.CLAIMED
     assert coord.finish("j", "001#2", "w")
     assert not coord.is_leased("j", "001#2")
     assert [key for _, key, _ in coord.orphaned()] == ["002#2"]
@@ -437,7 +447,7 @@ def test_start_writes_the_running_entry_with_the_claim(coord: Coordinator) -> No
 def test_holds_are_stalled_only_with_nothing_running_waiting_or_released(coord: Coordinator) -> None:
     coord.hold("j", [_held("001", 2, 1.0), _held("002", 2, 1.0)], ["001#1"], window=3)
     assert coord.stalled_holds(0) == {}  # not a live job yet: its first trial was not claimed
-    assert coord.claim("j", "001#1", "a", 30) is Claim.CLAIMED
+    assert _claim(coord, "j", "001#1", "a", 30) is Claim.CLAIMED
     coord.set_running("j", "001#1", _payload("001"))
     assert coord.stalled_holds(0) == {}  # a trial runs: its end sends the next one
     assert coord.finish("j", "001#1", "a")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,9 @@ from celery import Celery
 from sciencebench.coordination import history
 from sciencebench.coordination.memory import MemoryCoordinator
 from sciencebench.coordination.protocol import Claim
-from sciencebench.coordination.records import finish_job
+from sciencebench.coordination.records import FinalizerAnswer, finish_job
 from sciencebench.coordination.watchdog import release_stalled
+from sciencebench.core import models
 from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec
 from sciencebench.core.paths import JobPaths, write_atomic
 from sciencebench.login.dispatch import dispatch
@@ -23,11 +25,13 @@ from sciencebench.login.plan import order, schedule
 from sciencebench.login.submit import Prepared, persist
 from sciencebench.worker.stages import CANCELLED
 from tests.fixtures.hosts import prepare
+from tests.fixtures.leases import claim as _claim
 from tests.fixtures.selection import make_selection
 
 pytestmark = pytest.mark.unit
 
 CANARY = "sk-canary-history-51d"
+JOB_ID = uuid.UUID("00000000-0000-4000-8000-000000000051")
 IDS = ["001", "002", "003", "004"]
 
 
@@ -193,7 +197,21 @@ def test_measured_seconds_is_the_harness_stage_unless_cancelled() -> None:
     )
     for bad in (True, -1.0, "3", None):
         assert history.measured_seconds({"timings_sec": {"harness": bad}}) is None
-    assert history.CANCELLED == CANCELLED  # the worker's name for a cancelled trial
+    assert models.CANCELLED == CANCELLED  # the worker's name for a cancelled trial
+
+
+def test_a_record_stores_what_it_measured_and_readers_read_that() -> None:
+    record = TrialRecord(job_id=JOB_ID, job_name="j", task_id="001", attempt=1, timings_sec={"harness": 7.5})
+    stored = json.loads(record.model_dump_json())
+    assert stored["measured_sec"] == 7.5  # computed once, when the record is written
+    cancelled = record.model_copy(update={"exception_type": CANCELLED})
+    assert json.loads(cancelled.model_dump_json())["measured_sec"] is None
+    assert (
+        history.measured_seconds({**stored, "measured_sec": 2.0}) == 2.0
+    )  # the stored value, not the timings
+    assert history.measured_seconds({**stored, "measured_sec": None}) is None
+    assert history.stored_seconds({"timings_sec": {"harness": 7.5}}) is None  # the store re-ranks by it only
+    assert TrialRecord.model_validate_json(record.model_dump_json()) == record  # read back as written
 
 
 def test_history_is_per_task_hash_and_agent(tmp_path: Path) -> None:
@@ -218,11 +236,28 @@ def test_the_finalizer_records_what_trials_measured(tmp_path: Path) -> None:
     _write_record(job, "002", 1, 1.0, exception_type=CANCELLED)  # cut short: not a duration
     _write_record(job, "003", 1, None, exception_type="PullError")  # never reached Pier
     coord = MemoryCoordinator()
-    finish_job(coord, paths, job.job_name, job.job_id)
+    answer = finish_job(coord, paths, job.job_name, job.job_id)
+    assert (answer.summary_written, answer.n_total_trials, answer.missing) == (
+        True,
+        8,
+        ["002#2", "003#2", "004#1", "004#2"],
+    )
+    assert FinalizerAnswer.model_validate(answer.wire()) == answer  # what the chord carries reads back
     assert history.estimates(coord, job) == {"001": 4.0}
     finish_job(coord, paths, job.job_name, job.job_id)  # finalized again: counted once
     assert coord.durations([history.job_history_keys(job)["001"]]) == {
         history.job_history_keys(job)["001"]: [3.0, 5.0]
+    }
+
+
+def test_an_unwritten_summary_answers_why_and_nothing_else(tmp_path: Path) -> None:
+    job = _prepare(tmp_path).job
+    answer = finish_job(MemoryCoordinator(), None, job.job_name, job.job_id)
+    assert answer.wire() == {
+        "job_name": job.job_name,
+        "job_id": str(job.job_id),
+        "summary_written": False,
+        "problem": "the job directory is not visible on the finalizing host",
     }
 
 
@@ -314,7 +349,7 @@ def test_the_watchdog_sends_held_trials_nobody_else_will(tmp_path: Path) -> None
     dispatch(app, coord, job, prepared.trials)
     assert len(_sent(app)) == 2  # the window; taken off the queue: they ran
     assert release_stalled(app, coord, lease_seconds=0.0) == 0  # no trial of the job ever started
-    assert coord.claim(job.job_key, "001#1", "w", 30) is Claim.CLAIMED
+    assert _claim(coord, job.job_key, "001#1", "w", 30) is Claim.CLAIMED
     assert coord.finish(job.job_key, "001#1", "w")  # ...and ended without waking anyone
     assert release_stalled(app, coord, lease_seconds=60.0) == 0  # not for two lease periods yet
     assert release_stalled(app, coord, lease_seconds=0.0) == 2  # a window's worth

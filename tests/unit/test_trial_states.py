@@ -33,6 +33,7 @@ from sciencebench.worker.dispatch import EMBEDDED, Answer, Clustered, Dispatch, 
 from sciencebench.worker.pier.process import PierRun
 from sciencebench.worker.trial import handle
 from tests.fixtures.hosts import prepare
+from tests.fixtures.leases import claim
 from tests.fixtures.selection import make_selection
 
 pytestmark = pytest.mark.unit
@@ -210,7 +211,7 @@ def test_a_redelivered_answered_trial_answers_once_more_until_counted_then_is_a_
 
 
 def test_a_trial_a_live_copy_holds_is_a_duplicate_and_nothing_runs(world: World) -> None:
-    world.coord.claim(world.job, world.spec.key, "other", 30.0)
+    claim(world.coord, world.job, world.spec.key, "other", 30.0)
     assert isinstance(world.handle(), Duplicate)
     assert world.pier.runs == 0 and world.stored() is None
 
@@ -229,8 +230,8 @@ def test_an_unfit_host_hands_the_trial_to_another_live_host(world: World) -> Non
     assert isinstance(outcome, HandBack) and not outcome.host_fault
     assert HOST in world.coord.unfit_hosts(world.job)
     # Parked under its message's token: a copy of another message cannot claim it; its own message can.
-    assert world.coord.claim(world.job, world.spec.key, "x", 1.0) is Claim.HELD
-    assert world.coord.claim(world.job, world.spec.key, "x", 1.0, parked="parked:task-1") is Claim.CLAIMED
+    assert claim(world.coord, world.job, world.spec.key, "x", 1.0) is Claim.HELD
+    assert claim(world.coord, world.job, world.spec.key, "x", 1.0, parked="parked:task-1") is Claim.CLAIMED
     assert world.stored() is None and world.pier.runs == 0
 
 
@@ -294,7 +295,7 @@ def test_a_trial_without_a_slot_is_handed_back_to_wait_for_one(world: World) -> 
 
 
 def test_a_trial_without_a_slot_waits_for_one_in_local_mode(world: World) -> None:
-    world.coord.claim(world.job, "999-1", "other", 30.0)
+    claim(world.coord, world.job, "999-1", "other", 30.0)
     assert world.coord.acquire_slot(world.job, "999-1", 1, 30.0)  # another trial of the job holds the slot
 
     def the_other_trial_ends(seconds: float) -> None:
@@ -316,7 +317,7 @@ def test_a_trial_whose_lease_was_lost_while_it_ran_discards_its_result(tmp_path:
 
     def lose_the_lease() -> None:
         world.coord.finish(world.job, world.spec.key, "me")
-        world.coord.claim(world.job, world.spec.key, "thief", 30.0)
+        claim(world.coord, world.job, world.spec.key, "thief", 30.0)
 
     world = _world(tmp_path, [lose_the_lease])
     assert isinstance(world.handle(), Duplicate)

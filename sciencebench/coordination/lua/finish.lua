@@ -1,0 +1,17 @@
+-- `Leases.finish`: the trial ends in its rightful holder's process: drop its slot,
+-- running entry and lease. Nothing for a copy that lost the trial.
+-- KEYS[1] lease    the trial's lease
+-- KEYS[2] running  the job's running entries
+-- KEYS[3] slots    the job's slots (zset trial key -> expiry, ms)
+-- ARGV: owner, trial key
+local lease, running, slots = KEYS[1], KEYS[2], KEYS[3]
+local owner, key = ARGV[1], ARGV[2]
+if not rightful(lease, running, key, owner) then
+  return 0
+end
+redis.call('zrem', slots, key)
+redis.call('hdel', running, key)
+if redis.call('get', lease) == owner then
+  redis.call('del', lease)
+end
+return 1

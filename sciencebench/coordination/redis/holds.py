@@ -1,0 +1,119 @@
+"""Slots over Redis: the job's --n-concurrent cap, trials waiting for a slot, trials held back."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, override
+
+from redis.typing import EncodableT
+
+from sciencebench.coordination import scripts
+from sciencebench.coordination.protocol import JOBS_KEY, Held, Slots, job_key
+from sciencebench.coordination.redis.base import RedisBase, chunks
+from sciencebench.core.models import Redispatch
+
+
+def _guard_ms(guard_sec: float) -> int:
+    """A guard's park in milliseconds (at least 1: SET PX refuses 0)."""
+    return max(int(guard_sec * 1000), 1)
+
+
+class RedisSlots(RedisBase, Slots):
+    """`Slots` (the scripts `slot`, `wait`, `next_waiting`, `release_held`; `hold` is one transaction)."""
+
+    def __init__(self, url: str, outage_sec: float = 900.0) -> None:
+        super().__init__(url, outage_sec)
+        self._slot = self._script(scripts.SLOT)
+        self._wait = self._script(scripts.WAIT)
+        self._next_waiting = self._script(scripts.NEXT_WAITING)
+        self._release_held = self._script(scripts.RELEASE_HELD)
+
+    @override
+    def acquire_slot(self, job: str, key: str, cap: int, ttl_sec: float) -> bool:
+        """Take (or refresh) one of the job's `cap` slots for `ttl_sec` (the server's clock)."""
+        args: list[int | str] = [key, cap, int(ttl_sec * 1000)]
+        return bool(self.patiently(lambda: self._slot(job, key, args)))
+
+    @override
+    def wait_for_slot(self, job: str, payload: Redispatch) -> None:
+        """Queue a parked trial once to be sent again when a slot frees (one script)."""
+        args = [payload.trial.key, payload.model_dump_json()]
+        self.patiently(lambda: self._wait(job, payload.trial.key, args))
+
+    @override
+    def next_waiting(self, job: str, guard_sec: float) -> Redispatch | None:
+        """The longest-waiting parked trial, else the longest expected held one (guarded); one script."""
+        args: list[str | int] = [
+            job_key(job, "result", ""),
+            job,
+            job_key(job, "lease", ""),
+            _guard_ms(guard_sec),
+        ]
+        value = self.patiently(lambda: self._next_waiting(job, "", args))
+        return Redispatch.model_validate_json(str(value)) if value is not None else None
+
+    @override
+    def hold(self, job: str, held: list[Held], sent: list[str], window: int) -> None:
+        """Store the held trials, their tasks and the probes in one transaction."""
+        if not held:
+            return
+        named = scripts.store_keys(job)
+        zset, payloads, tasks, probe, meta = (named[name] for name in scripts.HELD)
+        scores: dict[str, float] = {}
+        bodies: dict[str, str] = {}
+        by_task: dict[str, list[str]] = {}
+        for rank, item in enumerate(held):
+            member = f"{rank:08d}/{item.payload.trial.key}"
+            scores[member] = -item.expected_sec
+            bodies[member] = item.payload.model_dump_json()
+            by_task.setdefault(item.payload.trial.task_id, []).append(member)
+        probes = [key for key in sent if key.partition("#")[0] in by_task]
+
+        def store() -> None:
+            with self._redis.pipeline(transaction=True) as pipe:
+                for chunk in chunks(list(scores), 5000):
+                    pipe.zadd(zset, {member: scores[member] for member in chunk})
+                    mapping: dict[EncodableT, EncodableT] = {member: bodies[member] for member in chunk}
+                    pipe.hset(payloads, mapping=mapping)
+                listed: dict[EncodableT, EncodableT] = {t: json.dumps(m) for t, m in by_task.items()}
+                pipe.hset(tasks, mapping=listed)
+                if probes:
+                    pipe.sadd(probe, *probes)
+                pipe.hset(meta, mapping={"window": window, "at": self.now()})
+                pipe.execute()
+
+        self.patiently(store)
+
+    @override
+    def release_held(self, job: str, guard_sec: float | None) -> list[Redispatch]:
+        """Every held trial, longest expected first, guarded unless dropped; the job holds none after."""
+        args = [job, job_key(job, "lease", ""), "" if guard_sec is None else _guard_ms(guard_sec)]
+        values = self.patiently(lambda: self._release_held(job, "", args))
+        return [Redispatch.model_validate_json(str(value)) for value in values]
+
+    @override
+    def stalled_holds(self, idle_sec: float) -> dict[str, int]:
+        """Jobs with held trials, none running or waiting, none handed out for `idle_sec`."""
+        jobs = sorted(str(job) for job in self.patiently(lambda: self._redis.smembers(JOBS_KEY)))
+        if not jobs:
+            return {}
+
+        def look() -> list[Any]:
+            with self._redis.pipeline(transaction=False) as pipe:
+                for job in jobs:
+                    pipe.exists(job_key(job, "held"))
+                    pipe.hlen(job_key(job, "running"))
+                    pipe.llen(job_key(job, "waiting"))
+                    pipe.hmget(job_key(job, "held", "meta"), ["window", "at"])
+                pipe.time()
+                return list(pipe.execute())
+
+        found = self.patiently(look)
+        seconds, micros = found[-1]
+        now = float(seconds) + float(micros) / 1e6
+        stalled = {}
+        for i, job in enumerate(jobs):
+            held, running, waiting, (window, at) = found[4 * i : 4 * i + 4]
+            if held and not running and not waiting and now - float(at or 0) >= idle_sec:
+                stalled[job] = int(window or 1)
+        return stalled

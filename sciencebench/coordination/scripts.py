@@ -1,0 +1,118 @@
+"""The store's Lua scripts over Redis, each in a file of `lua/` with its keys named.
+
+A script is `lua/<name>.lua` after the functions it uses (`lua/lib/<name>.lua`),
+one atomic step on the Redis server. Its header names each `KEYS[i]`; `keys`
+here names them alike, and a call names a job and a trial: each name's Redis
+key is `store_keys`'s (the keys of `coordination.protocol`), so no caller
+counts positions (`tests/unit/test_lua_scripts.py` checks the names agree).
+The files ship inside the package (the wheel carries them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib.resources import files
+from typing import Any
+
+import redis
+from redis.commands.core import AsyncScript
+from redis.commands.core import Script as RedisScript
+from redis.typing import EncodableT
+
+from sciencebench.coordination.protocol import HISTORY_KEY, JOBS_KEY, job_key
+
+LUA = files("sciencebench.coordination") / "lua"
+
+
+@dataclass(frozen=True)
+class Script:
+    """One script: its file, the functions it uses (in order), and what its `KEYS[1..n]` are."""
+
+    name: str
+    keys: tuple[str, ...]
+    uses: tuple[str, ...] = ()
+
+    def source(self) -> str:
+        """The text Redis runs: the functions used, then the script."""
+        return _source(self)
+
+    def key_list(self, job: str, key: str = "") -> list[str]:
+        """The `KEYS` list in the script's order, for the job's trial `key` (`store_keys`)."""
+        named = store_keys(job, key)
+        return [named[name] for name in self.keys]
+
+
+def store_keys(job: str, key: str = "") -> Mapping[str, str]:
+    """Each name a script's `KEYS` use -> its Redis key, for a job's trial `key` (`coordination.protocol`)."""
+    return {
+        "jobs": JOBS_KEY,
+        "history": HISTORY_KEY,
+        "lease": job_key(job, "lease", key),
+        "result": job_key(job, "result", key),
+        "counted": job_key(job, "counted", key),
+        "running": job_key(job, "running"),
+        "slots": job_key(job, "slots"),
+        "state": job_key(job, "state"),
+        "cancelled": job_key(job, "cancelled"),
+        "waiting": job_key(job, "waiting"),
+        "waiting_payloads": job_key(job, "waiting", "payloads"),
+        "held": job_key(job, "held"),
+        "held_payloads": job_key(job, "held", "payloads"),
+        "held_tasks": job_key(job, "held", "tasks"),
+        "held_probe": job_key(job, "held", "probe"),
+        "held_meta": job_key(job, "held", "meta"),
+        "budget": job_key(job, "budget"),
+        "budget_started": job_key(job, "budget", "started"),
+    }
+
+
+@cache
+def _source(script: Script) -> str:
+    parts = [(LUA / "lib" / f"{name}.lua").read_text(encoding="utf-8") for name in script.uses]
+    return "".join([*parts, (LUA / f"{script.name}.lua").read_text(encoding="utf-8")])
+
+
+_BUDGET = ("budget", "budget_started")
+# A job's held trials (`Slots.hold`).
+HELD = ("held", "held_payloads", "held_tasks", "held_probe", "held_meta")
+
+PARK = Script("park", ("lease", "jobs", "counted"))
+RENEW = Script("renew", ("lease", "running"), uses=("rightful",))
+COMMIT = Script(
+    "commit",
+    ("lease", "running", "result", "state", *_BUDGET),
+    uses=("rightful", "budget_reached", "add_spend"),
+)
+FINISH = Script("finish", ("lease", "running", "slots"), uses=("rightful",))
+WAIT = Script("wait", ("waiting", "waiting_payloads"))
+TAKE_ORPHAN = Script("take_orphan", ("lease", "running"))
+SLOT = Script("slot", ("slots",), uses=("take_slot",))
+START = Script(
+    "start",
+    ("lease", "result", "jobs", "cancelled", "slots", "running", *_BUDGET),
+    uses=("take_slot", "budget_reached", "let_start"),
+)
+NEXT_WAITING = Script(
+    "next_waiting", ("waiting", "waiting_payloads", *HELD, "running", "jobs"), uses=("measured", "guard")
+)
+RELEASE_HELD = Script("release_held", (*HELD, "running", "jobs"), uses=("guard",))
+ADD_DURATIONS = Script("add_durations", ("history",))
+SET_BUDGET = Script("set_budget", _BUDGET, uses=("budget_reached",))
+START_WITHIN_BUDGET = Script("start_within_budget", _BUDGET, uses=("budget_reached", "let_start"))
+
+ALL = (PARK, RENEW, COMMIT, FINISH, WAIT, TAKE_ORPHAN, SLOT, START, NEXT_WAITING, RELEASE_HELD,
+       ADD_DURATIONS, SET_BUDGET, START_WITHIN_BUDGET)  # fmt: skip
+
+
+class Registered:
+    """A script registered with a client (`EVALSHA`, loaded again when the server lost it)."""
+
+    def __init__(self, client: redis.Redis, script: Script) -> None:
+        self.script = script
+        self._run: RedisScript | AsyncScript = client.register_script(script.source())
+
+    def __call__(self, job: str, key: str, args: Sequence[EncodableT] = ()) -> Any:
+        """Run it on the job's trial `key` (its keys by name, `store_keys`) with `args` (its ARGV)."""
+        return self._run(keys=self.script.key_list(job, key), args=list(args))
