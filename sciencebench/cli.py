@@ -25,7 +25,7 @@ from sciencebench.coordination.protocol import Coordinator
 from sciencebench.core.errors import InputError, JobConflictError, SciencebenchError
 from sciencebench.core.images import DEFAULT_PLATFORM
 from sciencebench.core.models import JobSpec, TrialSpec, trial_label
-from sciencebench.core.paths import DEFAULT_JOBS_DIR, JobPaths
+from sciencebench.core.paths import DEFAULT_JOBS_DIR, JobPaths, SelectionPaths
 from sciencebench.core.settings import Settings
 from sciencebench.core.sizes import parse_size
 from sciencebench.login import options
@@ -130,7 +130,7 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
         out.print(f"dry run: {len(prepared.trials)} trial(s) of {len(prepared.selection.task_ids)} "
                   f"task(s); selection sha256 {prepared.selection.sha256}", soft_wrap=True)  # fmt: skip
         out.print("pier command: " + record["pier_command"], markup=False, soft_wrap=True)
-        out.print(f"run record: {opts.path / 'batch-run.json'}")
+        out.print(f"run record: {SelectionPaths(opts.path).run_record}")
         _print_expected(settings, prepared.job, prepared.trials, coord)
         if coord is not None and not opts.skip_pull:
             _prewarm(settings, prepared.job, err)
@@ -721,7 +721,6 @@ def bake(
     registry fails, 2 on bad input (selection, agent, missing artifacts).
     """
     from sciencebench.bake import bake_selection
-    from sciencebench.core.agentimages import agent_images_path
 
     results = bake_selection(
         path, agent, agent_version, registry=registry, artifacts=artifacts, extra_ca=extra_ca,
@@ -733,4 +732,4 @@ def bake(
     for result in results:
         table.add_row(result.image.base_image, result.image.image, result.action, f"{result.seconds:.1f}")
     out.print(table)
-    out.print(f"recorded in {agent_images_path(path.resolve())}", soft_wrap=True)
+    out.print(f"recorded in {SelectionPaths(path.resolve()).agent_images}", soft_wrap=True)

@@ -16,7 +16,7 @@ from sciencebench.coordination.costs import record_costs
 from sciencebench.coordination.history import record_durations
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.core.models import JobSpec, TrialRecord, agent_env_file_name, agent_kwargs_file_name
-from sciencebench.core.paths import JobPaths, write_in_job
+from sciencebench.core.paths import JobPaths, SelectionPaths, write_in_job
 from sciencebench.core.summary import write_summary
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def forget_agent_env(job: JobSpec) -> None:
     Only the files where submit writes them (`<selection>/.sciencebench/secrets/`)
     are ever deleted, whatever a job spec names.
     """
-    secrets_dir = job.selection_path / ".sciencebench" / "secrets"
+    secrets_dir = SelectionPaths(job.selection_path).secrets_dir
     for identity, name in (
         (job.agent_env_file, agent_env_file_name(job)),
         (job.agent_kwargs_file, agent_kwargs_file_name(job)),

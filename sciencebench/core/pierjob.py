@@ -28,6 +28,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from sciencebench.core.harness import POLICY_ENVIRONMENT
 from sciencebench.core.models import JobSpec, TrialRecord
+from sciencebench.core.paths import SelectionPaths
 from sciencebench.core.pier_argv import agent_configs
 
 # Pier's exception type for a cancelled trial, and sciencebench's (`cancel`).
@@ -418,7 +419,7 @@ def job_config(job: JobSpec) -> dict[str, Any]:
         "datasets": [],
         "tasks": [
             {
-                "path": str(job.selection_path / f"task_{task_id}"),
+                "path": str(SelectionPaths(job.selection_path).task_dir(task_id)),
                 "git_url": None,
                 "git_commit_id": None,
                 "name": None,

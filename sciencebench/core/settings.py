@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sciencebench.core.errors import SettingsError
 from sciencebench.core.gateways import public_url
+from sciencebench.core.paths import ScratchPaths
 from sciencebench.core.sizes import parse_size
 
 ENV_PREFIX = "SCIENCEBENCH_"
@@ -93,7 +94,7 @@ class Settings(BaseSettings):
     @property
     def scratch_root(self) -> Path:
         """The host-local scratch directory of running trials (`scratch_dir`, else `<state_dir>/scratch`)."""
-        return self.scratch_dir or self.state_dir / "scratch"
+        return self.scratch_dir or ScratchPaths.under(self.state_dir).root
 
     @field_validator("scratch_dir")
     @classmethod

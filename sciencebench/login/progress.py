@@ -32,6 +32,7 @@ from sciencebench.coordination.history import estimates, measured_seconds
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.coordination.shares import cluster_slots
 from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec, TrialState, TrialStatus
+from sciencebench.core.paths import SelectionPaths
 from sciencebench.core.stats import Spend, duration_text, finish_in, spend_text
 from sciencebench.login.plan import expected_seconds, expected_trial_seconds
 from sciencebench.login.taskspec import DEFAULT_AGENT_TIMEOUT_SEC, TaskToml
@@ -77,7 +78,7 @@ def timeout_bound(job: JobSpec, task_id: str) -> float | None:
 
     None when the file cannot be read.
     """
-    path = job.selection_path / f"task_{task_id}" / "task.toml"
+    path = SelectionPaths(job.selection_path).task_dir(task_id) / "task.toml"
     try:
         parsed = TaskToml.model_validate(tomllib.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, ValidationError):

@@ -41,7 +41,7 @@ from sciencebench.core.errors import (
     WorkspaceError,
 )
 from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec
-from sciencebench.core.paths import META_DIR_NAME, SUPERSEDED_DIR_NAME, JobPaths, copy_tree_at, open_job_dir
+from sciencebench.core.paths import JobPaths, ScratchPaths, copy_tree_at, open_job_dir
 from sciencebench.core.pier_argv import render_argv
 from sciencebench.core.settings import SCRATCH_DIR_ENV, Settings
 from sciencebench.worker.context import HostRuntime, WorkerContext
@@ -81,7 +81,7 @@ def scratch_root(settings: Settings, spec: TrialSpec, owner: str) -> Path:
     is its submitter's, who could rename or swap anything in it while a trial
     runs there; nobody but the worker can touch this one (`_private_dir`).
     """
-    return settings.scratch_root / str(spec.job_id) / f"{spec.task_id}-{spec.attempt}.{owner}"
+    return ScratchPaths(settings.scratch_root).trial_dir(spec.job_id, spec.task_id, spec.attempt, owner)
 
 
 def _private_dir(path: Path) -> None:
@@ -135,7 +135,7 @@ def _check_writable(paths: JobPaths) -> None:
     """The job's `.sciencebench/` takes files (records, trial directories) from this worker."""
     probe = f".probe-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     try:
-        fd = open_job_dir(paths, (META_DIR_NAME,), create=True)
+        fd = open_job_dir(paths, paths.meta_dir, create=True)
         try:
             os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd))
             os.unlink(probe, dir_fd=fd)
@@ -191,7 +191,7 @@ def run_try(
     if number == 1:  # a crashed earlier run's leftovers on this host go first
         for leftover in root.parent.glob(f"{spec.task_id}-{spec.attempt}.*"):
             shutil.rmtree(leftover, ignore_errors=True)
-    scratch = root / f"try-{number}"
+    scratch = ScratchPaths.try_dir(root, number)
     scratch.mkdir(mode=0o700, parents=True)
     snapshot = timed("snapshot", lambda: _take_snapshot(spec, scratch))
     timed("workspace", lambda: _check_workspace(spec, snapshot))
@@ -326,7 +326,7 @@ class Staged:
         job_fd = open_job_dir(self.paths)
         try:
             if self.previous is not None and self.previous != self.final_name:
-                superseded_fd = open_job_dir(self.paths, (META_DIR_NAME, SUPERSEDED_DIR_NAME), create=True)
+                superseded_fd = open_job_dir(self.paths, self.paths.superseded_dir, create=True)
                 try:
                     os.rename(self.previous, _free_name(superseded_fd, self.previous), src_dir_fd=job_fd,
                               dst_dir_fd=superseded_fd)  # fmt: skip
@@ -365,7 +365,7 @@ def stage_dirs(paths: JobPaths, spec: TrialSpec, tries: list[Try]) -> Staged:
     job_fd = open_job_dir(paths)
     try:
         if earlier:
-            superseded_fd = open_job_dir(paths, (META_DIR_NAME, SUPERSEDED_DIR_NAME), create=True)
+            superseded_fd = open_job_dir(paths, paths.superseded_dir, create=True)
             try:
                 for directory in earlier:
                     copy_tree_at(directory, superseded_fd, _free_name(superseded_fd, directory.name))
