@@ -24,7 +24,8 @@ from sciencebench import __version__
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.core.errors import InputError, JobConflictError, SciencebenchError
 from sciencebench.core.images import DEFAULT_PLATFORM
-from sciencebench.core.models import JobSpec, TrialSpec, trial_label
+from sciencebench.core.keys import TrialKey
+from sciencebench.core.models import JobSpec, TrialSpec
 from sciencebench.core.paths import DEFAULT_JOBS_DIR, JobPaths, SelectionPaths
 from sciencebench.core.settings import Settings
 from sciencebench.core.sizes import parse_size
@@ -199,7 +200,7 @@ def _conclude(job: JobSpec, answer: dict[str, Any], coord: Coordinator | None = 
     if coord is not None or not missing:
         forget_agent_env(job)  # the job has ended: its --agent-env values are no longer needed
     if missing:
-        shown = ", ".join(f"task_{key.replace('#', ' #')}" for key in missing[:20])
+        shown = ", ".join(TrialKey.parse(key).label for key in missing[:20])
         more = f" and {len(missing) - 20} more" if len(missing) > 20 else ""
         err.print(f"missing: {len(missing)} trial(s) have no record: {shown}{more}", markup=False)
     if answer.get("n_errored_trials") or missing:
@@ -317,7 +318,7 @@ def status(job_name: str, jobs_dir: Path) -> None:
         status = states.get(key)
         state = str(status.state) if status else "unknown"
         counts[state] = counts.get(state, 0) + 1
-        table.add_row(trial_label(key), state, status.host if status else "")
+        table.add_row(TrialKey.parse(key).label, state, status.host if status else "")
     out.print(table)
     out.print("  ".join(f"{state} {n}" for state, n in sorted(counts.items())))
     _print_live(job, coord)
@@ -523,7 +524,7 @@ def summarize(jobs_dir: Path, job_name: str, all_rows: bool) -> None:
     if not missing:
         forget_agent_env(job)  # the job has ended: its --agent-env values are no longer needed
     else:
-        shown = ", ".join(f"task_{key.replace('#', ' #')}" for key in missing[:20])
+        shown = ", ".join(TrialKey.parse(key).label for key in missing[:20])
         more = f" and {len(missing) - 20} more" if len(missing) > 20 else ""
         err.print(f"missing: {len(missing)} trial(s) have no record: {shown}{more}", markup=False)
     if summary.result["stats"]["n_errored_trials"] or missing:

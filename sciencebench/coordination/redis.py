@@ -38,6 +38,7 @@ from sciencebench.coordination.protocol import (
     job_key,
 )
 from sciencebench.core.errors import BrokerUnavailableError
+from sciencebench.core.keys import TrialKey
 from sciencebench.core.models import Redispatch, TrialState, TrialStatus
 
 # Claim a trial: nothing if it has a result (KEYS[2]) or a live lease (KEYS[1])
@@ -633,7 +634,7 @@ class RedisCoordinator(Coordinator):
             scores[member] = -item.expected_sec
             bodies[member] = item.payload.model_dump_json()
             by_task.setdefault(item.payload.trial.task_id, []).append(member)
-        probes = [key for key in sent if key.partition("#")[0] in by_task]
+        probes = [key for key in sent if TrialKey.parse(key).task_id in by_task]
 
         def store() -> None:
             with self._redis.pipeline(transaction=True) as pipe:

@@ -5,6 +5,8 @@ The login node sends by name and never imports the worker's task code.
 
 from __future__ import annotations
 
+from sciencebench.core.keys import TrialKey
+
 RUN_TRIAL = "sciencebench.run_trial"
 FINALIZE_JOB = "sciencebench.finalize_job"
 PREWARM_IMAGES = "sciencebench.prewarm_images"
@@ -15,7 +17,7 @@ def trial_shadow(job_name: str, task_id: str, attempt: int) -> str:
 
     Sent as the message's Celery `shadow` name; the task that runs is still `RUN_TRIAL`.
     """
-    return f"trial {job_name}/task_{task_id}#{attempt}"
+    return f"trial {job_name}/{TrialKey(task_id, attempt).task_name}"
 
 
 def finalize_shadow(job_name: str) -> str:

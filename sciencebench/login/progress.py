@@ -31,6 +31,7 @@ from pydantic import ValidationError
 from sciencebench.coordination.history import estimates, measured_seconds
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.coordination.shares import cluster_slots
+from sciencebench.core.keys import TrialKey
 from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec, TrialState, TrialStatus
 from sciencebench.core.paths import SelectionPaths
 from sciencebench.core.stats import Spend, duration_text, finish_in, spend_text
@@ -168,11 +169,11 @@ class Watcher:
         sources: dict[str, int] = {}
         running_left, waiting_sec = [], []
         for key, status in running:
-            expected, source = self._expected(key.partition("#")[0], own, across)
+            expected, source = self._expected(TrialKey.parse(key).task_id, own, across)
             running_left.append(expected - max(now - status.at, 0.0))
             sources[source] = sources.get(source, 0) + 1
         for key in waiting:
-            expected, source = self._expected(key.partition("#")[0], own, across)
+            expected, source = self._expected(TrialKey.parse(key).task_id, own, across)
             waiting_sec.append(expected)
             sources[source] = sources.get(source, 0) + 1
         cap = self.job.n_concurrent
