@@ -16,7 +16,6 @@ build or container.
 from __future__ import annotations
 
 import fcntl
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,12 +29,11 @@ from sciencebench.core.agentimages import (
 )
 from sciencebench.core.errors import InputError, SciencebenchError
 from sciencebench.core.paths import SelectionPaths, write_atomic
+from sciencebench.core.settings import DEFAULT_AGENT_ARTIFACTS, raw_setting
 from sciencebench.login.selection import load_selection
 from sciencebench.worker.docker import bake as docker_bake
 from sciencebench.worker.docker.bake import Action
 
-DEFAULT_ARTIFACTS = Path("/var/tmp/sciencebench-agents")  # noqa: S108 (a host cache, like the state dir)
-ARTIFACTS_ENV = "SCIENCEBENCH_AGENT_ARTIFACTS"
 REPOSITORY = "sciencebench-agents"
 
 
@@ -54,7 +52,7 @@ class Baked:
 
 def default_artifacts() -> Path:
     """The artifact directory: SCIENCEBENCH_AGENT_ARTIFACTS, else /var/tmp/sciencebench-agents."""
-    return Path(os.environ.get(ARTIFACTS_ENV) or DEFAULT_ARTIFACTS)
+    return Path(raw_setting("agent_artifacts") or DEFAULT_AGENT_ARTIFACTS)
 
 
 def _write(path: Path, images: AgentImages) -> None:

@@ -27,7 +27,7 @@ from sciencebench.core.images import DEFAULT_PLATFORM
 from sciencebench.core.keys import TrialKey
 from sciencebench.core.models import JobSpec, TrialSpec
 from sciencebench.core.paths import DEFAULT_JOBS_DIR, JobPaths, SelectionPaths
-from sciencebench.core.settings import Settings
+from sciencebench.core.settings import AGENT_ARTIFACTS_ENV, DEMO_BASE_IMAGE_ENV, DEMO_REGISTRY_ENV, Settings
 from sciencebench.core.sizes import parse_size
 from sciencebench.login import options
 from sciencebench.login.options import SubmitOptions
@@ -637,13 +637,13 @@ def _size_option(name: str, value: str | None) -> int | None:
 )
 @click.option(
     "--base-image",
-    envvar="SCIENCEBENCH_DEMO_BASE_IMAGE",
+    envvar=DEMO_BASE_IMAGE_ENV,
     required=True,
     help="Digest-pinned Debian image with bash and git [env: SCIENCEBENCH_DEMO_BASE_IMAGE].",
 )
 @click.option(
     "--registry",
-    envvar="SCIENCEBENCH_DEMO_REGISTRY",
+    envvar=DEMO_REGISTRY_ENV,
     required=True,
     help="Registry (host:port) to push the demo images to [env: SCIENCEBENCH_DEMO_REGISTRY].",
 )
@@ -706,7 +706,7 @@ def images() -> None:
 @click.option("--registry", required=True, metavar="HOST[:PORT]",
               help="Registry to push the baked images to, one the workers pull from (a task image's "
                    "own registry, e.g. docker.io, is rarely one you may push to).")  # fmt: skip
-@click.option("--artifacts", type=click.Path(path_type=Path), envvar="SCIENCEBENCH_AGENT_ARTIFACTS",
+@click.option("--artifacts", type=click.Path(path_type=Path), envvar=AGENT_ARTIFACTS_ENV,
               help="Directory of fetched artifacts [env: SCIENCEBENCH_AGENT_ARTIFACTS; "
                    "default /var/tmp/sciencebench-agents].")  # fmt: skip
 @click.option("--extra-ca", type=click.Path(path_type=Path, exists=True, dir_okay=False),

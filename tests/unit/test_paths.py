@@ -11,10 +11,10 @@ import pytest
 
 from sciencebench.core.paths import JobPaths, ScratchPaths, SelectionPaths, open_job_dir
 from sciencebench.core.settings import Settings
+from tests.fixtures.source import package_nodes
 
 pytestmark = pytest.mark.unit
 
-PACKAGE = Path(__file__).resolve().parents[2] / "sciencebench"
 # Names of the trees' files and directories: only core/paths.py spells them.
 LAYOUT_NAMES = frozenset({
     ".sciencebench", "batch-run.json", "agent-images.json", ".agent-images.lock", "superseded", "scratch",
@@ -59,11 +59,11 @@ def test_scratch_is_per_job_id_then_per_run_then_per_try(tmp_path: Path) -> None
 
 
 def test_only_core_paths_spells_the_layouts_names() -> None:
-    spelled = []
-    for module in sorted(PACKAGE.rglob("*.py")):
-        if module == PACKAGE / "core" / "paths.py":
-            continue
-        for node in ast.walk(ast.parse(module.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Constant) and node.value in LAYOUT_NAMES:
-                spelled.append(f"{module.relative_to(PACKAGE.parent)}:{node.lineno}: {node.value!r}")
+    spelled = [
+        f"{module}:{getattr(node, 'lineno', '?')}: {node.value!r}"
+        for module, nodes in package_nodes().items()
+        if module != "sciencebench/core/paths.py"
+        for node in nodes
+        if isinstance(node, ast.Constant) and node.value in LAYOUT_NAMES
+    ]
     assert spelled == []
