@@ -16,7 +16,6 @@ build or container.
 from __future__ import annotations
 
 import fcntl
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,17 +25,15 @@ from sciencebench.agents.recipes import PINS, RecipeError
 from sciencebench.core.agentimages import (
     AgentImages,
     BakedImage,
-    agent_images_path,
     load_agent_images,
 )
 from sciencebench.core.errors import InputError, SciencebenchError
-from sciencebench.core.paths import write_atomic
+from sciencebench.core.paths import SelectionPaths, write_atomic
+from sciencebench.core.settings import DEFAULT_AGENT_ARTIFACTS, raw_setting
 from sciencebench.login.selection import load_selection
 from sciencebench.worker.docker import bake as docker_bake
 from sciencebench.worker.docker.bake import Action
 
-DEFAULT_ARTIFACTS = Path("/var/tmp/sciencebench-agents")  # noqa: S108 (a host cache, like the state dir)
-ARTIFACTS_ENV = "SCIENCEBENCH_AGENT_ARTIFACTS"
 REPOSITORY = "sciencebench-agents"
 
 
@@ -55,7 +52,7 @@ class Baked:
 
 def default_artifacts() -> Path:
     """The artifact directory: SCIENCEBENCH_AGENT_ARTIFACTS, else /var/tmp/sciencebench-agents."""
-    return Path(os.environ.get(ARTIFACTS_ENV) or DEFAULT_ARTIFACTS)
+    return Path(raw_setting("agent_artifacts") or DEFAULT_AGENT_ARTIFACTS)
 
 
 def _write(path: Path, images: AgentImages) -> None:
@@ -83,14 +80,14 @@ def bake_selection(
         raise InputError(f"--agent {agent}: only {', '.join(PINS)} can be baked")
     version = version or PINS[agent].version
     artifacts = artifacts or default_artifacts()
-    record_path = agent_images_path(selection.path)
+    record_path = SelectionPaths(selection.path).agent_images
     bases = list(dict.fromkeys(selection.tasks[task_id].agent_image for task_id in selection.task_ids))
     if not registry.strip() or "/" in registry:
         raise InputError(f"--registry {registry!r}: expected HOST[:PORT] of a registry the workers pull from")
     results: list[Baked] = []
     record_path.parent.mkdir(parents=True, exist_ok=True)
     # One bake of a selection at a time: the record is read, extended and replaced.
-    with open(record_path.with_name(".agent-images.lock"), "w") as lock:
+    with open(SelectionPaths(selection.path).agent_images_lock, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             images = load_agent_images(record_path)

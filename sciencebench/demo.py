@@ -18,6 +18,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+from sciencebench.core.paths import SelectionPaths
 from sciencebench.worker.docker.build import commit_image
 from sciencebench.worker.docker.engine import connect
 
@@ -79,7 +80,7 @@ SOLUTIONS = {
 
 def write_task(root: Path, task_id: str, agent_ref: str, verifier_ref: str, solution: str) -> Path:
     """Write `task_<id>/` of the demo selection under `root`; return its directory."""
-    task = root / f"task_{task_id}"
+    task = SelectionPaths(root).task_dir(task_id)
     for sub in ("environment", "tests", "solution"):
         (task / sub).mkdir(parents=True, exist_ok=True)
     (task / "task.toml").write_text(

@@ -30,7 +30,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, Field
 
-from sciencebench.core.models import TrialRecord, trial_label
+from sciencebench.core.models import TrialRecord
 
 _NEVER = datetime.max.replace(tzinfo=UTC)
 # Why a trial never started: its job's budget was reached (`TrialRecord.not_started`).
@@ -294,7 +294,7 @@ def budget_lines(records: Sequence[TrialRecord], capped_cost: bool) -> tuple[lis
     first = min(with_tokens, key=lambda r: r.finished_at or _NEVER, default=None)
     if capped_cost and first is not None and first.cost_usd is None:
         lines.append(
-            f"--max-cost: only tokens can be capped: Pier could not price {trial_label(first.key)}, "
+            f"--max-cost: only tokens can be capped: Pier could not price {first.label}, "
             "the first trial with tokens (a model Pier has no price for)"
         )
     return lines, skipped

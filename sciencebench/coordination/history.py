@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sciencebench.coordination.protocol import History
+from sciencebench.core.keys import TrialKey
 from sciencebench.core.models import AgentPlan, JobSpec, measured_seconds_of
 from sciencebench.core.paths import JobPaths
 
@@ -216,9 +217,9 @@ def record_samples(
     samples: dict[str, list[float]] = {}
     try:
         for key in job.trial_keys():
-            task_id, _, attempt = key.partition("#")
+            task_id, attempt = TrialKey.parse(key)
             try:
-                record = json.loads(paths.trial_record(task_id, int(attempt)).read_bytes())
+                record = json.loads(paths.trial_record(task_id, attempt).read_bytes())
             except (OSError, ValueError):
                 continue
             value = sample(record) if isinstance(record, dict) and task_id in keys else None

@@ -26,6 +26,7 @@ from sciencebench.coordination.protocol import (
     job_key,
     parking_token,
 )
+from sciencebench.core.keys import TrialKey
 from sciencebench.core.models import Redispatch, TrialState, TrialStatus
 
 
@@ -297,7 +298,7 @@ class MemoryCoordinator(Coordinator):
                 if record is None:
                     continue
                 held.probe.discard(key)
-                task = key.partition("#")[0]
+                task = TrialKey.parse(key).task_id
                 seconds = stored_seconds(json.loads(record))
                 if seconds is not None and task in held.tasks:
                     for member in held.tasks.pop(task):
@@ -329,7 +330,7 @@ class MemoryCoordinator(Coordinator):
                 state.expected[member] = item.expected_sec
                 state.payloads[member] = item.payload
                 state.tasks.setdefault(item.payload.trial.task_id, []).append(member)
-            state.probe |= {key for key in sent if key.partition("#")[0] in state.tasks}
+            state.probe |= {key for key in sent if TrialKey.parse(key).task_id in state.tasks}
 
     @override
     def release_held(self, job: str, guard_sec: float | None) -> list[Redispatch]:

@@ -17,8 +17,9 @@ from pydantic import BaseModel
 from sciencebench.coordination.costs import record_costs
 from sciencebench.coordination.history import record_durations
 from sciencebench.coordination.protocol import Coordinator
+from sciencebench.core.keys import TrialKey
 from sciencebench.core.models import JobSpec, TrialRecord, agent_env_file_name, agent_kwargs_file_name
-from sciencebench.core.paths import JobPaths, write_in_job
+from sciencebench.core.paths import JobPaths, SelectionPaths, write_in_job
 from sciencebench.core.summary import write_summary
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,7 @@ class FinalizerAnswer(BaseModel):
 def store_records_to_disk(coord: Coordinator, job: JobSpec, paths: JobPaths) -> None:
     """Write every record the store holds but the job directory lacks (best effort per record)."""
     for key in job.trial_keys():
-        task_id, _, attempt = key.partition("#")
-        target = paths.trial_record(task_id, int(attempt))
+        target = paths.trial_record(*TrialKey.parse(key))
         if target.is_file():
             continue
         stored = coord.get_result(job.job_key, key)
@@ -65,11 +65,7 @@ def store_records_to_disk(coord: Coordinator, job: JobSpec, paths: JobPaths) -> 
 
 def missing_trials(job: JobSpec, paths: JobPaths) -> list[str]:
     """Trial keys of the job with no record on disk."""
-    return [
-        key
-        for key in job.trial_keys()
-        if not paths.trial_record(key.partition("#")[0], int(key.partition("#")[2])).is_file()
-    ]
+    return [key for key in job.trial_keys() if not paths.trial_record(*TrialKey.parse(key)).is_file()]
 
 
 def forget_agent_env(job: JobSpec) -> None:
@@ -78,7 +74,7 @@ def forget_agent_env(job: JobSpec) -> None:
     Only the files where submit writes them (`<selection>/.sciencebench/secrets/`)
     are ever deleted, whatever a job spec names.
     """
-    secrets_dir = job.selection_path / ".sciencebench" / "secrets"
+    secrets_dir = SelectionPaths(job.selection_path).secrets_dir
     for identity, name in (
         (job.agent_env_file, agent_env_file_name(job)),
         (job.agent_kwargs_file, agent_kwargs_file_name(job)),

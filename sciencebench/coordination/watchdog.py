@@ -27,7 +27,7 @@ from kombu.exceptions import ChannelError
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.coordination.shares import fill
 from sciencebench.core.models import Redispatch, TrialState
-from sciencebench.core.wire import RUN_TRIAL, trial_shadow
+from sciencebench.core.wire import run_trial_message
 
 log = logging.getLogger(__name__)
 
@@ -67,17 +67,15 @@ def send_again(app: Celery, coord: Coordinator, payload: Redispatch) -> None:
     spec = payload.trial
     if coord.get_result(spec.job_key, spec.key) is None:
         coord.set_state(spec.job_key, spec.key, TrialState.QUEUED, "")
+    message = run_trial_message(spec, payload.task_id)
     app.send_task(
-        RUN_TRIAL,
-        args=[spec.model_dump(mode="json")],
-        task_id=payload.task_id,
+        message.name,
+        args=message.args,
+        **message.options,
         # The chord body as the message carried it (a signature dict), which Celery accepts.
         chord=cast(Any, payload.chord),
         group_id=payload.group_id,
         group_index=payload.group_index,
-        shadow=trial_shadow(spec.job_name, spec.task_id, spec.attempt),
-        argsrepr=repr(spec.label),
-        kwargsrepr="{}",
     )
 
 

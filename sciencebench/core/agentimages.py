@@ -87,11 +87,6 @@ class AgentImages(BaseModel):
         return AgentImages(images=images if baked in images else [*images, baked])
 
 
-def agent_images_path(selection: Path) -> Path:
-    """Where a selection records its baked images."""
-    return selection / ".sciencebench" / "agent-images.json"
-
-
 def load_agent_images(path: Path) -> AgentImages:
     """The recorded images at `path`; empty when the file does not exist.
 

@@ -28,6 +28,7 @@ from sciencebench.core.envfile import EnvFile
 from sciencebench.core.gateways import Gateway
 from sciencebench.core.harness import POLICY_ENVIRONMENT, POLICY_NAME
 from sciencebench.core.images import DEFAULT_PLATFORM
+from sciencebench.core.keys import TrialKey
 
 
 class Provider(BaseModel):
@@ -168,18 +169,7 @@ class JobSpec(RunOptions):
 
     def trial_keys(self) -> list[str]:
         """Every trial key of the job (`002#1`), in task then attempt order."""
-        return [trial_key(t, a) for t in self.task_ids for a in range(1, self.trials_per_task + 1)]
-
-
-def trial_key(task_id: str, attempt: int) -> str:
-    """Stable identity of a trial within its job: `002#1`."""
-    return f"{task_id}#{attempt}"
-
-
-def trial_label(key: str) -> str:
-    """What people see for a trial key (Flower, status): `task_002 #1`."""
-    task_id, _, attempt = key.partition("#")
-    return f"task_{task_id} #{attempt}"
+        return [str(TrialKey(t, a)) for t in self.task_ids for a in range(1, self.trials_per_task + 1)]
 
 
 class TrialSpec(BaseModel):
@@ -202,7 +192,7 @@ class TrialSpec(BaseModel):
     @property
     def key(self) -> str:
         """Stable identity of the trial within its job: `002#1`."""
-        return trial_key(self.task_id, self.attempt)
+        return str(TrialKey(self.task_id, self.attempt))
 
     @property
     def job_key(self) -> str:
@@ -212,7 +202,7 @@ class TrialSpec(BaseModel):
     @property
     def label(self) -> str:
         """What people see (Flower, status): `task_002 #1`."""
-        return trial_label(self.key)
+        return TrialKey(self.task_id, self.attempt).label
 
 
 class TryRecord(BaseModel):
@@ -295,7 +285,12 @@ class TrialRecord(BaseModel):
     @property
     def key(self) -> str:
         """The trial's key within its job (`002#1`)."""
-        return trial_key(self.task_id, self.attempt)
+        return str(TrialKey(self.task_id, self.attempt))
+
+    @property
+    def label(self) -> str:
+        """What people see: `task_002 #1`."""
+        return TrialKey(self.task_id, self.attempt).label
 
     @property
     def scored(self) -> bool:

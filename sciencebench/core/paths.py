@@ -13,6 +13,15 @@
         ├── trials/002-1.json        the latest TrialRecord of task 002, attempt 1
         └── superseded/              trial directories replaced by a later run
 
+    <selection>/                     `SelectionPaths`
+    ├── task_002/                    a task directory
+    ├── batch-run.json               the run record of the latest submit
+    └── .sciencebench/
+        ├── agent-images.json        the baked agent images (`images bake`), and its .agent-images.lock
+        └── secrets/                 a running job's --agent-env and --agent-kwarg values (0700)
+
+    <scratch root>/<job id>/<task id>-<attempt>.<owner>/try-<n>/   `ScratchPaths`, host-local
+
 The job directory belongs to its submitter, who may rename, swap or link
 anything in it at any time. A worker therefore keeps nothing there while a
 trial runs (its scratch is host-local: `Settings.scratch_dir`) and writes
@@ -30,11 +39,12 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from uuid import UUID
 
 # Where jobs go unless --jobs-dir says otherwise (relative to the working directory).
 DEFAULT_JOBS_DIR = Path("jobs")
 META_DIR_NAME = ".sciencebench"
-SUPERSEDED_DIR_NAME = "superseded"
+SCRATCH_DIR_NAME = "scratch"
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,11 @@ class JobPaths:
     def result_json(self) -> Path:
         """The job's `result.json` (Pier's JobResult shape)."""
         return self.job_dir / "result.json"
+
+    @property
+    def config_json(self) -> Path:
+        """The job's `config.json` (Pier's JobConfig)."""
+        return self.job_dir / "config.json"
 
     @property
     def summary_json(self) -> Path:
@@ -82,11 +97,76 @@ class JobPaths:
     @property
     def superseded_dir(self) -> Path:
         """Trial directories replaced by a later try or run: `.sciencebench/superseded/`."""
-        return self.meta_dir / SUPERSEDED_DIR_NAME
+        return self.meta_dir / "superseded"
 
     def trial_record(self, task_id: str, attempt: int) -> Path:
         """The record of one trial: `.sciencebench/trials/<task id>-<attempt>.json`."""
         return self.trials_dir / f"{task_id}-{attempt}.json"
+
+    def parts(self, path: Path) -> tuple[str, ...]:
+        """The components of `path` (one of these paths) below the job directory, for `open_job_dir`."""
+        return path.relative_to(self.job_dir).parts
+
+
+@dataclass(frozen=True)
+class SelectionPaths:
+    """The paths of a materialized selection, and the files sciencebench keeps in it (module docstring)."""
+
+    selection: Path
+
+    def task_dir(self, task_id: str) -> Path:
+        """A task's directory: `task_<id>/`."""
+        return self.selection / f"task_{task_id}"
+
+    @property
+    def run_record(self) -> Path:
+        """The run record of the latest submit: `batch-run.json`."""
+        return self.selection / "batch-run.json"
+
+    @property
+    def meta_dir(self) -> Path:
+        """The selection's own sciencebench files: `.sciencebench/`."""
+        return self.selection / META_DIR_NAME
+
+    @property
+    def agent_images(self) -> Path:
+        """The baked agent images: `.sciencebench/agent-images.json`."""
+        return self.meta_dir / "agent-images.json"
+
+    @property
+    def agent_images_lock(self) -> Path:
+        """The lock one bake of the selection holds: `.sciencebench/.agent-images.lock`."""
+        return self.meta_dir / ".agent-images.lock"
+
+    @property
+    def secrets_dir(self) -> Path:
+        """Where submit keeps a job's --agent-env and --agent-kwarg values: `.sciencebench/secrets/`."""
+        return self.meta_dir / "secrets"
+
+
+@dataclass(frozen=True)
+class ScratchPaths:
+    """A worker host's scratch of running trials: host-local, the worker's own, never in a job directory."""
+
+    root: Path
+
+    @classmethod
+    def under(cls, state_dir: Path) -> ScratchPaths:
+        """The default scratch root: `<state dir>/scratch`."""
+        return cls(state_dir / SCRATCH_DIR_NAME)
+
+    def job_dir(self, job_id: UUID | str) -> Path:
+        """A job's scratch: `<root>/<job id>/`."""
+        return self.root / str(job_id)
+
+    def trial_dir(self, job_id: UUID | str, task_id: str, attempt: int, owner: str) -> Path:
+        """One run of a trial: `<root>/<job id>/<task id>-<attempt>.<owner>/`."""
+        return self.job_dir(job_id) / f"{task_id}-{attempt}.{owner}"
+
+    @staticmethod
+    def try_dir(trial_dir: Path, number: int) -> Path:
+        """One try of a run (`--max-retries`): `<trial dir>/try-<n>/`."""
+        return trial_dir / f"try-{number}"
 
 
 def write_atomic(path: Path, data: str | bytes, mode: int = 0o644) -> None:
@@ -116,8 +196,10 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def open_job_dir(paths: JobPaths, parts: Sequence[str] = (), *, create: bool = False) -> int:
+def open_job_dir(paths: JobPaths, parts: Sequence[str] | Path = (), *, create: bool = False) -> int:
     """A descriptor of `<job dir>/<parts...>`, each component opened without following a link.
+
+    `parts` may also be one of `paths`' directories (`paths.meta_dir`).
 
     The jobs directory itself is the worker's configured root (checked at
     admission; created when `create` and missing); from the job directory
@@ -125,6 +207,8 @@ def open_job_dir(paths: JobPaths, parts: Sequence[str] = (), *, create: bool = F
     `create` and missing. Raises OSError
     (ELOOP for a link, ENOTDIR for anything else).
     """
+    if isinstance(parts, Path):
+        parts = paths.parts(parts)
     if create:
         paths.jobs_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(paths.jobs_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -27,7 +27,9 @@ from typing import Any, NotRequired, TypedDict
 from pydantic import TypeAdapter, ValidationError
 
 from sciencebench.core.harness import POLICY_ENVIRONMENT
+from sciencebench.core.keys import TrialKey
 from sciencebench.core.models import JobSpec, TrialRecord
+from sciencebench.core.paths import SelectionPaths
 from sciencebench.core.pier_argv import agent_configs
 
 # Pier's exception type for a cancelled trial, and sciencebench's (`cancel`).
@@ -180,7 +182,7 @@ def parse_trial_result(data: str | bytes | dict[str, Any]) -> PierTrial | None:
 
 
 def _record_name(record: TrialRecord) -> str:
-    return record.trial_dir or f"task_{record.task_id}#{record.attempt}"
+    return record.trial_dir or TrialKey(record.task_id, record.attempt).task_name
 
 
 def _pier_model_name(model: str) -> str:
@@ -418,7 +420,7 @@ def job_config(job: JobSpec) -> dict[str, Any]:
         "datasets": [],
         "tasks": [
             {
-                "path": str(job.selection_path / f"task_{task_id}"),
+                "path": str(SelectionPaths(job.selection_path).task_dir(task_id)),
                 "git_url": None,
                 "git_commit_id": None,
                 "name": None,

@@ -3,6 +3,12 @@
 One `Settings` object (pydantic-settings) serves both sides. A bad value is
 a `SettingsError` (an InputError: one line on stderr, exit 2) naming the
 variable, never a traceback.
+
+This module owns every SCIENCEBENCH_* variable: each is a `Settings` field,
+its name is `env_name(field)`, and no other module reads one from the
+environment (`tests/unit/test_settings.py` checks the package's source).
+Code that holds no Settings (Pier's plugins, `images bake`) reads one
+setting alone with `state_dir_from_env` or `raw_setting`.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sciencebench.core.errors import SettingsError
 from sciencebench.core.gateways import public_url
+from sciencebench.core.paths import ScratchPaths
 from sciencebench.core.sizes import parse_size
 
 ENV_PREFIX = "SCIENCEBENCH_"
@@ -27,10 +34,10 @@ DEFAULT_BROKER_URL = "redis://localhost:6379/0"
 # than this is delivered again, so it must outlive the longest trial.
 VISIBILITY_TIMEOUT_FLOOR_SEC = 6 * 3600
 RESULT_EXPIRES_SEC = 14 * 24 * 3600
-STATE_DIR_ENV = f"{ENV_PREFIX}STATE_DIR"
-SCRATCH_DIR_ENV = f"{ENV_PREFIX}SCRATCH_DIR"
 # A fixed host-local directory shared by every worker process of a host (not a temp file).
 DEFAULT_STATE_DIR = Path("/var/tmp/sciencebench")  # noqa: S108
+# Where `images bake` finds the agent artifacts scripts/agent-artifacts.sh fetched (a host cache).
+DEFAULT_AGENT_ARTIFACTS = Path("/var/tmp/sciencebench-agents")  # noqa: S108
 
 
 class Settings(BaseSettings):
@@ -74,6 +81,11 @@ class Settings(BaseSettings):
     jobs_roots: Annotated[tuple[Path, ...], NoDecode] = ()
     selection_roots: Annotated[tuple[Path, ...], NoDecode] = ()
     env_file_roots: Annotated[tuple[Path, ...], NoDecode] = ()
+    # The artifacts `images bake` installs agents from (a bake host; `images bake --artifacts`).
+    agent_artifacts: Path = DEFAULT_AGENT_ARTIFACTS
+    # `sciencebench demo --base-image` and `--registry` (click reads these two as the options' values).
+    demo_base_image: str = ""
+    demo_registry: str = ""
 
     @field_validator("jobs_roots", "selection_roots", "env_file_roots", "pier_env", mode="before")
     @classmethod
@@ -93,7 +105,7 @@ class Settings(BaseSettings):
     @property
     def scratch_root(self) -> Path:
         """The host-local scratch directory of running trials (`scratch_dir`, else `<state_dir>/scratch`)."""
-        return self.scratch_dir or self.state_dir / "scratch"
+        return self.scratch_dir or ScratchPaths.under(self.state_dir).root
 
     @field_validator("scratch_dir")
     @classmethod
@@ -171,12 +183,36 @@ class Settings(BaseSettings):
         return public_url(self.broker_url)
 
 
+def env_name(field: str) -> str:
+    """The environment variable of a `Settings` field: `SCIENCEBENCH_<FIELD>`. KeyError for no field."""
+    if field not in Settings.model_fields:
+        raise KeyError(f"Settings has no field {field!r}")
+    return f"{ENV_PREFIX}{field.upper()}"
+
+
+STATE_DIR_ENV = env_name("state_dir")
+SCRATCH_DIR_ENV = env_name("scratch_dir")
+PROXY_IMAGE_ENV = env_name("proxy_image")
+AGENT_ARTIFACTS_ENV = env_name("agent_artifacts")
+DEMO_BASE_IMAGE_ENV = env_name("demo_base_image")
+DEMO_REGISTRY_ENV = env_name("demo_registry")
+
+
+def raw_setting(field: str) -> str:
+    """One setting as the environment holds it ("" when unset), not validated.
+
+    For code that holds no Settings and must not fail on another variable's
+    bad value: Pier's plugins, `images bake`.
+    """
+    return os.environ.get(env_name(field), "")
+
+
 def state_dir_from_env() -> Path:
     """The host state directory alone, for processes that hold no Settings (Pier's plugins).
 
     The same value `Settings.state_dir` gives for the same environment.
     """
-    configured = os.environ.get(STATE_DIR_ENV, "").strip()
+    configured = raw_setting("state_dir").strip()
     return Path(configured) if configured else DEFAULT_STATE_DIR
 
 

@@ -50,7 +50,6 @@ MISSING_PATCH = "MissingPatch"
 # Trials whose reward does not count for the model (TrialRecord.scored): their own classes.
 PROVIDER_ERROR = "provider_error"
 NOT_STARTED = "not_started"
-CONFIG_JSON = "config.json"  # Pier's name for a job's JobConfig
 
 
 @dataclass(frozen=True)
@@ -210,7 +209,7 @@ def write_summary(job: JobSpec, now: datetime | None = None) -> Summary:
     writer.writerows(rows)
     files = {
         paths.result_json.name: json.dumps(result, indent=4) + "\n",
-        CONFIG_JSON: json.dumps(config, indent=4) + "\n",
+        paths.config_json.name: json.dumps(config, indent=4) + "\n",
         paths.summary_json.name: _summary_json(job, rows, now, numbers),
         paths.summary_csv.name: buffer.getvalue(),
     }

@@ -18,11 +18,11 @@ from sciencebench.core.agentimages import (
     AGENT_ADAPTERS,
     PIER_INSTALLED_AGENTS,
     BakedImage,
-    agent_images_path,
     load_agent_images,
 )
 from sciencebench.core.errors import ProfileError
 from sciencebench.core.models import AgentPlan
+from sciencebench.core.paths import SelectionPaths
 from sciencebench.login.selection import Selection
 
 _LISTED = 3  # task ids named in an error line before "..."
@@ -82,7 +82,7 @@ def resolve_agent_images(selection: Selection, plan: AgentPlan) -> AgentImagesPl
     hint = _bake_hint(selection, plan, wanted)
     if plan.harness not in PIER_INSTALLED_AGENTS:
         return AgentImagesPlan(plan, {}, [], hint)
-    path = agent_images_path(selection.path)
+    path = SelectionPaths(selection.path).agent_images
     try:
         record = load_agent_images(path)
     except ValueError as exc:

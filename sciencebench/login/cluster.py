@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sciencebench.coordination.protocol import Coordinator, HostKit
+from sciencebench.coordination.protocol import Coordinator, HostKit, HostStatus
 from sciencebench.core.errors import ProfileError
 from sciencebench.core.settings import Settings
 
@@ -24,6 +24,11 @@ from sciencebench.core.settings import Settings
 MODEL_FREE_AGENTS = frozenset({"nop", "oracle"})
 # A host counts as live when it beat within this many lease periods (its keeper beats every quarter).
 LIVE_LEASES = 2.0
+
+
+def is_live(status: HostStatus, now: float, lease_seconds: float) -> bool:
+    """Whether a host beat within two lease periods (`LIVE_LEASES`) of `now` (the store's clock)."""
+    return now - status.seen_at < LIVE_LEASES * lease_seconds
 
 
 @dataclass(frozen=True)
@@ -46,8 +51,7 @@ class Cluster:
     def live(cls, coord: Coordinator, lease_seconds: float) -> Cluster:
         """The live worker hosts in the store (beat within two leases), with the kit each reported."""
         now = coord.now()
-        horizon = LIVE_LEASES * lease_seconds
-        live = {host: status for host, status in coord.hosts().items() if now - status.seen_at < horizon}
+        live = {host: status for host, status in coord.hosts().items() if is_live(status, now, lease_seconds)}
         kits = {host: status.kit or HostKit() for host, status in live.items()}
         silent = frozenset(host for host, status in live.items() if status.kit is None)
         return cls(kits=kits, where="live worker hosts", silent=silent)

@@ -18,7 +18,7 @@ from sciencebench.coordination.shares import Share, cluster_slots, fill
 from sciencebench.coordination.watchdog import send_again
 from sciencebench.core.models import JobSpec, Redispatch, TrialSpec, TrialState
 from sciencebench.core.settings import Settings
-from sciencebench.core.wire import FINALIZE_JOB, RUN_TRIAL, finalize_shadow, trial_shadow
+from sciencebench.core.wire import FINALIZE_JOB, finalize_shadow, run_trial_message
 from sciencebench.login.plan import Schedule, expected_seconds, order, schedule
 
 log = logging.getLogger(__name__)
@@ -74,19 +74,8 @@ def dispatch(
         else schedule(trials, measured, job.n_concurrent)
     )
     ordered = plan.send + plan.hold
-    header = [
-        app.signature(
-            RUN_TRIAL,
-            args=(trial.model_dump(mode="json"),),
-            options={
-                "task_id": str(uuid.uuid4()),
-                "shadow": trial_shadow(trial.job_name, trial.task_id, trial.attempt),
-                "argsrepr": repr(trial.label),
-                "kwargsrepr": "{}",
-            },
-        )
-        for trial in ordered
-    ]
+    messages = [run_trial_message(trial, str(uuid.uuid4())) for trial in ordered]
+    header = [app.signature(m.name, args=m.args, options=m.options) for m in messages]
     coord.set_states(job.job_key, [trial.key for trial in ordered], TrialState.QUEUED)
     if ordered:
         coord.open_dispatch(job.job_key, dispatch_id)  # closed by its finalizer

@@ -31,7 +31,9 @@ from pydantic import ValidationError
 from sciencebench.coordination.history import estimates
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.coordination.shares import cluster_slots
+from sciencebench.core.keys import TrialKey
 from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec, TrialState, TrialStatus
+from sciencebench.core.paths import SelectionPaths
 from sciencebench.core.stats import Spend, duration_text, finish_in, spend_text
 from sciencebench.login.plan import expected_seconds, expected_trial_seconds
 from sciencebench.login.taskspec import DEFAULT_AGENT_TIMEOUT_SEC, TaskToml
@@ -77,7 +79,7 @@ def timeout_bound(job: JobSpec, task_id: str) -> float | None:
 
     None when the file cannot be read.
     """
-    path = job.selection_path / f"task_{task_id}" / "task.toml"
+    path = SelectionPaths(job.selection_path).task_dir(task_id) / "task.toml"
     try:
         parsed = TaskToml.model_validate(tomllib.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, ValidationError):
@@ -165,11 +167,11 @@ class Watcher:
         sources: dict[str, int] = {}
         running_left, waiting_sec = [], []
         for key, status in running:
-            expected, source = self._expected(key.partition("#")[0], own, across)
+            expected, source = self._expected(TrialKey.parse(key).task_id, own, across)
             running_left.append(expected - max(now - status.at, 0.0))
             sources[source] = sources.get(source, 0) + 1
         for key in waiting:
-            expected, source = self._expected(key.partition("#")[0], own, across)
+            expected, source = self._expected(TrialKey.parse(key).task_id, own, across)
             waiting_sec.append(expected)
             sources[source] = sources.get(source, 0) + 1
         cap = self.job.n_concurrent

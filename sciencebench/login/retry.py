@@ -1,14 +1,69 @@
-"""`retry --failed`: which trials of a job to send again, and the budget it continues with."""
+"""`retry --failed`: which trials of a job to send again, the budget it continues with, and sending them."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from celery.result import AsyncResult
+
 from sciencebench.coordination.budget import BUDGET, Budgets, record_spend, status_line, total_spend
+from sciencebench.coordination.protocol import Coordinator
 from sciencebench.core.errors import JobConflictError
 from sciencebench.core.models import JobSpec, TrialSpec
 from sciencebench.core.paths import JobPaths
+from sciencebench.core.settings import Settings
 from sciencebench.core.summary import load_records
 from sciencebench.login.plan import expand
 from sciencebench.login.selection import load_selection
+
+
+@dataclass(frozen=True)
+class Resent:
+    """What `retry_failed` sent: the trials, the chord's result, a note on the budget for the user."""
+
+    trials: list[TrialSpec]
+    final: AsyncResult[object]
+    note: str | None
+
+
+def retry_failed(
+    settings: Settings,
+    coord: Coordinator,
+    job: JobSpec,
+    max_cost_usd: float | None,
+    max_tokens: int | None,
+    *,
+    force: bool = False,
+) -> Resent | None:
+    """Send the job's errored, missing and never started trials again, as one chord; None when there are none.
+
+    Refused (JobConflictError) while an earlier dispatch of the job is still
+    open, unless `force`. Records only the store holds (the job directory was
+    full) are written to disk first: they are not missing. The budget
+    continues as `continue_budget` says.
+    """
+    from sciencebench.coordination.celery_app import create_app
+    from sciencebench.coordination.records import store_records_to_disk
+    from sciencebench.login.dispatch import dispatch
+
+    if coord.open_dispatches(job.job_key) and not force:
+        raise JobConflictError(
+            f"job {job.job_name} is still running (see `sciencebench status {job.job_name}`): wait for it "
+            "or cancel it first; --force sends its errored and missing trials again anyway"
+        )
+    store_records_to_disk(coord, job, JobPaths(job.jobs_dir, job.job_name))
+    trials = failed_trials(job)
+    if not trials:
+        return None
+    coord.uncancel(job.job_key)
+    # Trials an earlier dispatch still holds back have no record: they are among `trials`. Its chord is
+    # given up (--force), so its held copies go; two copies of one trial would each answer one chord.
+    coord.release_held(job.job_key, None)
+    note = continue_budget(coord, job, max_cost_usd, max_tokens)
+    for trial in trials:
+        coord.clear_result(job.job_key, trial.key)
+    final = dispatch(create_app(settings), coord, job, trials)
+    return Resent(trials=trials, final=final, note=note)
 
 
 def failed_trials(job: JobSpec) -> list[TrialSpec]:

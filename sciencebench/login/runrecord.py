@@ -21,7 +21,7 @@ from sciencebench import __version__
 from sciencebench.core.gateways import public_url
 from sciencebench.core.harness import PIER_VERSION
 from sciencebench.core.models import JobSpec, TrialSpec
-from sciencebench.core.paths import write_atomic
+from sciencebench.core.paths import SelectionPaths, write_atomic
 from sciencebench.core.pier_argv import render_argv
 from sciencebench.login.redaction import mask_secrets, redact_argv
 
@@ -68,4 +68,4 @@ def build_run_record(
 def write_run_record(path: Path, record: dict[str, Any], secrets: list[str]) -> None:
     """Write the record atomically, masking any secret that slipped through."""
     text = json.dumps(record, indent=2, sort_keys=False) + "\n"
-    write_atomic(path / "batch-run.json", mask_secrets(text, secrets))
+    write_atomic(SelectionPaths(path).run_record, mask_secrets(text, secrets))

@@ -16,6 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sciencebench.core.errors import SelectionError, TaskSpecError
+from sciencebench.core.paths import SelectionPaths
 from sciencebench.login.taskspec import TaskSpec, load_task
 
 _TASK_ID = re.compile(r"[0-9]{3,}")
@@ -136,7 +137,7 @@ def load_selection(path: Path, task_id_filter: str | None = None) -> Selection:
     for task_id in ids:
         if f"task_{task_id}" in real_dirs:
             continue  # a directory, not a symlink: it resolves to root / its name
-        task_dir = path / f"task_{task_id}"
+        task_dir = SelectionPaths(path).task_dir(task_id)
         if not task_dir.is_dir():
             raise SelectionError(f"{path}: task {task_id} is listed but task_{task_id}/ is missing")
         if task_dir.is_symlink() or task_dir.resolve() != root / task_dir.name:
@@ -153,8 +154,8 @@ def load_selection(path: Path, task_id_filter: str | None = None) -> Selection:
 
     tasks: dict[str, TaskSpec] = {}
     for task_id in ids:
-        name = f"task_{task_id}"
-        tasks[task_id] = load_task(path / name, task_id, root / name)
+        task_dir = SelectionPaths(path).task_dir(task_id)
+        tasks[task_id] = load_task(task_dir, task_id, root / task_dir.name)
     if len(tasks) != len(ids):
         raise TaskSpecError(f"{path}: duplicate task ids in the selection")
     return Selection(

@@ -33,7 +33,7 @@ from sciencebench.core.models import (
     agent_kwargs_file_name,
     check_job_name,
 )
-from sciencebench.core.paths import JobPaths, write_atomic
+from sciencebench.core.paths import JobPaths, SelectionPaths, write_atomic
 from sciencebench.core.settings import required_visibility_timeout
 from sciencebench.login.agentimages import resolve_agent_images
 from sciencebench.login.cluster import MODEL_FREE_AGENTS, Cluster, Needs, check_cluster
@@ -308,7 +308,7 @@ def _write_job(prepared: Prepared, record: dict[str, Any], undo: list[Callable[[
     except OSError as exc:
         raise InputError(f"--jobs-dir {job.jobs_dir}: not writable ({exc.strerror})") from None
     undo.append(lambda: shutil.rmtree(paths.job_dir))
-    run_record = prepared.selection.path / "batch-run.json"
+    run_record = SelectionPaths(prepared.selection.path).run_record
     step = "the --agent-env file"
     try:
         prepared = _write_agent_env_file(prepared, undo)
@@ -367,7 +367,7 @@ def _write_private_json(
 
     Returns the file's identity (path and SHA-256).
     """
-    secrets_dir = selection / ".sciencebench" / "secrets"
+    secrets_dir = SelectionPaths(selection).secrets_dir
     _make_dirs(secrets_dir, undo)
     os.chmod(secrets_dir, 0o700)
     path = secrets_dir / name

@@ -82,6 +82,7 @@ from sciencebench.core.envfile import harness_key_problem
 from sciencebench.core.errors import ProfileError
 from sciencebench.core.gateways import Gateway, parse_gateway
 from sciencebench.core.images import check_image_ref
+from sciencebench.core.settings import PROXY_IMAGE_ENV, raw_setting
 from sciencebench.network.compose import (
     PROXY_SERVICE,
     Mode,
@@ -122,7 +123,6 @@ from sciencebench.network.transfer import (
 from sciencebench.worker.docker.hostlocks import owner_id
 from sciencebench.worker.docker.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
 
-PROXY_IMAGE_ENV = "SCIENCEBENCH_PROXY_IMAGE"
 # Compose commands that build, create or run nothing: they need no rendered-model check first.
 _INERT_COMMANDS = frozenset({"config", "down", "stop", "ps"})
 # The `agent_install` keyword: whether Pier's agent install may build with the network.
@@ -286,7 +286,7 @@ class IsolatedDockerEnvironment(SecretSafeExecEnvironment):
         self._agent_install = agent_install
         self._force_build = False
         self._inference_urls = inference_urls
-        self._proxy_image = proxy_image or os.environ.get(PROXY_IMAGE_ENV) or None
+        self._proxy_image = proxy_image or raw_setting("proxy_image") or None
         self._owner = str(owner) if owner else None
         self._plan: EgressPlan | None = None
         self._policy_compose_path: Path | None = None

@@ -39,7 +39,7 @@ from pathlib import Path
 from sciencebench.core.agent_kwargs import agent_kwargs_problem
 from sciencebench.core.errors import RefusedError, UnfitError, WorkspaceError
 from sciencebench.core.models import JobSpec, TrialSpec, agent_env_file_name, check_job_name
-from sciencebench.core.paths import JobPaths
+from sciencebench.core.paths import JobPaths, SelectionPaths
 from sciencebench.core.settings import Settings
 from sciencebench.worker.context import load_job
 
@@ -198,7 +198,7 @@ def _admit_selection(spec: TrialSpec, job: JobSpec, settings: Settings) -> None:
         raise UnfitError(f"selection {selection} is not visible on this host (is it shared?)")
     if spec.task_id not in job.task_ids:
         raise RefusedError(f"task {spec.task_id} is not in the job's selection")
-    expected = selection / f"task_{spec.task_id}"
+    expected = SelectionPaths(selection).task_dir(spec.task_id)
     if spec.task_dir != expected:
         raise RefusedError(f"task dir {spec.task_dir} is not {expected.name} of the job's selection")
     if not expected.resolve().is_relative_to(selection.resolve()):
@@ -218,7 +218,7 @@ def _admit_secrets(job: JobSpec, settings: Settings) -> None:
                 f"env file {env_file} is not readable on this host (does it exist only on the login node?)"
             )
     if job.agent_env_file is not None:
-        secrets_dir = job.selection_path / ".sciencebench" / "secrets"
+        secrets_dir = SelectionPaths(job.selection_path).secrets_dir
         path = job.agent_env_file.path
         if (
             path.parent != secrets_dir

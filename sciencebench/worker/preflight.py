@@ -16,6 +16,7 @@ from pathlib import Path
 from sciencebench.core.errors import PreflightError, PullError
 from sciencebench.core.harness import PIER_VERSION
 from sciencebench.core.images import DEFAULT_PLATFORM, check_image_ref, parse_platform
+from sciencebench.core.settings import PROXY_IMAGE_ENV
 from sciencebench.core.versions import parse_version
 from sciencebench.worker.docker import engine
 from sciencebench.worker.docker.images import ensure_kit_image
@@ -159,9 +160,6 @@ def check_host(
         pier_version=pier,
         jobs_dir=jobs_dir,
     )
-
-
-PROXY_IMAGE_ENV = "SCIENCEBENCH_PROXY_IMAGE"
 
 
 def check_proxy_ref(ref: str) -> str:

@@ -17,8 +17,6 @@ from dataclasses import dataclass
 
 from sciencebench.core.models import TrialRecord, TrialSpec
 from sciencebench.core.paths import (
-    META_DIR_NAME,
-    SUPERSEDED_DIR_NAME,
     JobPaths,
     copy_tree_at,
     open_job_dir,
@@ -47,7 +45,7 @@ class Staged:
         job_fd = open_job_dir(self.paths)
         try:
             if self.previous is not None and self.previous != self.final_name:
-                superseded_fd = open_job_dir(self.paths, (META_DIR_NAME, SUPERSEDED_DIR_NAME), create=True)
+                superseded_fd = open_job_dir(self.paths, self.paths.superseded_dir, create=True)
                 try:
                     os.rename(self.previous, _free_name(superseded_fd, self.previous), src_dir_fd=job_fd,
                               dst_dir_fd=superseded_fd)  # fmt: skip
@@ -86,7 +84,7 @@ def stage_dirs(paths: JobPaths, spec: TrialSpec, tries: list[Try]) -> Staged:
     job_fd = open_job_dir(paths)
     try:
         if earlier:
-            superseded_fd = open_job_dir(paths, (META_DIR_NAME, SUPERSEDED_DIR_NAME), create=True)
+            superseded_fd = open_job_dir(paths, paths.superseded_dir, create=True)
             try:
                 for directory in earlier:
                     copy_tree_at(directory, superseded_fd, _free_name(superseded_fd, directory.name))

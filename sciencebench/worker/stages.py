@@ -44,7 +44,7 @@ from sciencebench.core.errors import (
 )
 from sciencebench.core.failures import failure_record, recorded_failure, trial_record
 from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec
-from sciencebench.core.paths import META_DIR_NAME, JobPaths, open_job_dir
+from sciencebench.core.paths import JobPaths, ScratchPaths, open_job_dir
 from sciencebench.core.pier_argv import render_argv
 from sciencebench.core.settings import SCRATCH_DIR_ENV, Settings
 from sciencebench.network import errors as policy_errors
@@ -81,7 +81,7 @@ def scratch_root(settings: Settings, spec: TrialSpec, owner: str) -> Path:
     is its submitter's, who could rename or swap anything in it while a trial
     runs there; nobody but the worker can touch this one (`_private_dir`).
     """
-    return settings.scratch_root / str(spec.job_id) / f"{spec.task_id}-{spec.attempt}.{owner}"
+    return ScratchPaths(settings.scratch_root).trial_dir(spec.job_id, spec.task_id, spec.attempt, owner)
 
 
 def _private_dir(path: Path) -> None:
@@ -120,7 +120,7 @@ def _check_writable(paths: JobPaths) -> None:
     """The job's `.sciencebench/` takes files (records, trial directories) from this worker."""
     probe = f".probe-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     try:
-        fd = open_job_dir(paths, (META_DIR_NAME,), create=True)
+        fd = open_job_dir(paths, paths.meta_dir, create=True)
         try:
             os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd))
             os.unlink(probe, dir_fd=fd)
@@ -176,7 +176,7 @@ def run_try(
     if number == 1:  # a crashed earlier run's leftovers on this host go first
         for leftover in root.parent.glob(f"{spec.task_id}-{spec.attempt}.*"):
             shutil.rmtree(leftover, ignore_errors=True)
-    scratch = root / f"try-{number}"
+    scratch = ScratchPaths.try_dir(root, number)
     scratch.mkdir(mode=0o700, parents=True)
     snapshot = timed("snapshot", lambda: _take_snapshot(spec, scratch))
     timed("workspace", lambda: _check_workspace(spec, snapshot))

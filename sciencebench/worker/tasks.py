@@ -31,7 +31,8 @@ from sciencebench.coordination.records import FinalizerAnswer, finish_job
 from sciencebench.coordination.shares import cluster_slots, fill
 from sciencebench.coordination.watchdog import send_again
 from sciencebench.core.errors import SciencebenchError
-from sciencebench.core.models import Redispatch, TrialSpec, trial_key
+from sciencebench.core.keys import TrialKey
+from sciencebench.core.models import Redispatch, TrialSpec
 from sciencebench.core.settings import RESULT_EXPIRES_SEC, Settings
 from sciencebench.core.wire import FINALIZE_JOB, PREWARM_IMAGES, RUN_TRIAL
 from sciencebench.worker.admission import verified_paths_of
@@ -111,7 +112,7 @@ def _mark_counted(sender: Any = None, result: Any = None, **_: Any) -> None:
     if getattr(sender, "name", None) != RUN_TRIAL or not isinstance(result, dict):
         return
     job = str(result.get("job_id", ""))
-    context().coord.mark_counted(job, trial_key(result["task_id"], result["attempt"]))
+    context().coord.mark_counted(job, str(TrialKey(result["task_id"], result["attempt"])))
 
 
 @shared_task(name=FINALIZE_JOB)

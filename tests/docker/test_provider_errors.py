@@ -30,7 +30,8 @@ from typing import Any
 
 import pytest
 
-from sciencebench.core.agentimages import agent_images_path, load_agent_images
+from sciencebench.core.agentimages import load_agent_images
+from sciencebench.core.paths import SelectionPaths
 from tests.docker import test_real_agents as real_agents
 from tests.docker.test_real_agents import (
     CANARY,
@@ -53,7 +54,7 @@ tls = real_agents.tls
 def baked(demo_selection: Path, tls: TLSFiles, registry: str) -> None:
     """Every agent baked into the demo's agent image: only those this session has not baked yet."""
     base = real_agents.load_selection_agent_image(demo_selection)
-    record = load_agent_images(agent_images_path(demo_selection))
+    record = load_agent_images(SelectionPaths(demo_selection).agent_images)
     for agent in real_agents.AGENTS:
         if not record.find(base, agent):
             real_agents.bake(demo_selection, agent, tls, registry)

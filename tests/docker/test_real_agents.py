@@ -36,7 +36,8 @@ import pytest
 import redis
 
 from sciencebench.agents.recipes import PINS
-from sciencebench.core.agentimages import AgentImages, agent_images_path, load_agent_images
+from sciencebench.core.agentimages import AgentImages, load_agent_images
+from sciencebench.core.paths import SelectionPaths
 from tests.fixtures.flower import Flower
 from tests.fixtures.gateway_lab import GatewayLab, TLSFiles, make_ca
 from tests.fixtures.pier_results import check_pier_job_files
@@ -104,10 +105,10 @@ def bake(selection: Path, agent: str, tls: TLSFiles, registry: str) -> tuple[flo
 def baked(demo_selection: Path, tls: TLSFiles, registry: str) -> Baked:
     """Every agent baked into the demo's agent image (once per session), then codex once more."""
     seconds = {agent: bake(demo_selection, agent, tls, registry)[0] for agent in AGENTS}
-    before = agent_images_path(demo_selection).read_bytes()
+    before = SelectionPaths(demo_selection).agent_images.read_bytes()
     rebake_seconds, output = bake(demo_selection, "codex", tls, registry)
-    record = load_agent_images(agent_images_path(demo_selection))
-    assert json.loads(agent_images_path(demo_selection).read_bytes()) == json.loads(before)
+    record = load_agent_images(SelectionPaths(demo_selection).agent_images)
+    assert json.loads(SelectionPaths(demo_selection).agent_images.read_bytes()) == json.loads(before)
     return Baked(record, seconds, rebake_seconds, output)
 
 

@@ -12,11 +12,11 @@ from sciencebench.agents.recipes import PINS, RecipeError, image_tag, render
 from sciencebench.core.agentimages import (
     AgentImages,
     BakedImage,
-    agent_images_path,
     load_agent_images,
     parse_agent_image_keyword,
 )
 from sciencebench.core.errors import ProfileError
+from sciencebench.core.paths import SelectionPaths
 from sciencebench.core.pier_argv import render_argv
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.runrecord import build_run_record
@@ -47,7 +47,7 @@ def baked(agent: str = "codex", version: str = "0.169.0", image: str = BAKED_COD
 def selection(tmp_path: Path, *images: BakedImage) -> Path:
     root = make_selection(tmp_path / "sel", ["002", "005"], verifier_image={"005": DEFAULT_VERIFIER_IMAGE})
     if images:
-        path = agent_images_path(root)
+        path = SelectionPaths(root).agent_images
         path.parent.mkdir(parents=True)
         path.write_text(AgentImages(images=list(images)).model_dump_json())
     return root

@@ -21,7 +21,7 @@ from pier.models.job.result import JobResult
 from sciencebench import cli
 from sciencebench.core.models import JobSpec, TrialRecord
 from sciencebench.core.paths import JobPaths
-from sciencebench.core.summary import CONFIG_JSON, MISSING_PATCH, SUMMARY_COLUMNS, write_summary
+from sciencebench.core.summary import MISSING_PATCH, SUMMARY_COLUMNS, write_summary
 from sciencebench.login.options import SubmitOptions
 from tests.fixtures.hosts import prepare
 from tests.fixtures.pier_results import trial_result
@@ -208,7 +208,7 @@ def test_result_json_is_piers_job_result(finished_job: tuple[JobSpec, JobPaths])
 def test_config_json_is_piers_job_config(finished_job: tuple[JobSpec, JobPaths]) -> None:
     job, paths = finished_job
     config = write_summary(job, now=NOW).config
-    assert json.loads((paths.job_dir / CONFIG_JSON).read_text()) == config
+    assert json.loads(paths.config_json.read_text()) == config
     loaded = JobConfig.model_validate(config)
     assert loaded.job_name == job.job_name and loaded.jobs_dir == job.jobs_dir
     assert [a.name for a in loaded.agents] == ["nop"]
@@ -257,10 +257,10 @@ def test_secrets_stay_out_of_piers_files(tmp_path: Path) -> None:
     )
     _record(paths, "002", rewards={"reward": 1.0})
     write_summary(job, now=NOW)
-    for name in ("result.json", CONFIG_JSON, "summary.json", "summary.csv"):
+    for name in ("result.json", "config.json", "summary.json", "summary.csv"):
         assert CANARY not in (paths.job_dir / name).read_text(), name
     assert (
-        json.loads((paths.job_dir / CONFIG_JSON).read_text())["agents"][0]["env"]["GOOGLE_CLOUD_PROJECT"]
+        json.loads(paths.config_json.read_text())["agents"][0]["env"]["GOOGLE_CLOUD_PROJECT"]
         == "${GOOGLE_CLOUD_PROJECT}"
     )
 
@@ -279,7 +279,7 @@ def test_unusable_reward_json_falls_back_to_the_record(tmp_path: Path, content: 
 
 def test_rebuilding_gives_identical_files(finished_job: tuple[JobSpec, JobPaths]) -> None:
     job, paths = finished_job
-    files = (paths.result_json, paths.summary_json, paths.summary_csv, paths.job_dir / CONFIG_JSON)
+    files = (paths.result_json, paths.summary_json, paths.summary_csv, paths.config_json)
     write_summary(job, now=NOW)
     first = [f.read_bytes() for f in files]
     write_summary(job, now=NOW)
@@ -289,7 +289,7 @@ def test_rebuilding_gives_identical_files(finished_job: tuple[JobSpec, JobPaths]
     later = NOW + timedelta(hours=1)
     write_summary(job, now=later)
     assert paths.summary_csv.read_bytes() == first[2]
-    assert (paths.job_dir / CONFIG_JSON).read_bytes() == first[3]
+    assert paths.config_json.read_bytes() == first[3]
     old_result, new_result = json.loads(first[0]), json.loads(paths.result_json.read_text())
     assert new_result["updated_at"] == later.isoformat()
     old_result.pop("updated_at")

@@ -10,6 +10,7 @@ from redis.typing import EncodableT
 from sciencebench.coordination import scripts
 from sciencebench.coordination.protocol import JOBS_KEY, Held, Slots, job_key
 from sciencebench.coordination.redis.base import RedisBase, chunks
+from sciencebench.core.keys import TrialKey
 from sciencebench.core.models import Redispatch
 
 
@@ -67,7 +68,7 @@ class RedisSlots(RedisBase, Slots):
             scores[member] = -item.expected_sec
             bodies[member] = item.payload.model_dump_json()
             by_task.setdefault(item.payload.trial.task_id, []).append(member)
-        probes = [key for key in sent if key.partition("#")[0] in by_task]
+        probes = [key for key in sent if TrialKey.parse(key).task_id in by_task]
 
         def store() -> None:
             with self._redis.pipeline(transaction=True) as pipe:

@@ -23,7 +23,7 @@ from typing import Any
 from sciencebench.core.agent_kwargs import REDACTED, is_sensitive_name
 from sciencebench.core.errors import RefusedError, SecretsMismatchError
 from sciencebench.core.models import JobSpec, TrialSpec, agent_kwargs_file_name
-from sciencebench.core.paths import write_atomic
+from sciencebench.core.paths import SelectionPaths, write_atomic
 from sciencebench.core.pier_argv import render_agent_config
 from sciencebench.worker.secrets import read_owned
 
@@ -49,7 +49,7 @@ def load_secret_kwargs(job: JobSpec, owner_uid: int) -> dict[str, str]:
                 f"--agent-kwarg {sorted(wanted)[0]}: the job has no file with its value"
             )
         return {}
-    secrets_dir = job.selection_path / ".sciencebench" / "secrets"
+    secrets_dir = SelectionPaths(job.selection_path).secrets_dir
     if identity.path.parent != secrets_dir or identity.path.name != agent_kwargs_file_name(job):
         raise RefusedError(f"--agent-kwarg file {identity.path} is not in {secrets_dir}")
     data = read_owned(identity, owner_uid, "--agent-kwarg file")

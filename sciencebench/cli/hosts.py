@@ -1,0 +1,151 @@
+"""Commands of a worker or bake host: `worker`, `preflight`, `images bake`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from sciencebench.cli.common import err, handle_errors, main, out, require_worker_extra
+from sciencebench.core.errors import InputError
+from sciencebench.core.images import DEFAULT_PLATFORM
+from sciencebench.core.paths import SelectionPaths
+from sciencebench.core.settings import AGENT_ARTIFACTS_ENV, Settings
+from sciencebench.core.sizes import parse_size
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.option("--concurrency", type=int, default=1, show_default=True,
+              help="Trial slots of this host (parallel Pier processes).")  # fmt: skip
+@click.option("--hostname", help="Worker name (default: celery's, from this host's name).")
+@click.option("--queues", "-Q", help="Comma-separated queues to consume (default: celery).")
+@click.option("--loglevel", default="INFO", show_default=True)
+@click.option("--platform", default=DEFAULT_PLATFORM, show_default=True,
+              help="Platform this host must run (checked at start).")  # fmt: skip
+@click.option("--pier-bin", help="The Pier this worker runs for every trial [env: SCIENCEBENCH_PIER_BIN; "
+              "default: pier].")  # fmt: skip
+@click.option("--jobs-root", "jobs_roots", multiple=True, type=click.Path(path_type=Path),
+              help="A jobs directory this worker serves; repeatable "
+              "[env: SCIENCEBENCH_JOBS_ROOTS].")  # fmt: skip
+@click.option("--selection-root", "selection_roots", multiple=True, type=click.Path(path_type=Path),
+              help="A directory of selections this worker serves; repeatable "
+              "[env: SCIENCEBENCH_SELECTION_ROOTS].")  # fmt: skip
+@click.option("--env-file-root", "env_file_roots", multiple=True, type=click.Path(path_type=Path),
+              help="A directory of env files this worker reads; repeatable "
+              "[env: SCIENCEBENCH_ENV_FILE_ROOTS].")  # fmt: skip
+@click.option("--image-budget", metavar="SIZE",
+              help="Disk the task images this host pulls may take, e.g. 200G: least recently used "
+              "images not in use are evicted before a pull would exceed it [env: SCIENCEBENCH_IMAGE_BUDGET; "
+              "default: no budget].")  # fmt: skip
+@click.option("--agent-install", type=click.Choice(["online", "baked"]),
+              help="How this host gets agents: online, Pier installs them in its build (a host with "
+              "internet, as the original runner's); baked, only baked agent images run "
+              "[env: SCIENCEBENCH_AGENT_INSTALL; default: online].")  # fmt: skip
+@handle_errors
+def worker(concurrency: int, hostname: str | None, queues: str | None, loglevel: str, platform: str,
+           pier_bin: str | None, jobs_roots: tuple[Path, ...], selection_roots: tuple[Path, ...],
+           env_file_roots: tuple[Path, ...], image_budget: str | None,
+           agent_install: str | None) -> None:  # fmt: skip
+    """Run a Celery worker that executes trials on this host.
+
+    The worker runs its own Pier and serves only the jobs directories,
+    selections and env files under its roots: every path a job names must
+    resolve under one of them. It needs the digest-pinned inference-proxy
+    image (SCIENCEBENCH_PROXY_IMAGE), pulled at start, and tells the cluster
+    what it brings (agent install, proxy image, roots), which submit checks.
+    Late acks, prefetch 1, task events on, a watchdog that re-dispatches
+    trials of lost hosts; a host that turns unhealthy pauses and resumes by
+    itself.
+    """
+    require_worker_extra("worker")
+    from sciencebench.worker.main import run_worker, worker_settings
+
+    settings = worker_settings(
+        Settings.from_env(),
+        pier_bin=pier_bin,
+        jobs_roots=tuple(p.absolute() for p in jobs_roots),
+        selection_roots=tuple(p.absolute() for p in selection_roots),
+        env_file_roots=tuple(p.absolute() for p in env_file_roots),
+        image_budget=_size_option("--image-budget", image_budget),
+        agent_install=agent_install,
+    )
+    run_worker(concurrency=concurrency, hostname=hostname, queues=queues, loglevel=loglevel,
+               platform=platform, settings=settings)  # fmt: skip
+
+
+def _size_option(name: str, value: str | None) -> int | None:
+    """Bytes of a size option (`200G`), None when not given; InputError for a bad one."""
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise InputError(f"{name}: {exc}") from None
+
+
+@main.command()
+@click.option("--platform", default=DEFAULT_PLATFORM, show_default=True)
+@click.option("--jobs-dir", type=click.Path(path_type=Path), help="Shared jobs directory to check.")
+@click.option("--pier-bin", help="The worker's Pier [env: SCIENCEBENCH_PIER_BIN; default: pier].")
+@click.option("--broker/--no-broker", default=True, show_default=True, help="Check the broker too.")
+@handle_errors
+def preflight(platform: str, jobs_dir: Path | None, pier_bin: str | None, broker: bool) -> None:
+    """Check this host can join as a worker: Engine >= 28, platform, compose v2, Pier, jobs dir, broker."""
+    require_worker_extra("preflight")
+    from sciencebench.worker.runtime import host_preflight
+
+    pier = pier_bin or Settings.from_env().pier_bin
+    for line in host_preflight(platform=platform, jobs_dir=jobs_dir, pier_bin=pier, broker=broker):
+        out.print(line, markup=False)
+
+
+@main.group()
+def images() -> None:
+    """Agent-ready images: task images with a harness preinstalled, for offline workers.
+
+    Pier installs codex, claude-code and mini-swe-agent by downloading them
+    inside an image build, which offline workers cannot do. `bake` builds the
+    selection's task images with the agent preinstalled from artifacts fetched
+    on this host (scripts/agent-artifacts.sh), pushes them by digest and
+    records them in <selection>/.sciencebench/agent-images.json, which
+    `submit` checks and workers run.
+    """
+
+
+@images.command()
+@click.option("--path", required=True, type=click.Path(path_type=Path), help="Materialized task selection.")
+@click.option("--agent", required=True, type=click.Choice(["codex", "claude-code", "mini-swe-agent"]),
+              help="Harness to preinstall.")  # fmt: skip
+@click.option("--agent-version", help="Version to bake (default: the pinned one).")
+@click.option("--registry", required=True, metavar="HOST[:PORT]",
+              help="Registry to push the baked images to, one the workers pull from (a task image's "
+                   "own registry, e.g. docker.io, is rarely one you may push to).")  # fmt: skip
+@click.option("--artifacts", type=click.Path(path_type=Path), envvar=AGENT_ARTIFACTS_ENV,
+              help="Directory of fetched artifacts [env: SCIENCEBENCH_AGENT_ARTIFACTS; "
+                   "default /var/tmp/sciencebench-agents].")  # fmt: skip
+@click.option("--extra-ca", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              help="PEM CA certificate the agent must trust (a gateway with a private CA).")  # fmt: skip
+@handle_errors
+def bake(
+    path: Path, agent: str, agent_version: str | None, registry: str,
+    artifacts: Path | None, extra_ca: Path | None,
+) -> None:  # fmt: skip
+    """Bake --agent into every agent image of the selection; a no-op for what is already baked.
+
+    Exits 0 when every image is baked and recorded, 1 when the engine or the
+    registry fails, 2 on bad input (selection, agent, missing artifacts).
+    """
+    from sciencebench.bake import bake_selection
+
+    results = bake_selection(
+        path, agent, agent_version, registry=registry, artifacts=artifacts, extra_ca=extra_ca,
+        log=lambda line: err.print(line, markup=False, soft_wrap=True),
+    )  # fmt: skip
+    table = Table(title=f"{agent}: {len(results)} image(s)")
+    for column in ("task image", "baked image", "action", "seconds"):
+        table.add_column(column)
+    for result in results:
+        table.add_row(result.image.base_image, result.image.image, result.action, f"{result.seconds:.1f}")
+    out.print(table)
+    out.print(f"recorded in {SelectionPaths(path.resolve()).agent_images}", soft_wrap=True)
