@@ -16,17 +16,11 @@ from typing import Any
 
 from sciencebench.core.errors import SciencebenchError, Stage, failure_class
 from sciencebench.core.models import TrialRecord, TrialSpec
+from sciencebench.core.pierjob import CANCELLED_TYPES, PIER_NOT_RETRIED
 
 # The longest exception message a record keeps (its start), and the longest traceback (its end).
 MESSAGE_MAX_CHARS = 2000
 TRACEBACK_MAX_CHARS = 8000
-
-# Pier's own exceptions that another try cannot mend: those Pier's RetryConfig excludes by default,
-# and the cancellation of its run.
-PIER_NOT_RETRIED = frozenset({
-    "AgentTimeoutError", "VerifierTimeoutError", "RewardFileNotFoundError", "RewardFileEmptyError",
-    "VerifierOutputParseError", "CancelledError",
-})  # fmt: skip
 
 
 def trial_record(spec: TrialSpec, *, worker: str, started: datetime, **fields: Any) -> TrialRecord:
@@ -64,10 +58,10 @@ def recorded_failure(exception_type: str) -> tuple[Stage, bool]:
 
     One of ours (raised inside Pier: the network policy's) says both by its
     class; one of Pier's is a harness failure, deterministic when Pier itself
-    would not retry it (`PIER_NOT_RETRIED`).
+    would not retry it (`core.pierjob.PIER_NOT_RETRIED`) or its run was cancelled.
     """
     cls = failure_class(exception_type)
     if cls is not None:
         stage = cls.stage if cls.stage is not Stage.WORKER else Stage.HARNESS
         return stage, cls.deterministic
-    return Stage.HARNESS, exception_type in PIER_NOT_RETRIED
+    return Stage.HARNESS, exception_type in PIER_NOT_RETRIED or exception_type in CANCELLED_TYPES

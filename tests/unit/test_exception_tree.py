@@ -7,9 +7,9 @@ be tried again under --max-retries, and must be recorded in its own stage.
 
 from __future__ import annotations
 
-import importlib
+import ast
+import builtins
 import json
-import pkgutil
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import ClassVar
@@ -18,7 +18,7 @@ import pytest
 
 import sciencebench
 from sciencebench.core.errors import PolicyError, SciencebenchError, Stage
-from sciencebench.core.failures import PIER_NOT_RETRIED
+from sciencebench.core.failures import recorded_failure
 from sciencebench.core.settings import Settings
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.runrecord import build_run_record
@@ -41,28 +41,40 @@ class FlakyLookup(PolicyError):
     deterministic: ClassVar[bool] = False
 
 
-def _package_exceptions() -> list[type[BaseException]]:
-    found = []
-    for info in pkgutil.walk_packages(sciencebench.__path__, "sciencebench."):
-        if info.name.endswith("__main__"):
-            continue
-        module = importlib.import_module(info.name)
-        found += [
-            value
-            for value in vars(module).values()
-            if isinstance(value, type) and issubclass(value, BaseException) and value.__module__ == info.name
-        ]
-    return found
+def _package_classes() -> dict[str, list[str]]:
+    """Every class the package defines (its source read, nothing imported): name -> its bases' names."""
+    classes: dict[str, list[str]] = {}
+    for path in Path(sciencebench.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                bases = [ast.unparse(base).rpartition(".")[2] for base in node.bases]
+                classes[f"{path.stem}.{node.name}"] = bases
+                classes.setdefault(node.name, bases)
+    return classes
 
 
 def test_every_exception_of_the_package_is_in_the_tree_with_its_stage_and_determinism() -> None:
-    classes = _package_exceptions()
-    assert len(classes) > 20
-    outside = sorted(cls.__qualname__ for cls in classes if not issubclass(cls, SciencebenchError))
-    assert outside == []
-    for cls in classes:
-        assert isinstance(cls.deterministic, bool), cls  # type: ignore[attr-defined]
-        assert isinstance(cls.stage, Stage), cls  # type: ignore[attr-defined]
+    classes = _package_classes()
+    builtin = {name for name, value in vars(builtins).items() if isinstance(value, type)
+               and issubclass(value, BaseException)}  # fmt: skip
+
+    def reaches(name: str, goal: set[str], seen: frozenset[str] = frozenset()) -> bool:
+        if name.rpartition(".")[2] in goal:
+            return True
+        bases = classes.get(name, [])
+        return any(base not in seen and reaches(base, goal, seen | {name}) for base in bases)
+
+    exceptions = [name for name in classes if "." in name and reaches(name, builtin)]
+    assert len(exceptions) > 20
+    assert sorted(name for name in exceptions if not reaches(name, {"SciencebenchError"})) == []
+    tree: list[type[SciencebenchError]] = [SciencebenchError, *_subclasses(SciencebenchError)]
+    for cls in tree:
+        assert isinstance(cls.deterministic, bool), cls
+        assert isinstance(cls.stage, Stage), cls
+
+
+def _subclasses(cls: type[SciencebenchError]) -> list[type[SciencebenchError]]:
+    return [sub for direct in cls.__subclasses__() for sub in (direct, *_subclasses(direct))]
 
 
 def _trial_dir(tmp_path: Path, exception_type: str) -> Path:
@@ -107,5 +119,7 @@ def test_a_failure_pier_recorded_is_retried_as_its_class_says(
 def test_pier_s_own_deterministic_failures_are_the_ones_its_retry_config_excludes() -> None:
     from pier.models.job.config import RetryConfig
 
-    assert RetryConfig().exclude_exceptions is not None
-    assert RetryConfig().exclude_exceptions <= PIER_NOT_RETRIED
+    excluded = RetryConfig().exclude_exceptions
+    assert excluded
+    for name in (*excluded, "CancelledError"):
+        assert recorded_failure(name) == ("harness", True), name
