@@ -15,36 +15,8 @@ cluster, `MemoryCoordinator` for the embedded single-process mode.
     Budgets     a job's --max-cost/--max-tokens and what its trials spent (`coordination.budget`)
     Shares      which job's held trial a free slot of the cluster takes (`coordination.shares`)
 
-Keys (Redis), for a job `J` (the submit's job id, a UUID) and a trial key
-`K` = `<task id>#<attempt>`:
-
-    sciencebench:jobs                 set of job ids with live state
-    sciencebench:hosts                hash host -> last heartbeat (the store's clock, s)
-    sciencebench:hosts:paused         hash host -> why it takes no trials now
-    sciencebench:hosts:kit            hash host -> HostKit JSON: its agent install, proxy image, roots
-    sciencebench:J:result:K           the trial's TrialRecord JSON
-    sciencebench:J:counted:K          the chord has been told about K
-    sciencebench:J:lease:K            owner id, expires unless renewed
-    sciencebench:J:running            hash K -> Redispatch JSON
-    sciencebench:J:slots              zset K -> slot expiry (ms, the server's clock)
-    sciencebench:J:waiting            list of trial keys waiting for a slot, oldest first
-    sciencebench:J:waiting:payloads   hash K -> the Redispatch JSON to send it with
-    sciencebench:J:held               zset H -> -(expected seconds): trials not sent yet (H = <rank>/<K>)
-    sciencebench:J:held:payloads      hash H -> the Redispatch JSON to send it with
-    sciencebench:J:held:tasks         hash task id -> JSON list of its held H, until the task is measured
-    sciencebench:J:held:probe         set of sent K whose record would measure a held task
-    sciencebench:J:held:meta          hash: window (trials kept in the broker), at (last release, s)
-    sciencebench:J:state              hash K -> TrialStatus JSON
-    sciencebench:J:unfit              hash host -> Unfit JSON: why it cannot serve the job, since when
-    sciencebench:J:cancelled          present when the job is cancelled
-    sciencebench:lock:<name>          short-lived mutual exclusion (e.g. one re-dispatch)
-    sciencebench:history              hash <task id>/<task hash>/<agent> -> JSON [[seconds, job id], ...]
-    sciencebench:J:budget             hash: limits, spend, reached_at (`coordination.budget`)
-    sciencebench:J:budget:started     hash K -> when the budget let it start (the store's clock, s)
-    sciencebench:shares               hash J -> Share JSON (`coordination.shares`)
-    sciencebench:shares:weights       hash user:<name> | job:J -> an operator's weight
-    sciencebench:J:share:sent         set of K sent by fair share, not yet started
-
+The store's keys are listed in `coordination.keys`; what the parts answer
+besides records (`Start`, `Held`, `HostKit`, ...) is `coordination.models`.
 Times that several hosts compare (slot expiry, host heartbeats) come from
 one clock: the store's (`now`).
 """
@@ -52,97 +24,48 @@ one clock: the store's (`now`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict
-
 from sciencebench.coordination.budget import Budgets
+from sciencebench.coordination.keys import (
+    HISTORY_KEY,
+    HOSTS_KEY,
+    IMAGES_KEY,
+    JOBS_KEY,
+    KIT_KEY,
+    PAUSED_KEY,
+    PREFIX,
+    job_key,
+    parking_token,
+)
+from sciencebench.coordination.models import Claim, Held, HostKit, HostStatus, Start, Unfit
 from sciencebench.coordination.shares import Shares
 from sciencebench.core.models import Redispatch, TrialState, TrialStatus
 
-PREFIX = "sciencebench"
-JOBS_KEY = f"{PREFIX}:jobs"
-HOSTS_KEY = f"{PREFIX}:hosts"
-PAUSED_KEY = f"{PREFIX}:hosts:paused"
-IMAGES_KEY = f"{PREFIX}:hosts:images"
-KIT_KEY = f"{PREFIX}:hosts:kit"
-HISTORY_KEY = f"{PREFIX}:history"
-
-
-def job_key(job: str, *parts: str) -> str:
-    """The name of one piece of a job's state: `sciencebench:<job>:<part>:...`."""
-    return ":".join((PREFIX, job, *parts))
-
-
-def parking_token(task_id: str) -> str:
-    """The token a trial's lease is parked under while its message is on the way: the message may take it."""
-    return f"parked:{task_id}"
-
-
-class Claim(StrEnum):
-    """What a trial's claim found (`Leases.start`)."""
-
-    CLAIMED = "claimed"  # the caller holds the lease now
-    HELD = "held"  # another live process holds it
-    ANSWERED = "answered"  # the trial has a result already
-
-
-class Unfit(BaseModel):
-    """Why a host cannot serve a job, and when it last found so (the store's clock, s)."""
-
-    reason: str
-    at: float
-
-
-class Held(BaseModel):
-    """A trial of a job kept back from the broker: how to send it and how long it should run."""
-
-    payload: Redispatch
-    expected_sec: float
-
-
-class HostKit(BaseModel):
-    """What a worker host brings to a job, as it reports it at start: submit checks a job against it."""
-
-    model_config = ConfigDict(frozen=True)
-
-    # "online": Pier may install agents in its derived build; "baked": only baked agent images run.
-    agent_install: str = "online"
-    # The digest-pinned inference-proxy image model-agent trials need ("" when the host has none).
-    proxy_image: str = ""
-    # The directories the host serves (`worker --jobs-root`, `--selection-root`, `--env-file-root`).
-    jobs_roots: tuple[str, ...] = ()
-    selection_roots: tuple[str, ...] = ()
-    env_file_roots: tuple[str, ...] = ()
-    # Its worker's --concurrency: the cluster's slots are what fair share hands out (0: not said).
-    slots: int = 0
-
-
-class HostStatus(BaseModel):
-    """A worker host as the store knows it: last heartbeat (store clock, s) and health."""
-
-    seen_at: float
-    paused: bool = False
-    reason: str = ""
-    # What its task images take of its image budget, with its evictions (`worker --image-budget`).
-    images: str = ""
-    # What it reported it brings (None: a host that has not said, e.g. an older worker).
-    kit: HostKit | None = None
-
-
-@dataclass(frozen=True)
-class Start:
-    """What `Leases.start` found: the claim, and when claimed the cancel flag, the budget and a slot.
-
-    `over_budget`: the job's budget is reached, so the trial must not start (it took no slot).
-    """
-
-    claim: Claim
-    cancelled: bool = False
-    slot: bool = False
-    over_budget: bool = False
+__all__ = [  # the keys and models are named here too: callers import the contract from one place
+    "HISTORY_KEY",
+    "HOSTS_KEY",
+    "IMAGES_KEY",
+    "JOBS_KEY",
+    "KIT_KEY",
+    "PAUSED_KEY",
+    "PREFIX",
+    "Board",
+    "Claim",
+    "Coordinator",
+    "Held",
+    "History",
+    "HostKit",
+    "HostStatus",
+    "JobControl",
+    "Leases",
+    "Results",
+    "Slots",
+    "Start",
+    "Unfit",
+    "job_key",
+    "parking_token",
+]
 
 
 class Results(Protocol):

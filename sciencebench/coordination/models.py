@@ -1,0 +1,74 @@
+"""What the store's parts answer and keep besides trial records (`coordination.protocol`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict
+
+from sciencebench.core.models import Redispatch
+
+
+class Claim(StrEnum):
+    """What a trial's claim found (`Leases.start`)."""
+
+    CLAIMED = "claimed"  # the caller holds the lease now
+    HELD = "held"  # another live process holds it
+    ANSWERED = "answered"  # the trial has a result already
+
+
+class Unfit(BaseModel):
+    """Why a host cannot serve a job, and when it last found so (the store's clock, s)."""
+
+    reason: str
+    at: float
+
+
+class Held(BaseModel):
+    """A trial of a job kept back from the broker: how to send it and how long it should run."""
+
+    payload: Redispatch
+    expected_sec: float
+
+
+class HostKit(BaseModel):
+    """What a worker host brings to a job, as it reports it at start: submit checks a job against it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    # "online": Pier may install agents in its derived build; "baked": only baked agent images run.
+    agent_install: str = "online"
+    # The digest-pinned inference-proxy image model-agent trials need ("" when the host has none).
+    proxy_image: str = ""
+    # The directories the host serves (`worker --jobs-root`, `--selection-root`, `--env-file-root`).
+    jobs_roots: tuple[str, ...] = ()
+    selection_roots: tuple[str, ...] = ()
+    env_file_roots: tuple[str, ...] = ()
+    # Its worker's --concurrency: the cluster's slots are what fair share hands out (0: not said).
+    slots: int = 0
+
+
+class HostStatus(BaseModel):
+    """A worker host as the store knows it: last heartbeat (store clock, s) and health."""
+
+    seen_at: float
+    paused: bool = False
+    reason: str = ""
+    # What its task images take of its image budget, with its evictions (`worker --image-budget`).
+    images: str = ""
+    # What it reported it brings (None: a host that has not said, e.g. an older worker).
+    kit: HostKit | None = None
+
+
+@dataclass(frozen=True)
+class Start:
+    """What `Leases.start` found: the claim, and when claimed the cancel flag, the budget and a slot.
+
+    `over_budget`: the job's budget is reached, so the trial must not start (it took no slot).
+    """
+
+    claim: Claim
+    cancelled: bool = False
+    slot: bool = False
+    over_budget: bool = False
