@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sciencebench.agents.recipes import PINS, RecipeError
+from sciencebench.agents.recipes import RecipeError
 from sciencebench.core.agentimages import (
     AgentImages,
     BakedImage,
@@ -30,6 +30,7 @@ from sciencebench.core.agentimages import (
     load_agent_images,
 )
 from sciencebench.core.errors import InputError, SciencebenchError
+from sciencebench.core.harnesses import bake_of, bakeable
 from sciencebench.core.paths import write_atomic
 from sciencebench.login.selection import load_selection
 from sciencebench.worker.docker import bake as docker_bake
@@ -79,9 +80,9 @@ def bake_selection(
     the registry fails.
     """
     selection = load_selection(path, None)
-    if agent not in PINS:
-        raise InputError(f"--agent {agent}: only {', '.join(PINS)} can be baked")
-    version = version or PINS[agent].version
+    if agent not in bakeable():
+        raise InputError(f"--agent {agent}: only {', '.join(bakeable())} can be baked")
+    version = version or bake_of(agent).version
     artifacts = artifacts or default_artifacts()
     record_path = agent_images_path(selection.path)
     bases = list(dict.fromkeys(selection.tasks[task_id].agent_image for task_id in selection.task_ids))

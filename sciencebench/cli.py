@@ -23,6 +23,7 @@ from rich.table import Table
 from sciencebench import __version__
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.core.errors import InputError, JobConflictError, SciencebenchError
+from sciencebench.core.harnesses import bakeable
 from sciencebench.core.images import DEFAULT_PLATFORM
 from sciencebench.core.models import JobSpec, TrialSpec, trial_label
 from sciencebench.core.paths import DEFAULT_JOBS_DIR, JobPaths
@@ -699,7 +700,7 @@ def images() -> None:
 
 @images.command()
 @click.option("--path", required=True, type=click.Path(path_type=Path), help="Materialized task selection.")
-@click.option("--agent", required=True, type=click.Choice(["codex", "claude-code", "mini-swe-agent"]),
+@click.option("--agent", required=True, type=click.Choice(bakeable()),
               help="Harness to preinstall.")  # fmt: skip
 @click.option("--agent-version", help="Version to bake (default: the pinned one).")
 @click.option("--registry", required=True, metavar="HOST[:PORT]",

@@ -21,7 +21,7 @@ import docker
 import docker.errors
 import docker.types
 
-from sciencebench.agents.recipes import MOUNT_DIR, Recipe, image_tag, render
+from sciencebench.agents.recipes import MOUNT_DIR, Recipe, bake_spec, image_tag, render
 from sciencebench.core.agentimages import BakedImage
 from sciencebench.core.images import image_digest, image_repository
 from sciencebench.worker.docker.engine import ENGINE_ERRORS, connect, one_line
@@ -204,8 +204,9 @@ class Baker:
         artifacts, unsuitable image) and BakeError (engine or registry).
         """
         client = self.client
+        spec = bake_spec(agent, version)
         ensure_image(client, base)
-        python = image_python(client, base) if agent == "mini-swe-agent" else None
+        python = image_python(client, base) if spec.wheels else None
         recipe = render(agent, version, base, self.artifacts, python=python, extra_ca=self.extra_ca)
         tag = image_tag(agent, version, base, recipe.inputs_sha256)
         digest = registry_digest(client, repository, tag)
@@ -215,14 +216,14 @@ class Baker:
         action: Action
         if digest is not None:
             pinned, action = f"{repository}:{tag}@{digest}", "found in registry"
-            if agent == "codex":
+            if spec.wire_api_probe:
                 ensure_image(client, pinned)  # probed below
         else:
             self.log(f"{agent} {version} on {base}: building {repository}:{tag} (no network)")
             build(client, recipe, base, repository, tag)
             self.log(f"{agent} {version}: pushing {repository}:{tag}")
             pinned, action = push(client, repository, tag), "built"
-        wire_apis = codex_wire_apis(client, pinned) if agent == "codex" else None
+        wire_apis = codex_wire_apis(client, pinned) if spec.wire_api_probe else None
         baked = BakedImage(
             base_image=base, agent=agent, version=version, image=pinned,
             inputs_sha256=recipe.inputs_sha256, wire_apis=wire_apis,
