@@ -721,7 +721,7 @@ def bake(
     Exits 0 when every image is baked and recorded, 1 when the engine or the
     registry fails, 2 on bad input (selection, agent, missing artifacts).
     """
-    from sciencebench.bake import bake_selection
+    from sciencebench.bake.command import bake_selection
     from sciencebench.core.agentimages import agent_images_path
 
     results = bake_selection(

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sciencebench.agents.recipes import RecipeError, image_tag, render
+from sciencebench.bake.recipes import RecipeError, image_tag, render
 from sciencebench.core.agentimages import (
     AgentImages,
     BakedImage,

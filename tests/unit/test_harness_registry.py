@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sciencebench.agents.recipes import RecipeError, bake_spec, render
-from sciencebench.agents.recipes import main as recipes_main
+from sciencebench.bake.recipes import RecipeError, bake_spec, render
+from sciencebench.bake.recipes import main as recipes_main
 from sciencebench.core import harnesses
 from sciencebench.core.errors import InputError, ProfileError
 from sciencebench.core.gateways import Gateway, parse_gateway
@@ -131,7 +131,7 @@ def test_a_missing_baked_image_is_found_at_submit(toy: Harness, tmp_path: Path) 
 
 
 def test_the_bake_command_accepts_it(toy: Harness, tmp_path: Path) -> None:
-    from sciencebench.bake import bake_selection
+    from sciencebench.bake.command import bake_selection
 
     root = make_selection(tmp_path / "sel", ["001"])
     # Past the agent check: the registry is the next one refused (no engine is asked).

@@ -216,7 +216,7 @@ def image_tag(agent: str, version: str, base_image: str, inputs_sha256: str) -> 
 
 
 def main(argv: list[str]) -> int:
-    """`python -m sciencebench.agents.recipes pin AGENT`: print the pinned version (for scripts)."""
+    """`python -m sciencebench.bake.recipes pin AGENT`: print the pinned version (for scripts)."""
     names = bakeable()
     if len(argv) == 2 and argv[0] == "pin" and argv[1] in names:
         print(bake_of(argv[1]).version)
@@ -225,7 +225,7 @@ def main(argv: list[str]) -> int:
         for name in names:
             print(name, bake_of(name).version, bake_of(name).source)
         return 0
-    print("usage: python -m sciencebench.agents.recipes (pins | pin AGENT)", file=sys.stderr)
+    print("usage: python -m sciencebench.bake.recipes (pins | pin AGENT)", file=sys.stderr)
     return 2
 
 

@@ -2,7 +2,7 @@
 
 An install runs as a root shell script in a container of the task image
 with `network_mode=none` and the host-fetched artifacts mounted read-only
-(see `sciencebench.agents.recipes`); the container is then committed. A
+(see `sciencebench.bake.recipes`); the container is then committed. A
 baked image is pushed to a registry and named by digest, like every task
 image; it is looked up there by tag first, so baking the same inputs twice
 builds nothing.
@@ -21,7 +21,7 @@ import docker
 import docker.errors
 import docker.types
 
-from sciencebench.agents.recipes import MOUNT_DIR, Recipe, bake_spec, image_tag, render
+from sciencebench.bake.recipes import MOUNT_DIR, Recipe, bake_spec, image_tag, render
 from sciencebench.core.agentimages import BakedImage
 from sciencebench.core.images import image_digest, image_repository
 from sciencebench.worker.docker.engine import ENGINE_ERRORS, connect, one_line
