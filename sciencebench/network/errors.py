@@ -9,6 +9,9 @@
     └── TransferRefused         a copy to the host refused what a container
                                 wrote (a link, a device, over the size bound)
 
+    AgentImageMismatch          (a RuntimeError) the baked image named is for
+                                another agent or version
+
 Pier records the class name and message of either in the trial's
 `result.json` (`exception_info`), so messages name every failed check.
 """
@@ -53,3 +56,7 @@ class TransferRefused(PolicyError):
 
     def __reduce__(self) -> tuple[type[TransferRefused], tuple[list[object]]]:
         return (type(self), (self.refusals,))
+
+
+class AgentImageMismatch(RuntimeError):
+    """The `agent_image` keyword names an image baked for another agent or version."""
