@@ -23,7 +23,8 @@ from docker.errors import DockerException
 from pier.environments.agent_setup import write_agent_dockerfile
 
 from sciencebench.core.agentimages import parse_agent_image_keyword
-from sciencebench.core.compose_policy import AGENT_SERVICE, task_user_problem
+from sciencebench.core.compose_policy import AGENT_SERVICE
+from sciencebench.core.taskreview import task_user_problem
 from sciencebench.network.containerfiles import ContainerFilesEnvironment
 from sciencebench.network.errors import AgentImageMismatch, PolicyRefused
 from sciencebench.network.onbuild import onbuild_triggers

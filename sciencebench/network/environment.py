@@ -13,7 +13,7 @@ allowlist: an allowlist (codex, claude-code, ...) gives `isolated-allowlist`
 out); no allowlist (nop, oracle, verifiers) gives `network_mode: none`.
 
 Lifecycle (`start`): plan (refuse what the policy cannot run) -> check the
-task's files as written (`core.compose_policy.review_task_dir`) -> Pier's own
+task's files as written (`core.taskreview.review_task_dir`) -> Pier's own
 start with the policy compose override, where each compose command that
 could build, create or start anything is preceded by its own `docker compose
 config` over Pier's exact file list and environment, and the rendered model

@@ -1,7 +1,7 @@
 """Every `docker compose` a trial runs, under the policy: the task's files, the rendered model, its env.
 
 Before anything starts, the task's files as written are checked
-(`core.compose_policy.review_task_dir`). Each compose command that could
+(`core.taskreview.review_task_dir`). Each compose command that could
 build, create or start anything is preceded by its own `docker compose
 config` over Pier's exact file list and environment, and the rendered model
 is checked against the same allowlist. Every `docker compose` runs with an
@@ -21,8 +21,10 @@ from typing import Any
 
 from pier.environments.base import ExecResult
 
-from sciencebench.core.compose_policy import compose_problems, interpolation, review_task, review_task_dir
+from sciencebench.core.compose_policy import compose_problems
 from sciencebench.core.envfile import harness_key_problem
+from sciencebench.core.interpolation import interpolation
+from sciencebench.core.taskreview import review_task, review_task_dir
 from sciencebench.network.agentinstall import AgentInstallEnvironment
 from sciencebench.network.compose import build_network_problems
 from sciencebench.network.composeenv import compose_environment, exec_names, explicit_exec_values, from_worker
