@@ -85,19 +85,16 @@ class ContainerFilesEnvironment(SecretSafeExecEnvironment):
         """This environment's compose project, as Pier names it."""
         return str(_sanitize_docker_compose_project_name(self.session_id))
 
-    async def exec(
-        self,
-        command: str,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        timeout_sec: int | None = None,
-        user: str | int | None = None,
-    ) -> ExecResult:
-        """Run a command; Pier's post-`up` chmod of its (unmounted) log directories creates them instead."""
+    async def exec(self, command: str, *args: Any, **kwargs: Any) -> ExecResult:
+        """Run a command; Pier's post-`up` chmod of its (unmounted) log directories creates them instead.
+
+        The arguments are Pier's (`cwd`, `env`, `timeout_sec`, `user`), passed on unchanged.
+        """
         if not self._log_dirs_made and command == self._pier_log_chmod:
             await asyncio.to_thread(self._make_log_dirs)
             return ExecResult(stdout=None, stderr=None, return_code=0)
-        return await super().exec(command, cwd=cwd, env=env, timeout_sec=timeout_sec, user=user)
+        result: ExecResult = await super().exec(command, *args, **kwargs)
+        return result
 
     @property
     def _pier_log_chmod(self) -> str:
