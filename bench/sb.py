@@ -15,7 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sciencebench.bake import bake_selection, default_artifacts
+    from sciencebench.bake.command import bake_selection, default_artifacts
     from sciencebench.coordination.celery_app import create_app
     from sciencebench.coordination.protocol import HISTORY_KEY
     from sciencebench.coordination.redis import RedisCoordinator
@@ -42,8 +42,8 @@ _WHERE: dict[str, str] = {
     "Settings": "sciencebench.core.settings",
     "RedisCoordinator": "sciencebench.coordination.redis",
     "build_demo_selection": "sciencebench.demo",
-    "bake_selection": "sciencebench.bake",
-    "default_artifacts": "sciencebench.bake",
+    "bake_selection": "sciencebench.bake.command",
+    "default_artifacts": "sciencebench.bake.command",
     "dispatch": "sciencebench.login.dispatch",
     "Cluster": "sciencebench.login.cluster",
     "pull_counts": "sciencebench.worker.docker.images",

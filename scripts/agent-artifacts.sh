@@ -14,7 +14,7 @@
 #   codex/<v>/{codex,rg,MANIFEST}  claude-code/<v>/{claude,MANIFEST}
 #   mini-swe-agent/<v>/py<X.Y>/{*.whl,MANIFEST}
 # A directory with a MANIFEST is complete (it is renamed into place last), so
-# re-runs cost nothing. Pins: sciencebench/agents/recipes.py (PINS).
+# re-runs cost nothing. Pins: sciencebench/core/harnesses.py (each entry's bake).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,7 +37,7 @@ fi
 
 START=$SECONDS
 log() { printf 'agent-artifacts: [%3ds] %s\n' $((SECONDS - START)) "$*"; }
-pin() { .venv/bin/python -m sciencebench.agents.recipes pin "$1"; }
+pin() { .venv/bin/python -m sciencebench.bake.recipes pin "$1"; }
 
 mkdir -p "$ART"
 exec 9>"$ART/.lock"

@@ -18,14 +18,10 @@ from pier.agents.installed.mini_swe_agent import MiniSweAgent
 from pier.agents.network import allowlist_from_urls
 from pier.models.agent.network import NetworkAllowlist
 
-# The variables Pier's mini-swe-agent reads a provider base URL from.
-BASE_URL_VARIABLES = (
-    "OPENAI_BASE_URL",
-    "OPENAI_API_BASE",
-    "ANTHROPIC_BASE_URL",
-    "GEMINI_API_BASE",
-    "OPENROUTER_API_BASE",
-)
+from sciencebench.core.harnesses import REGISTRY
+
+# The variables Pier's mini-swe-agent reads a provider base URL from (its registry entry's).
+BASE_URL_VARIABLES = REGISTRY["mini-swe-agent"].gateway_variables
 
 
 class ScienceBenchMiniSweAgent(MiniSweAgent):

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from sciencebench.cli.common import err, handle_errors, main, out, require_worker_extra
 from sciencebench.core.errors import InputError
+from sciencebench.core.harnesses import bakeable
 from sciencebench.core.images import DEFAULT_PLATFORM
 from sciencebench.core.paths import SelectionPaths
 from sciencebench.core.settings import AGENT_ARTIFACTS_ENV, Settings
@@ -115,7 +116,7 @@ def images() -> None:
 
 @images.command()
 @click.option("--path", required=True, type=click.Path(path_type=Path), help="Materialized task selection.")
-@click.option("--agent", required=True, type=click.Choice(["codex", "claude-code", "mini-swe-agent"]),
+@click.option("--agent", required=True, type=click.Choice(bakeable()),
               help="Harness to preinstall.")  # fmt: skip
 @click.option("--agent-version", help="Version to bake (default: the pinned one).")
 @click.option("--registry", required=True, metavar="HOST[:PORT]",
@@ -136,7 +137,7 @@ def bake(
     Exits 0 when every image is baked and recorded, 1 when the engine or the
     registry fails, 2 on bad input (selection, agent, missing artifacts).
     """
-    from sciencebench.bake import bake_selection
+    from sciencebench.bake.command import bake_selection
 
     results = bake_selection(
         path, agent, agent_version, registry=registry, artifacts=artifacts, extra_ca=extra_ca,

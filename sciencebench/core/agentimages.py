@@ -29,19 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sciencebench.core.images import ImageRef, check_image_ref, image_digest
 
-# Pier 0.3.0's installed agents (pier/agents/installed/): each builds its install into the image.
-PIER_INSTALLED_AGENTS = frozenset(
-    {"claude-code", "codex", "cursor-cli", "gemini-cli", "mini-swe-agent", "opencode"}
-)
-# sciencebench's adapters of Pier's installed agents (same names, so the same baked images).
-AGENT_ADAPTERS = frozenset(
-    {
-        "sciencebench.agents.codex:ScienceBenchCodex",
-        "sciencebench.agents.mini_swe_agent:ScienceBenchMiniSweAgent",
-    }
-)
-# The agents `sciencebench images bake` knows how to preinstall from host-fetched artifacts.
-BAKEABLE_AGENTS = ("codex", "claude-code", "mini-swe-agent")
+# Which agents Pier installs, which can be baked, and their adapters: `sciencebench.core.harnesses`.
 # The environment keyword (`--ek agent_image=<json>`) naming a trial's baked image.
 AGENT_IMAGE_KEYWORD = "agent_image"
 

@@ -27,8 +27,8 @@ escape a Celery task (the chord finalizer must always run).
         └── Cancelled               the job was cancelled before or while the trial ran
 
 Elsewhere in the package (each a SciencebenchError too): `network.errors`
-(PolicyError's subclasses, raised inside Pier), `agents.recipes.RecipeError`,
-`worker.docker.bake.BakeError`, `bake.BakeFailed`, `worker.pier.zygote.ZygoteError`.
+(PolicyError's subclasses, raised inside Pier), `bake.recipes.RecipeError`,
+`bake.builder.BakeError`, `bake.command.BakeFailed`, `worker.pier.zygote.ZygoteError`.
 
 Every class says where a trial failed (`stage`, the record's stage) and whether
 another try would fail the same (`deterministic`: then --max-retries does not

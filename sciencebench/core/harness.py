@@ -1,4 +1,4 @@
-"""The harness both sides agree on: the Pier release, the policy environment, the Codex adapter.
+"""The harness both sides agree on: the Pier release and the policy environment.
 
 Workers refuse to run any other Pier release; the login node records these
 names in the run record.
@@ -10,4 +10,4 @@ PIER_VERSION = "0.3.0"
 # Pier imports these on worker hosts; their import paths are part of the run record.
 POLICY_ENVIRONMENT = "sciencebench.network.environment:IsolatedDockerEnvironment"
 POLICY_NAME = "isolated-bridge"
-CODEX_ADAPTER = "sciencebench.agents.codex:ScienceBenchCodex"
+# Each agent's facts (its adapter among them): `sciencebench.core.harnesses`.

@@ -18,10 +18,8 @@ from typing import Any
 from sciencebench.core.agent_kwargs import pier_kwarg_value
 from sciencebench.core.agentimages import AGENT_IMAGE_KEYWORD
 from sciencebench.core.harness import POLICY_ENVIRONMENT
+from sciencebench.core.harnesses import find
 from sciencebench.core.models import AgentPlan, JobSpec, TrialSpec
-
-# Harnesses whose Pier agent strips a model's provider prefix unless `command_model_name` is given.
-_EXACT_MODEL_HARNESSES = frozenset({"codex"})
 
 
 def _fmt(value: float) -> str:
@@ -82,6 +80,12 @@ def render_argv(
     return argv + _inline_agent_flags(job.agent, trial.model)
 
 
+def _exact_model(agent: AgentPlan) -> bool:
+    """Whether the plan's Pier agent strips a model's provider prefix unless given `command_model_name`."""
+    harness = find(agent.harness)
+    return harness is not None and harness.exact_model
+
+
 def _inline_agent_flags(agent: AgentPlan, model: str | None) -> list[str]:
     """The agent part as flags: what `render_agent_config` holds for the trial's model, for a record."""
     flags: list[str] = []
@@ -92,7 +96,7 @@ def _inline_agent_flags(agent: AgentPlan, model: str | None) -> list[str]:
     if model is not None:
         flags += ["--model", model]
     kwargs = dict(agent.agent_kwargs)
-    if agent.harness in _EXACT_MODEL_HARNESSES and model is not None:
+    if _exact_model(agent) and model is not None:
         kwargs.setdefault("command_model_name", model)
     for key, value in kwargs.items():
         flags += ["--ak", f"{key}={value}"]
@@ -123,7 +127,7 @@ def agent_configs(
     configs = []
     for model in models:
         model_kwargs = dict(kwargs)
-        if agent.harness in _EXACT_MODEL_HARNESSES and model is not None:
+        if _exact_model(agent) and model is not None:
             model_kwargs.setdefault("command_model_name", model)
         configs.append({
             "name": name,

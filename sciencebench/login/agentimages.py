@@ -14,13 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sciencebench.core.agentimages import (
-    AGENT_ADAPTERS,
-    PIER_INSTALLED_AGENTS,
-    BakedImage,
-    load_agent_images,
-)
+from sciencebench.core.agentimages import BakedImage, load_agent_images
 from sciencebench.core.errors import ProfileError
+from sciencebench.core.harnesses import adapters, find, installed_by_pier
 from sciencebench.core.models import AgentPlan
 from sciencebench.core.paths import SelectionPaths
 from sciencebench.login.selection import Selection
@@ -35,8 +31,8 @@ def _ids(task_ids: list[str]) -> str:
 
 def _installed_by_pier(plan: AgentPlan) -> bool:
     """Whether Pier's own installer runs for this plan's agent where no baked image replaces it."""
-    return plan.harness in PIER_INSTALLED_AGENTS and (
-        plan.agent_import_path is None or plan.agent_import_path in AGENT_ADAPTERS
+    return installed_by_pier(plan.harness) and (
+        plan.agent_import_path is None or plan.agent_import_path in adapters()
     )
 
 
@@ -80,7 +76,8 @@ def resolve_agent_images(selection: Selection, plan: AgentPlan) -> AgentImagesPl
     requested = plan.agent_kwargs.get("version")
     wanted = None if requested in (None, "", "latest") else requested
     hint = _bake_hint(selection, plan, wanted)
-    if plan.harness not in PIER_INSTALLED_AGENTS:
+    harness = find(plan.harness)
+    if harness is None or not harness.installed_by_pier:
         return AgentImagesPlan(plan, {}, [], hint)
     path = SelectionPaths(selection.path).agent_images
     try:
@@ -95,7 +92,7 @@ def resolve_agent_images(selection: Selection, plan: AgentPlan) -> AgentImagesPl
             several = ", ".join(sorted({image.version for image in found}))
             raise ProfileError(
                 f"task {task_id}: {plan.harness} is baked in several versions ({several}); choose one with "
-                + ("CODEX_VERSION in --env-file" if plan.harness == "codex" else "--agent-kwarg version=")
+                + harness.version_hint
             )
         if found:
             chosen[task_id] = found[0]
@@ -110,7 +107,7 @@ def resolve_agent_images(selection: Selection, plan: AgentPlan) -> AgentImagesPl
     if not chosen:
         return AgentImagesPlan(plan, {}, missing, hint)
     version = versions[0]
-    if plan.harness == "codex":
+    if harness.bake is not None and harness.bake.wire_api_probe:
         _check_wire_api(plan, version, list(chosen.values()))
     kwargs = dict(plan.agent_kwargs)
     kwargs["version"] = version

@@ -14,17 +14,8 @@ from pathlib import Path
 from sciencebench.core.agent_kwargs import agent_kwargs_problem, is_sensitive_name
 from sciencebench.core.envfile import VARIABLE_NAME, EnvFile, parse_env_text
 from sciencebench.core.errors import ProfileError
-from sciencebench.core.gateways import (
-    CREDENTIAL_ENV,
-    DEFAULT_CODEX_BASE_URL,
-    DEFAULT_CODEX_MODEL,
-    WIRE_APIS,
-    Gateway,
-    parse_gateway,
-    public_url,
-    render_provider_toml,
-)
-from sciencebench.core.harness import CODEX_ADAPTER
+from sciencebench.core.gateways import Gateway, parse_gateway
+from sciencebench.core.harnesses import find, setting
 from sciencebench.core.models import AgentPlan, Provider
 
 
@@ -84,18 +75,6 @@ def config_toml_gateways(config_toml: str | None) -> list[Gateway]:
     return [parse_gateway(url, "config_toml base_url") for url in urls if isinstance(url, str)]
 
 
-# Variables naming a model gateway, per harness (the base URL variables the harness reads).
-# The worker's proxy allows these gateways and nothing else: a harness's own provider
-# allowlist is used only when none is set (docs/network-policy.md). Under
-# --no-auto-provider Codex reads only OPENAI_BASE_URL (CODEX_* is not translated).
-_GATEWAY_VARIABLES = {
-    "codex": ("OPENAI_BASE_URL",),
-    "claude-code": ("ANTHROPIC_BASE_URL",),
-    "mini-swe-agent": (
-        "OPENAI_BASE_URL", "OPENAI_API_BASE", "ANTHROPIC_BASE_URL", "GEMINI_API_BASE", "OPENROUTER_API_BASE",
-    ),
-    "gemini-cli": ("GOOGLE_GEMINI_BASE_URL", "GEMINI_API_BASE"),
-}  # fmt: skip
 # A network proxy for the harness: refused with the way to reach a gateway behind one.
 _PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY")
 
@@ -114,45 +93,6 @@ def proxy_variable_problem(key: str, option: str) -> str | None:
         "the workers reach (e.g. LiteLLM with HTTPS_PROXY in its own environment) and set "
         "CODEX_BASE_URL/ANTHROPIC_BASE_URL/OPENAI_BASE_URL to it (docs/gateways.md)"
     )
-
-
-def _setting(env_values: dict[str, str], *names: str) -> str | None:
-    """The first of `names` the profile sets to a non-empty value (empty means unset, as in the original)."""
-    return next((value for name in names if (value := env_values.get(name, "").strip())), None)
-
-
-def _first_set(env_values: dict[str, str], *names: str) -> str:
-    """The first of `names` the profile sets to a non-empty value, else the last name (for messages)."""
-    return next((name for name in names if env_values.get(name, "").strip()), names[-1])
-
-
-def _codex_provider(
-    env_values: dict[str, str], kwargs: dict[str, str], *, builtin: bool
-) -> tuple[Provider, Gateway, dict[str, str]]:
-    """The Codex provider of a profile: the record's provider, the gateway, the agent keywords.
-
-    `builtin`: Pier's own Codex agent or a custom class, which take the
-    provider block as `config_toml`; sciencebench's adapter takes `base_url`
-    and `wire_api` and renders the same block itself.
-    """
-    wire_api = (_setting(env_values, "CODEX_WIRE_API") or "responses").lower()
-    if wire_api not in WIRE_APIS:
-        raise ProfileError("CODEX_WIRE_API: must be 'responses' or 'chat'")
-    variable = _first_set(env_values, "CODEX_BASE_URL", "OPENAI_BASE_URL")
-    raw_url = _setting(env_values, "CODEX_BASE_URL", "OPENAI_BASE_URL") or DEFAULT_CODEX_BASE_URL
-    gateway = parse_gateway(raw_url, variable)
-    base_url = public_url(raw_url)
-    added: dict[str, str] = {}
-    if builtin:
-        added["config_toml"] = render_provider_toml(gateway, wire_api)
-    else:
-        added |= {"base_url": base_url, "wire_api": wire_api}
-    if version := _setting(env_values, "CODEX_VERSION"):
-        added["version"] = version
-    if effort := _setting(env_values, "CODEX_REASONING_EFFORT"):
-        added["reasoning_effort"] = effort
-    provider = Provider(protocol=wire_api, base_url=base_url, credential_env=CREDENTIAL_ENV)
-    return provider, gateway, {**added, **kwargs}
 
 
 def plan_agent(
@@ -180,35 +120,38 @@ def plan_agent(
     """
     if problem := agent_kwargs_problem(agent_kwargs):
         raise ProfileError(problem)
-    adapter = agent == "codex" and agent_import_path is None and auto_agent_adapter
-    if "config_toml" in agent_kwargs and adapter and auto_provider:
-        raise ProfileError(
-            "--agent-kwarg config_toml: the sciencebench Codex adapter writes the provider block itself "
-            "from CODEX_BASE_URL in --env-file; add --no-auto-agent-adapter to give Pier's Codex agent "
-            "your own config_toml (or --no-auto-provider to give it to the adapter unchanged)"
-        )
+    harness = find(agent)
+    adapter = (
+        harness.adapter
+        if harness is not None and harness.auto_adapter and agent_import_path is None and auto_agent_adapter
+        else None
+    )
+    profile = harness.profile if harness is not None and auto_provider else None
+    if adapter and profile is not None and (refusal := profile.adapter_refusal(agent_kwargs)):
+        raise ProfileError(refusal)
     kwargs = dict(agent_kwargs)
     models = list(models)
     provider: Provider | None = None
     gateways: list[Gateway] = [*config_toml_gateways(agent_kwargs.get("config_toml"))]
 
-    if agent == "codex" and auto_provider:
-        provider, gateway, kwargs = _codex_provider(env_values, kwargs, builtin=not adapter)
-        if not dry_run and not (env_values.get("OPENAI_API_KEY") or agent_env.get("OPENAI_API_KEY")):
-            raise ProfileError("OPENAI_API_KEY: required for --agent codex (set it in --env-file)")
+    if profile is not None:
+        provider, gateway, kwargs = profile.translate(env_values, kwargs, not adapter)
+        credential = profile.credential
+        if not dry_run and not (env_values.get(credential) or agent_env.get(credential)):
+            raise ProfileError(f"{credential}: required for --agent {agent} (set it in --env-file)")
         if not models:
-            models = [_setting(env_values, "MODEL") or DEFAULT_CODEX_MODEL]
+            models = [setting(env_values, "MODEL") or profile.default_model]
         gateways.append(gateway)
     else:
-        # The record names a provider only for the translated Codex profile, as the original's does.
-        for variable in _GATEWAY_VARIABLES.get(agent, ()):
-            if value := _setting(env_values, variable):
+        # The record names a provider only for a translated profile (Codex's), as the original's does.
+        for variable in harness.gateway_variables if harness is not None else ():
+            if value := setting(env_values, variable):
                 gateways.append(parse_gateway(value, variable))
 
     if problem := agent_kwargs_problem(kwargs):  # the keywords taken from the env file too
         raise ProfileError(problem)
     if adapter:
-        agent_import_path = CODEX_ADAPTER
+        agent_import_path = adapter
     return AgentPlan(
         harness=agent,
         # An explicit import path replaces --agent, so Pier's built-in agent cannot shadow it.

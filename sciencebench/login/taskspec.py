@@ -4,7 +4,7 @@ Only what sciencebench needs is modelled; unknown keys are ignored, as Pier
 0.3.0 ignores them (real tasks carry `network_mode`, `os`, ...). The agent and
 verifier images must be pinned by digest so every worker host runs the same
 bytes. The task's files, env tables and compose files must also pass the
-policy of `core.compose_policy.review_task` (no symlinks, no env key that
+policy of `core.taskreview.review_task` (no symlinks, no env key that
 steers the harness, compose files within the allowlist); the worker checks
 the same again before Pier starts.
 """
@@ -18,7 +18,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sciencebench.core.compose_policy import review_task
 from sciencebench.core.errors import TaskSpecError
 from sciencebench.core.images import ImageRef
 from sciencebench.core.taskdir import (
@@ -28,6 +27,7 @@ from sciencebench.core.taskdir import (
     scanned_sha256,
     task_toml_sha256,
 )
+from sciencebench.core.taskreview import review_task
 
 
 class _Section(BaseModel):

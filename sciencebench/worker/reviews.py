@@ -1,6 +1,6 @@
 """A task's policy review, cached per worker process by what the review reads of the snapshot.
 
-`core.compose_policy.review_task_dir` reads the snapshot's task.toml and
+`core.taskreview.review_task_dir` reads the snapshot's task.toml and
 compose files (all covered by the task hash the snapshot computed from the
 bytes it copied, `core.taskdir.definition_sha256`) and looks at the tree's
 entries (names and types: symlinks, special files, `.env` files, bind mount
@@ -18,7 +18,7 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-from sciencebench.core.compose_policy import TaskReview, review_task_dir
+from sciencebench.core.taskreview import TaskReview, review_task_dir
 
 # Reviews kept per process (a job's tasks, a few jobs).
 MAX_REVIEWS = 512

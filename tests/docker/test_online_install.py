@@ -43,7 +43,7 @@ from typing import Any
 import docker
 import pytest
 
-from sciencebench.agents.recipes import PINS
+from sciencebench.core.harnesses import bake_of
 from sciencebench.demo import PROJECT, SOLUTIONS, write_task
 from tests.docker.test_network_pier_run import Task, pier_run
 from tests.fixtures.gateway_lab import GatewayLab
@@ -53,7 +53,7 @@ from tests.fixtures.services import VENV_BIN, local_host_env
 pytestmark = pytest.mark.docker
 
 SCIENCEBENCH = VENV_BIN / "sciencebench"
-VERSION = PINS["claude-code"].version
+VERSION = bake_of("claude-code").version
 KEY = f"sk-sb-online-{uuid.uuid4().hex}"
 MODEL = "claude-sb-scripted"
 GATEWAY_PORT = 4000

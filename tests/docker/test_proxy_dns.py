@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from sciencebench.network.environment import plan_egress
+from sciencebench.network.egress import plan_egress
 from sciencebench.network.squid import PROXY_PORT, passwd_line, render_squid_conf
 
 pytestmark = pytest.mark.docker

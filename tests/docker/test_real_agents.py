@@ -35,8 +35,8 @@ from typing import Any
 import pytest
 import redis
 
-from sciencebench.agents.recipes import PINS
 from sciencebench.core.agentimages import AgentImages, load_agent_images
+from sciencebench.core.harnesses import bake_of
 from sciencebench.core.paths import SelectionPaths
 from tests.fixtures.flower import Flower
 from tests.fixtures.gateway_lab import GatewayLab, TLSFiles, make_ca
@@ -69,7 +69,7 @@ def artifacts() -> Path:
     """The pinned artifacts scripts/agent-artifacts.sh fetched (scripts/test.sh runs it first)."""
     root = Path(os.environ.get("SCIENCEBENCH_AGENT_ARTIFACTS") or "/var/tmp/sciencebench-agents")
     for agent in AGENTS:
-        version = PINS[agent].version
+        version = bake_of(agent).version
         manifest = root / agent / version / ("py3.11/MANIFEST" if agent == "mini-swe-agent" else "MANIFEST")
         if not manifest.is_file():
             raise RuntimeError(f"{manifest} missing: run scripts/agent-artifacts.sh (scripts/test.sh does)")
@@ -261,7 +261,7 @@ def test_each_agent_is_baked_once_and_a_second_bake_is_a_no_op(baked: Baked, dem
     base = load_selection_agent_image(demo_selection)
     for agent in AGENTS:
         (image,) = baked.record.find(base, agent)
-        assert image.version == PINS[agent].version
+        assert image.version == bake_of(agent).version
         assert "@sha256:" in image.image and image.image != base
     (codex,) = baked.record.find(base, "codex")
     assert codex.wire_apis == ["responses"]  # probed on the baked binary itself
@@ -402,7 +402,7 @@ def test_mini_swe_agent_chat_completions_over_http(
     )
     assert all(r["path"] == "/v1/chat/completions" for r in run.requests)
     assert run.result["agent_info"]["name"] == "mini-swe-agent"
-    assert run.result["agent_info"]["version"] == PINS["mini-swe-agent"].version
+    assert run.result["agent_info"]["version"] == bake_of("mini-swe-agent").version
     assert run.trial_dir is not None
     assert (run.trial_dir / "agent" / "mini-swe-agent.trajectory.json").is_file()
     assert (run.trial_dir / "agent" / "trajectory.json").is_file()

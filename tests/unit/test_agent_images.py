@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sciencebench.agents.recipes import PINS, RecipeError, image_tag, render
+from sciencebench.bake.recipes import RecipeError, image_tag, render
 from sciencebench.core.agentimages import (
     AgentImages,
     BakedImage,
@@ -16,6 +16,7 @@ from sciencebench.core.agentimages import (
     parse_agent_image_keyword,
 )
 from sciencebench.core.errors import ProfileError
+from sciencebench.core.harnesses import bake_of
 from sciencebench.core.paths import SelectionPaths
 from sciencebench.core.pier_argv import render_argv
 from sciencebench.login.options import SubmitOptions
@@ -223,10 +224,10 @@ def test_claude_code_and_the_mini_swe_agent_adapter_use_their_own_images(tmp_pat
 def artifacts(tmp_path: Path) -> Path:
     root = tmp_path / "artifacts"
     for agent in ("codex", "claude-code"):
-        directory = root / agent / PINS[agent].version
+        directory = root / agent / bake_of(agent).version
         directory.mkdir(parents=True)
-        (directory / "MANIFEST").write_text(f"source {PINS[agent].source}\nabc  {agent}\n")
-    wheels = root / "mini-swe-agent" / PINS["mini-swe-agent"].version / "py3.11"
+        (directory / "MANIFEST").write_text(f"source {bake_of(agent).source}\nabc  {agent}\n")
+    wheels = root / "mini-swe-agent" / bake_of("mini-swe-agent").version / "py3.11"
     wheels.mkdir(parents=True)
     (wheels / "MANIFEST").write_text("source pypi\n")
     return root

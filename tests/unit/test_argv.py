@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from sciencebench.core.harness import CODEX_ADAPTER, POLICY_ENVIRONMENT
+from sciencebench.core.harness import POLICY_ENVIRONMENT
+from sciencebench.core.harnesses import REGISTRY
 from sciencebench.core.pier_argv import render_argv
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.submit import Prepared
@@ -17,6 +18,7 @@ from tests.fixtures.hosts import prepare
 from tests.fixtures.selection import make_selection
 
 pytestmark = pytest.mark.unit
+CODEX_ADAPTER = REGISTRY["codex"].adapter
 
 CANARY_KEY = "sk-canary-ARGV-91fe22"
 CANARY_AGENT_ENV = "canary-agent-env-77ab"

@@ -20,7 +20,7 @@ from pier.models.agent.context import AgentContext
 from sciencebench.agents.codex import ScienceBenchCodex, render_provider_toml
 from sciencebench.core.errors import ProfileError
 from sciencebench.core.gateways import parse_gateway
-from sciencebench.network.environment import plan_egress
+from sciencebench.network.egress import plan_egress
 
 pytestmark = pytest.mark.unit
 

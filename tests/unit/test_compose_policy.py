@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 import yaml
 
-from sciencebench.core.compose_policy import compose_problems, interpolation, review_task, review_task_dir
+from sciencebench.core.compose_policy import compose_problems
+from sciencebench.core.interpolation import interpolation
 from sciencebench.core.taskdir import DEFINING_FILES, read_regular, task_toml_sha256
+from sciencebench.core.taskreview import review_task, review_task_dir
 from tests.fixtures.selection import make_task
 
 pytestmark = pytest.mark.unit

@@ -11,7 +11,7 @@ import pytest
 from sciencebench.core.envfile import parse_env_text
 from sciencebench.core.errors import ProfileError
 from sciencebench.core.gateways import Gateway, parse_gateway
-from sciencebench.core.harness import CODEX_ADAPTER
+from sciencebench.core.harnesses import REGISTRY
 from sciencebench.core.models import AgentPlan
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.profiles import (
@@ -25,6 +25,7 @@ from tests.fixtures.hosts import prepare
 from tests.fixtures.selection import make_selection
 
 pytestmark = pytest.mark.unit
+CODEX_ADAPTER = REGISTRY["codex"].adapter
 
 CANARY = "canary-Zq9xK2pW7vLm"
 

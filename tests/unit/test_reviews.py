@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sciencebench.core import compose_policy
+from sciencebench.core import taskreview
 from sciencebench.worker import reviews
 
 pytestmark = pytest.mark.unit
@@ -21,9 +21,9 @@ def _task(path: Path) -> Path:
 def test_review_is_cached_by_hash_and_listing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[Path] = []
 
-    def counting(task_dir: Path) -> compose_policy.TaskReview:
+    def counting(task_dir: Path) -> taskreview.TaskReview:
         calls.append(task_dir)
-        return compose_policy.review_task_dir(task_dir)
+        return taskreview.review_task_dir(task_dir)
 
     monkeypatch.setattr(reviews, "review_task_dir", counting)
     monkeypatch.setattr(reviews, "_reviews", type(reviews._reviews)())

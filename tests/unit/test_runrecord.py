@@ -15,7 +15,7 @@ import pytest
 import sciencebench
 from sciencebench.core.errors import ProfileError
 from sciencebench.core.gateways import public_url
-from sciencebench.core.harness import CODEX_ADAPTER
+from sciencebench.core.harnesses import REGISTRY
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.redaction import REDACTED
 from sciencebench.login.runrecord import build_run_record, write_run_record
@@ -24,6 +24,7 @@ from tests.fixtures.hosts import prepare
 from tests.fixtures.selection import DEFAULT_AGENT_IMAGE, DEFAULT_VERIFIER_IMAGE, make_selection
 
 pytestmark = pytest.mark.unit
+CODEX_ADAPTER = REGISTRY["codex"].adapter
 
 # The keys the original single-host runner writes, then the ones sciencebench adds.
 ORIGINAL_KEYS = [

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sciencebench.core.compose_policy import review_task, review_task_dir, task_user_problem
 from sciencebench.core.errors import TaskSpecError
+from sciencebench.core.taskreview import review_task, review_task_dir, task_user_problem
 from sciencebench.login.taskspec import load_task
 from tests.fixtures.selection import make_selection
 

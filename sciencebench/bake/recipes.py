@@ -29,26 +29,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from sciencebench.core.agentimages import BAKEABLE_AGENTS
 from sciencebench.core.errors import SciencebenchError
+from sciencebench.core.harnesses import Bake, bake_of, bakeable
 
-
-@dataclass(frozen=True)
-class AgentPin:
-    """A pinned harness release and where its artifacts come from."""
-
-    agent: str
-    version: str
-    source: str  # the registry package the artifacts are fetched from
-
-
-PINS: dict[str, AgentPin] = {
-    "codex": AgentPin("codex", "0.169.0", "npm:@openai/codex@0.169.0-linux-x64"),
-    "claude-code": AgentPin("claude-code", "2.1.332", "npm:@anthropic-ai/claude-code-linux-x64@2.1.332"),
-    "mini-swe-agent": AgentPin("mini-swe-agent", "2.4.6", "pypi:mini-swe-agent==2.4.6"),
-}
-
-MSWEA_PREFIX = PurePosixPath("/opt/sciencebench/mini-swe-agent")
+# A wheels install's virtual environment: VENV_ROOT/<harness> (/opt/sciencebench/mini-swe-agent).
+VENV_ROOT = PurePosixPath("/opt/sciencebench")
 EXTRA_CA_PATH = PurePosixPath("/usr/local/share/ca-certificates/sciencebench-extra-ca.crt")
 SYSTEM_CA_BUNDLE = PurePosixPath("/etc/ssl/certs/ca-certificates.crt")
 LABEL_PREFIX = "dev.sciencebench.agent-image"
@@ -96,11 +81,15 @@ def _manifest(directory: Path, fetch_hint: str) -> str:
         raise RecipeError(f"no artifacts in {directory}; fetch them with {fetch_hint}") from None
 
 
-def _check(agent: str, version: str) -> None:
-    if agent not in BAKEABLE_AGENTS:
-        raise RecipeError(f"--agent {agent}: only {', '.join(BAKEABLE_AGENTS)} can be baked")
+def bake_spec(agent: str, version: str) -> Bake:
+    """How `agent` is baked (its registry entry's `bake`), or RecipeError."""
+    try:
+        spec = bake_of(agent)
+    except KeyError:
+        raise RecipeError(f"--agent {agent}: only {', '.join(bakeable())} can be baked") from None
     if not _VERSION.fullmatch(version):
         raise RecipeError(f"--agent-version {version!r}: not a version")
+    return spec
 
 
 def _fetch_hint(agent: str, version: str) -> str:
@@ -127,6 +116,35 @@ def _ca_script() -> str:
     )
 
 
+def _wheel_steps(agent: str, version: str, spec: Bake) -> list[str]:
+    """Install `agent==version` from its wheels into its own virtual environment, with the image's python3."""
+    agent_dir = MOUNT_DIR / "agent"
+    venv = VENV_ROOT / agent
+    checked_env = " ".join(f"{key}={value}" for key, value in spec.env.items())
+    # pip runs from its own wheel: the image needs no pip, and nothing is downloaded.
+    return [
+        f"python3 -m venv --without-pip {venv}",
+        f'{venv}/bin/python "$(ls {agent_dir}/pip-*.whl | head -n 1)"/pip install --quiet --no-index '
+        f"--no-compile --no-cache-dir --disable-pip-version-check --find-links {agent_dir} "
+        + shlex.quote(f"{agent}=={version}"),
+        # Byte-compiled once here, on every core, rather than at import in every trial.
+        f"{venv}/bin/python -m compileall -q -j 0 {venv}/lib >/dev/null",
+        *(f"ln -sf {venv}/bin/{program} /usr/local/bin/{program}" for program in spec.programs),
+        # Pier's mini-swe-agent command sources uv's env script first.
+        "mkdir -p /root/.local/bin",
+        "printf '%s\\n' 'export PATH=\"$HOME/.local/bin:$PATH\"' > /root/.local/bin/env",
+        f"{checked_env} {venv}/bin/python -c 'import {', '.join(spec.imports)}'".lstrip(),
+    ]
+
+
+def _binary_steps(spec: Bake) -> list[str]:
+    """Copy the harness's programs onto the default PATH and run the first once."""
+    agent_dir = MOUNT_DIR / "agent"
+    sources = " ".join(str(agent_dir / name) for name in spec.programs)
+    targets = " ".join(f"/usr/local/bin/{name}" for name in spec.programs)
+    return [f"cp {sources} /usr/local/bin/", f"chmod 755 {targets}", f"{spec.programs[0]} --version"]
+
+
 def render(
     agent: str,
     version: str,
@@ -142,39 +160,18 @@ def render(
     wheels. Raises RecipeError for an agent that cannot be baked, missing
     artifacts, a base image without a suitable Python, or a bad CA file.
     """
-    _check(agent, version)
+    spec = bake_spec(agent, version)
     directory = artifact_dir(artifacts, agent, version)
-    agent_dir = MOUNT_DIR / "agent"
-    env: dict[str, str] = {}
-    if agent == "mini-swe-agent":
+    env = dict(spec.env)
+    if spec.wheels:
         if python is None:
-            raise RecipeError("mini-swe-agent needs python3 (3.10 or newer) in the task image")
+            raise RecipeError(f"{agent} needs python3 (3.10 or newer) in the task image")
         directory = directory / f"py{python}"
         manifest = _manifest(directory, f"{_fetch_hint(agent, version)} --python {python}")
-        venv = MSWEA_PREFIX
-        # pip runs from its own wheel: the image needs no pip, and nothing is downloaded.
-        steps = [
-            f"python3 -m venv --without-pip {venv}",
-            f'{venv}/bin/python "$(ls {agent_dir}/pip-*.whl | head -n 1)"/pip install --quiet --no-index '
-            f"--no-compile --no-cache-dir --disable-pip-version-check --find-links {agent_dir} "
-            + shlex.quote(f"mini-swe-agent=={version}"),
-            # Byte-compiled once here, on every core, rather than at import in every trial.
-            f"{venv}/bin/python -m compileall -q -j 0 {venv}/lib >/dev/null",
-            f"ln -sf {venv}/bin/mini-swe-agent /usr/local/bin/mini-swe-agent",
-            # Pier's mini-swe-agent command sources uv's env script first.
-            "mkdir -p /root/.local/bin",
-            "printf '%s\\n' 'export PATH=\"$HOME/.local/bin:$PATH\"' > /root/.local/bin/env",
-            f"LITELLM_LOCAL_MODEL_COST_MAP=True {venv}/bin/python -c 'import minisweagent, litellm'",
-        ]
-        # LiteLLM would otherwise try to download its price table at every start.
-        env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+        steps = _wheel_steps(agent, version, spec)
     else:
         manifest = _manifest(directory, _fetch_hint(agent, version))
-        names = ["codex", "rg"] if agent == "codex" else ["claude"]
-        sources = " ".join(str(agent_dir / name) for name in names)
-        targets = " ".join(f"/usr/local/bin/{name}" for name in names)
-        check = "codex --version" if agent == "codex" else "claude --version"
-        steps = [f"cp {sources} /usr/local/bin/", f"chmod 755 {targets}", check]
+        steps = _binary_steps(spec)
     mounts = {"agent": directory}
     ca_bytes = b""
     if extra_ca is not None:
@@ -209,7 +206,7 @@ def render(
         env=env,
         labels=labels(agent, version, base_image, inputs),
         inputs_sha256=inputs,
-        python=python if agent == "mini-swe-agent" else None,
+        python=python if spec.wheels else None,
     )
 
 
@@ -220,15 +217,16 @@ def image_tag(agent: str, version: str, base_image: str, inputs_sha256: str) -> 
 
 
 def main(argv: list[str]) -> int:
-    """`python -m sciencebench.agents.recipes pin AGENT`: print the pinned version (for scripts)."""
-    if len(argv) == 2 and argv[0] == "pin" and argv[1] in PINS:
-        print(PINS[argv[1]].version)
+    """`python -m sciencebench.bake.recipes pin AGENT`: print the pinned version (for scripts)."""
+    names = bakeable()
+    if len(argv) == 2 and argv[0] == "pin" and argv[1] in names:
+        print(bake_of(argv[1]).version)
         return 0
     if argv == ["pins"]:
-        for pin in PINS.values():
-            print(pin.agent, pin.version, pin.source)
+        for name in names:
+            print(name, bake_of(name).version, bake_of(name).source)
         return 0
-    print("usage: python -m sciencebench.agents.recipes (pins | pin AGENT)", file=sys.stderr)
+    print("usage: python -m sciencebench.bake.recipes (pins | pin AGENT)", file=sys.stderr)
     return 2
 
 

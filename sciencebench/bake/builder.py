@@ -2,7 +2,7 @@
 
 An install runs as a root shell script in a container of the task image
 with `network_mode=none` and the host-fetched artifacts mounted read-only
-(see `sciencebench.agents.recipes`); the container is then committed. A
+(see `sciencebench.bake.recipes`); the container is then committed. A
 baked image is pushed to a registry and named by digest, like every task
 image; it is looked up there by tag first, so baking the same inputs twice
 builds nothing.
@@ -21,7 +21,7 @@ import docker
 import docker.errors
 import docker.types
 
-from sciencebench.agents.recipes import MOUNT_DIR, Recipe, image_tag, render
+from sciencebench.bake.recipes import MOUNT_DIR, Recipe, bake_spec, image_tag, render
 from sciencebench.core.agentimages import BakedImage
 from sciencebench.core.errors import SciencebenchError
 from sciencebench.core.images import image_digest, image_repository
@@ -205,8 +205,9 @@ class Baker:
         artifacts, unsuitable image) and BakeError (engine or registry).
         """
         client = self.client
+        spec = bake_spec(agent, version)
         ensure_image(client, base)
-        python = image_python(client, base) if agent == "mini-swe-agent" else None
+        python = image_python(client, base) if spec.wheels else None
         recipe = render(agent, version, base, self.artifacts, python=python, extra_ca=self.extra_ca)
         tag = image_tag(agent, version, base, recipe.inputs_sha256)
         digest = registry_digest(client, repository, tag)
@@ -216,14 +217,14 @@ class Baker:
         action: Action
         if digest is not None:
             pinned, action = f"{repository}:{tag}@{digest}", "found in registry"
-            if agent == "codex":
+            if spec.wire_api_probe:
                 ensure_image(client, pinned)  # probed below
         else:
             self.log(f"{agent} {version} on {base}: building {repository}:{tag} (no network)")
             build(client, recipe, base, repository, tag)
             self.log(f"{agent} {version}: pushing {repository}:{tag}")
             pinned, action = push(client, repository, tag), "built"
-        wire_apis = codex_wire_apis(client, pinned) if agent == "codex" else None
+        wire_apis = codex_wire_apis(client, pinned) if spec.wire_api_probe else None
         baked = BakedImage(
             base_image=base, agent=agent, version=version, image=pinned,
             inputs_sha256=recipe.inputs_sha256, wire_apis=wire_apis,

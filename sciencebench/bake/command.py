@@ -2,15 +2,15 @@
 
 For each distinct agent image of the selection's tasks (once per task image
 digest, agent and version): render the recipe from the host-fetched
-artifacts (`sciencebench.agents.recipes`), look the resulting tag up in the
+artifacts (`sciencebench.bake.recipes`), look the resulting tag up in the
 registry, build and push it only when the registry lacks it, and record the
 digest-pinned result in `<selection>/.sciencebench/agent-images.json`
 (`sciencebench.core.agentimages`). The login node checks that record at
 submit; workers run the recorded digests.
 
-Runs on a build host: Docker, the registry and the artifact directory
-(`scripts/agent-artifacts.sh`) must be there. No network is used inside any
-build or container.
+Runs on a build host, neither the login node nor a worker: Docker, the
+registry and the artifact directory (`scripts/agent-artifacts.sh`) must be
+there. No network is used inside any build or container.
 """
 
 from __future__ import annotations
@@ -21,18 +21,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sciencebench.agents.recipes import PINS, RecipeError
+from sciencebench.bake.builder import Action, BakeError, Baker
+from sciencebench.bake.recipes import RecipeError
 from sciencebench.core.agentimages import (
     AgentImages,
     BakedImage,
     load_agent_images,
 )
 from sciencebench.core.errors import InputError, SciencebenchError
+from sciencebench.core.harnesses import bake_of, bakeable
 from sciencebench.core.paths import SelectionPaths, write_atomic
 from sciencebench.core.settings import DEFAULT_AGENT_ARTIFACTS, raw_setting
 from sciencebench.login.selection import load_selection
-from sciencebench.worker.docker import bake as docker_bake
-from sciencebench.worker.docker.bake import Action
 
 REPOSITORY = "sciencebench-agents"
 
@@ -76,9 +76,9 @@ def bake_selection(
     the registry fails.
     """
     selection = load_selection(path, None)
-    if agent not in PINS:
-        raise InputError(f"--agent {agent}: only {', '.join(PINS)} can be baked")
-    version = version or PINS[agent].version
+    if agent not in bakeable():
+        raise InputError(f"--agent {agent}: only {', '.join(bakeable())} can be baked")
+    version = version or bake_of(agent).version
     artifacts = artifacts or default_artifacts()
     record_path = SelectionPaths(selection.path).agent_images
     bases = list(dict.fromkeys(selection.tasks[task_id].agent_image for task_id in selection.task_ids))
@@ -94,7 +94,7 @@ def bake_selection(
         except ValueError as exc:
             raise InputError(str(exc)) from None
         try:
-            with docker_bake.Baker(artifacts=artifacts, extra_ca=extra_ca, log=log) as baker:
+            with Baker(artifacts=artifacts, extra_ca=extra_ca, log=log) as baker:
                 for base in bases:
                     started = time.monotonic()
                     repository = f"{registry}/{REPOSITORY}/{agent}"
@@ -107,6 +107,6 @@ def bake_selection(
                     log(f"{agent} {version} on {base}: {action} -> {baked.image}")
         except RecipeError as exc:
             raise InputError(str(exc)) from None
-        except docker_bake.BakeError as exc:
+        except BakeError as exc:
             raise BakeFailed(str(exc)) from None
     return results
