@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from celery import Task, shared_task
+from celery import Celery, Task, shared_task
 from celery.exceptions import Ignore, Reject
 from celery.signals import task_success
 from pydantic import ValidationError
@@ -74,14 +74,19 @@ def run_trial(self: Task[Any, Any], trial: dict[str, Any]) -> dict[str, Any]:
         raise Reject(requeue=True)
     if isinstance(outcome, HandBack):
         raise Ignore()
-    _wake_one_waiting(self, ctx, spec)  # a trial of the job ended: its slot may be free
     if isinstance(outcome, Answer):
+        # Its slot's next trial is woken once the chord has counted this one (`_after_counted`):
+        # a host lost between the record's commit and the count would leave the trial
+        # uncounted until the broker redelivers it, so nothing slow runs in between.
         return outcome.record.model_dump(mode="json")
     assert isinstance(outcome, Duplicate)
+    _wake_one_waiting(
+        self.app, ctx, spec.job_key, spec.label
+    )  # a trial of the job ended: its slot may be free
     raise Ignore()
 
 
-def _wake_one_waiting(task: Task[Any, Any], ctx: WorkerContext, spec: TrialSpec) -> None:
+def _wake_one_waiting(app: Celery, ctx: WorkerContext, job: str, label: str) -> None:
     """Send again the job's longest-waiting trial that still waits for a slot, if any.
 
     Under fair share (the job is registered, the hosts report slots): fill
@@ -92,27 +97,32 @@ def _wake_one_waiting(task: Task[Any, Any], ctx: WorkerContext, spec: TrialSpec)
     is lost here is still parked (a held one: parked as it was taken); the
     watchdog sends it when the park lapses.
     """
-    coord, job = ctx.coord, spec.job_key
+    coord = ctx.coord
     try:
         if job in coord.share_table()[0] and cluster_slots(coord, ctx.settings.lease_seconds) > 0:
-            fill(task.app, coord, ctx.settings.lease_seconds)  # fair share: the neediest job's trial
+            fill(app, coord, ctx.settings.lease_seconds)  # fair share: the neediest job's trial
             return
         while (waiting := coord.next_waiting(job, ctx.settings.lease_seconds)) is not None:
             if coord.get_result(job, waiting.trial.key) is None:  # not answered meanwhile
-                send_again(task.app, coord, waiting)
+                send_again(app, coord, waiting)
                 return
     except Exception:
-        log.warning("%s: could not wake a trial waiting for a slot; the watchdog will", spec.label,
+        log.warning("%s: could not wake a trial waiting for a slot; the watchdog will", label,
                     exc_info=True)  # fmt: skip
 
 
 @task_success.connect
-def _mark_counted(sender: Any = None, result: Any = None, **_: Any) -> None:
-    """Remember that the chord has counted this trial, so a copy is ignored."""
+def _after_counted(sender: Any = None, result: Any = None, **_: Any) -> None:
+    """The chord has counted this trial (Celery sends task_success after the count).
+
+    Remember it, so a copy is ignored; then wake the job's next trial for the freed slot.
+    """
     if getattr(sender, "name", None) != RUN_TRIAL or not isinstance(result, dict):
         return
-    job = str(result.get("job_id", ""))
-    context().coord.mark_counted(job, str(TrialKey(result["task_id"], result["attempt"])))
+    job, key = str(result.get("job_id", "")), TrialKey(result["task_id"], result["attempt"])
+    ctx = context()
+    ctx.coord.mark_counted(job, str(key))
+    _wake_one_waiting(sender.app, ctx, job, key.label)
 
 
 @shared_task(name=FINALIZE_JOB)
