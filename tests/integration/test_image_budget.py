@@ -19,7 +19,6 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import pytest
 from sciencebench.core.images import repo_digests_contain
 from sciencebench.worker.docker import budget, images
 from sciencebench.worker.docker.hostlocks import host_lock
-from tests.fixtures.engines import Engine, EngineFactory, loopback_registry
+from tests.fixtures.engines import Engine, EngineFactory
 from tests.fixtures.registry import Published
 from tests.integration.conftest import Cluster
 
@@ -38,17 +37,6 @@ pytestmark = pytest.mark.integration
 MIB = 1 << 20
 BUDGET = 16 * MIB
 PLATFORM = "linux/amd64"
-
-
-@pytest.fixture
-def published() -> Iterator[Published]:
-    pushed = Published(loopback_registry())
-    yield pushed
-    pushed.cleanup()
-
-
-def _holds(engine: Engine, ref: str) -> bool:
-    return any(repo_digests_contain(image.get("RepoDigests") or [], ref) for image in engine.image_list())
 
 
 # --- what a host holds, sampled while its trials run ---------------------------------
@@ -160,7 +148,7 @@ def test_hosts_with_their_own_engines_keep_within_budget_hand_back_and_never_pau
     # queue and runs later. Then short trials of one image each make the hosts evict as they go.
     pairs = {f"20{i}": (large, middle) for i in range(1, 6)} | {"206": (small, small)}
     pairs |= {f"21{i}": (ref, ref) for i, ref in enumerate([small, middle, large] * 2, start=1)}
-    main = selection("main", pairs, {t: 4.0 if t < "210" else 0.3 for t in pairs})
+    main = selection("main", pairs, {t: 5.0 if t < "210" else 0.3 for t in pairs})
     done = cluster.submit(main, "main", "--n-concurrent", "6")
     sampler.stop.set()
     sampler.join(timeout=60)
@@ -191,7 +179,7 @@ def test_hosts_with_their_own_engines_keep_within_budget_hand_back_and_never_pau
             e for e in budget.read_evictions(images.pull_log_path(host.state_dir)) if e.event == "evicted"
         ]
         assert evicted and {e.ref for e in evicted} <= set(refs), host.name
-        assert _holds(host, kit_image)
+        assert host.holds(kit_image)
     logs = "".join(worker.log_path.read_text() for worker in workers)
     assert "handed back (no room for its images" in logs
     assert "unhealthy" not in logs and "healthy again" not in logs
@@ -253,7 +241,7 @@ def test_build_leftovers_count_against_the_budget_and_go_before_task_images(
         events = budget.read_evictions(log)
         assert [e.event for e in events if e.event == "evicted"] == []
         assert {e.ref for e in events} >= {"build cache", f"build image {leftovers.images[0][0][:19]}"}
-        assert _holds(host, first) and _holds(host, second)
+        assert host.holds(first) and host.holds(second)
         task_bytes = sum(i.size for i in puller.budget.task_images(client))
         assert task_bytes + budget.build_leftovers(client).size <= limit
 
@@ -262,5 +250,5 @@ def test_build_leftovers_count_against_the_budget_and_go_before_task_images(
             puller.ensure([third], PLATFORM, skip_pull=False)
         assert [e.ref for e in budget.read_evictions(log) if e.event == "evicted"] == [first]
         assert budget.build_leftovers(client).images == []
-        assert _holds(host, second) and _holds(host, third)
+        assert host.holds(second) and host.holds(third)
         assert "pruned" in puller.budget.summary(client)
