@@ -47,3 +47,21 @@ def test_leaving_an_engine_stops_its_daemon_and_removes_its_data(tmp_path: Path)
         os.kill(pid, 0)
     with open("/proc/self/mounts", encoding="utf-8") as mounts:
         assert str(engine.data_root) not in mounts.read()
+
+
+def _links() -> set[str]:
+    return {Path(entry).name for entry in os.listdir("/sys/class/net")}
+
+
+def test_a_private_engine_leaves_the_session_engines_bridge_alone(tmp_path: Path) -> None:
+    """A dockerd started with `--bridge=none` deletes the host's docker0; ours has a bridge of its own."""
+    assert "docker0" in _links()  # the session Engine's default bridge
+    before = _links()
+    with private_engine("nets", tmp_path / "nets", loopback_registry()) as engine:
+        assert "docker0" in _links()
+        [own] = _links() - before
+        assert own.startswith("sbe")
+        with contextlib.closing(docker.from_env()) as session:  # the session's default bridge still works
+            session.containers.run(os.environ["SB_BASE_IMAGE"], ["true"], remove=True)
+        assert engine.docker("info", "--format", "{{.Name}}")
+    assert _links() == before
