@@ -219,7 +219,7 @@ class PlacementStore(ABC):
 
     @abstractmethod
     def report(self, host: str, held: HostImages) -> None:
-        """The host's images now (replacing its last report)."""
+        """The host's images now (replacing its last report); its pulling marks of them go."""
 
     @abstractmethod
     def forget(self, host: str) -> None:
@@ -296,25 +296,32 @@ return flat
 """
 
 
+# A host's report (KEYS[1] field ARGV[1] = ARGV[2]); the images it holds (ARGV[3..]) lose their pulling
+# marks (KEYS[2]) that name this host.
+_REPORT = """
+redis.call('hset', KEYS[1], ARGV[1], ARGV[2])
+for i = 3, #ARGV do
+  local mark = redis.call('hget', KEYS[2], ARGV[i])
+  if mark and cjson.decode(mark)['host'] == ARGV[1] then
+    redis.call('hdel', KEYS[2], ARGV[i])
+  end
+end
+return 1
+"""
+
+
 class RedisPlacementStore(PlacementStore):
     """`PlacementStore` over the cluster's Redis (through the coordinator's client and outage handling)."""
 
     def __init__(self, coord: RedisCoordinator) -> None:
         self._coord = coord
         self._loads = coord.client.register_script(_LOADS)
+        self._report = coord.client.register_script(_REPORT)
 
     def report(self, host: str, held: HostImages) -> None:
-        """`HSET` of the host's report; images it now holds lose their pulling mark."""
-        client = self._coord.client
-
-        def store() -> None:
-            with client.pipeline(transaction=True) as pipe:
-                pipe.hset(HOLDS_KEY, host, held.model_dump_json())
-                if held.images:
-                    pipe.hdel(PULLING_KEY, *held.images)
-                pipe.execute()
-
-        self._coord.patiently(store)
+        """The host's report and its pulling marks of what it holds now, in one script."""
+        keys, args = [HOLDS_KEY, PULLING_KEY], [host, held.model_dump_json(), *held.images]
+        self._coord.patiently(lambda: self._report(keys=keys, args=args))
 
     def forget(self, host: str) -> None:
         """`HDEL` of its report."""
@@ -374,11 +381,12 @@ class MemoryPlacementStore(PlacementStore):
         self._pulling: dict[str, Pulling] = {}
 
     def report(self, host: str, held: HostImages) -> None:
-        """Replace the host's report; drop the pulling marks of what it holds."""
+        """Replace the host's report; drop its pulling marks of what it holds."""
         with self._lock:
             self._holds[host] = held
             for image in held.images:
-                self._pulling.pop(image, None)
+                if image in self._pulling and self._pulling[image].host == host:
+                    del self._pulling[image]
 
     def forget(self, host: str) -> None:
         """Drop the host's report."""
