@@ -127,10 +127,6 @@ class HostView:
         """Whether it holds `image` or is pulling it."""
         return image in self.images or image in self.pulling
 
-    def stored(self) -> int:
-        """Bytes of task images it holds (for balancing new images across hosts)."""
-        return sum(self.images.values())
-
 
 @dataclass(frozen=True)
 class Choice:
@@ -172,6 +168,10 @@ class Placement:
             return self.sizes[image]
         return int(statistics.median(self.sizes.values())) if self.sizes else DEFAULT_IMAGE_BYTES
 
+    def stored(self, host: HostView) -> int:
+        """Bytes of task images it holds or pulls: new images go to the host storing least."""
+        return sum(host.images.values()) + sum(self.size(i) for i in host.pulling - set(host.images))
+
     def missing(self, host: HostView, images: list[str]) -> int:
         """Bytes of `images` that `host` neither holds nor is pulling."""
         return sum(self.size(image) for image in images if not host.has(image))
@@ -190,7 +190,7 @@ class Placement:
         images = pinned(refs)
 
         def rank(host: HostView) -> tuple[int, int, int, str]:
-            return (self.missing(host, images), -host.free, host.stored(), host.name)
+            return (self.missing(host, images), -host.free, self.stored(host), host.name)
 
         best = min(free, key=rank)
         lacking = self.missing(best, images)

@@ -68,6 +68,7 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     coord.describe_host(nodename, host_kit(settings, concurrency))
     holdings = HoldingsReporter(nodename, settings.state_dir, placement_store(coord))
     holdings.tick(force=True)  # what it holds, before fill places its first trial
+    _report_images(coord, settings, holdings.line)
     coord.beat(nodename)
     # Forked pool processes build their context from these, not from the environment alone.
     use_settings(settings)
@@ -127,12 +128,16 @@ def host_kit(settings: Settings, slots: int = 0) -> HostKit:
     )
 
 
-def _report_images(coord: Coordinator, settings: Settings) -> None:
-    """Tell the store what the host's task images take of its budget (best effort)."""
+def _report_images(coord: Coordinator, settings: Settings, held: str = "") -> None:
+    """Tell the store, for `status`, which task images the host holds and what they take of its budget."""
     try:
-        coord.report_images(settings.hostname, images_report(settings))
+        budget = images_report(settings)
     except PullError as exc:
         log.warning("cannot report the image budget: %s", exc)
+        budget = ""
+    line = "; ".join(part for part in (held, budget) if part)
+    if line:
+        coord.report_images(settings.hostname, line)
 
 
 def keep_host(
@@ -166,10 +171,9 @@ def keep_host(
             coord.beat(hostname)
             if ticks % reaffirm_every == 0:  # again after a broker that lost its data
                 coord.describe_host(hostname, host_kit(settings, slots))
-            if settings.image_budget and (ticks == 1 or ticks % reaffirm_every == 0):
-                _report_images(coord, settings)
-            if holdings is not None:
-                holdings.tick(force=ticks % reaffirm_every == 0)
+            held = holdings is not None and holdings.tick(force=ticks % reaffirm_every == 0)
+            if held or (settings.image_budget and (ticks == 1 or ticks % reaffirm_every == 0)):
+                _report_images(coord, settings, holdings.line if holdings is not None else "")
             status = coord.hosts().get(hostname)
             if status is None or not status.paused:
                 backoff, next_check = interval, 0.0

@@ -19,6 +19,7 @@ import docker
 from sciencebench.coordination.placement import HostImages, PlacementStore
 from sciencebench.core.errors import PreflightError, PullError
 from sciencebench.core.images import normalize_repository, repo_digest_name
+from sciencebench.core.sizes import format_size
 from sciencebench.worker.docker.engine import ENGINE_ERRORS, connect, one_line
 from sciencebench.worker.docker.images import pull_log_path, read_pull_log
 
@@ -55,6 +56,7 @@ class HoldingsReporter:
     def __init__(self, host: str, state: Path, store: PlacementStore) -> None:
         self.host, self.state, self.store = host, state, store
         self._seen: tuple[int, int] | None = None
+        self.line = ""  # the last report for `status`
 
     def _stamp(self) -> tuple[int, int]:
         try:
@@ -82,4 +84,13 @@ class HoldingsReporter:
             client.close()
         self.store.report(self.host, held)
         self._seen = stamp
+        self.line = holdings_line(held)
         return True
+
+
+def holdings_line(held: HostImages) -> str:
+    """`status`'s words for a report: `holds 4 task image(s) (1.2 GiB), pulls at 85.0 MiB/s`."""
+    line = f"holds {len(held.images)} task image(s) ({format_size(sum(held.images.values()))})"
+    if held.bytes_per_sec > 0:
+        line += f", pulls at {format_size(int(held.bytes_per_sec))}/s"
+    return line
