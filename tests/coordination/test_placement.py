@@ -146,3 +146,36 @@ def _body(message: dict[str, object]) -> str:
     import base64
 
     return base64.b64decode(str(message["body"])).decode()
+
+
+@pytest.mark.integration
+def test_a_trial_sent_to_a_host_that_never_takes_it_goes_back_to_the_shared_queue(
+    redis_server: RedisServer,
+) -> None:
+    """A host that pauses or dies before its routed trial starts: the park lapses, the watchdog re-sends."""
+    import time
+
+    from sciencebench.coordination.celery_app import create_app
+    from sciencebench.coordination.watchdog import redispatch_orphans
+    from sciencebench.core.settings import Settings
+
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    client.flushdb()
+    coord = RedisCoordinator(redis_server.url)
+    app = create_app(Settings.from_env({"SCIENCEBENCH_BROKER_URL": redis_server.url}))
+    lease = 0.5
+    try:
+        coord.describe_host("h1", HostKit(slots=1))
+        coord.beat("h1")
+        coord.register_share("j", Share(user="u", cap=8, name="j", at=1.0))
+        coord.hold("j", [Held(payload=_payload("001", 1, (_ref("a"),)), expected_sec=1.0)], [], window=1)
+        assert fill(app, coord, lease_seconds=lease) == 1
+        assert _queued(client, host_queue("celery", "h1")) == ["001#1"]
+        assert redispatch_orphans(app, coord, lease) == 0  # parked for its message: not lost yet
+        coord.pause_host("h1", "disk full")  # ... and it never takes the trial
+        time.sleep(lease + 0.2)
+        assert redispatch_orphans(app, coord, lease) == 1
+        assert _queued(client, "celery") == ["001#1"]  # any host takes it now
+    finally:
+        coord.close()
+        client.close()

@@ -1,10 +1,12 @@
 """What task images this host holds, for image-aware placement (`coordination.placement`).
 
-Only the pinned task images the host pulled for trials (its pull log) and
-that its Engine still has are reported, with their sizes, and the
-throughput of its recent pulls; nothing else the Engine holds (the proxy
-image, an operator's images). The host keeper reports at start, within a
-quarter lease of each pull or eviction (the pull log changed), and every
+Only the pinned task images the host's trials used (its pull log, and the
+image-use locks a trial takes on each of its images, pulled here or found
+present: `worker.docker.budget.hold_images`) and that its Engine still has
+are reported, with their sizes, and the throughput of its recent pulls;
+nothing else the Engine holds (the proxy image, an operator's images). The
+host keeper reports at start, within a quarter lease of each pull, eviction
+or first use of an image (the pull log or the locks changed), and every
 lease period (after a broker that lost its data).
 """
 
@@ -18,8 +20,9 @@ import docker
 
 from sciencebench.coordination.placement import HostImages, PlacementStore
 from sciencebench.core.errors import PreflightError, PullError
-from sciencebench.core.images import normalize_repository, repo_digest_name
+from sciencebench.core.images import image_digest, normalize_repository
 from sciencebench.core.sizes import format_size
+from sciencebench.worker.docker.budget import IMAGES_DIR
 from sciencebench.worker.docker.engine import ENGINE_ERRORS, connect, one_line
 from sciencebench.worker.docker.images import pull_log_path, read_pull_log
 
@@ -30,9 +33,10 @@ THROUGHPUT_PULLS = 20
 
 
 def host_images(state: Path, client: docker.DockerClient, at: float = 0.0) -> HostImages:
-    """The task images of the pull log the Engine has now, by `repository@digest`, and the pulls' bytes/s."""
+    """The task images trials used here that the Engine still has (`repository@digest`); pulls' bytes/s."""
     records = read_pull_log(state)
-    wanted = {repo_digest_name(record.ref) for record in records}
+    used = {image_digest(record.ref) for record in records}
+    used |= {f"sha256:{lock.stem}" for lock in (state / IMAGES_DIR).glob("*.lock")}
     try:
         listed = client.api.images()
     except ENGINE_ERRORS as exc:
@@ -41,9 +45,8 @@ def host_images(state: Path, client: docker.DockerClient, at: float = 0.0) -> Ho
     for attrs in listed:
         for entry in attrs.get("RepoDigests") or []:
             name, sep, digest = str(entry).rpartition("@")
-            pinned = f"{normalize_repository(name)}@{digest}"
-            if sep and pinned in wanted:
-                images[pinned] = int(attrs.get("Size") or 0)
+            if sep and digest in used:
+                images[f"{normalize_repository(name)}@{digest}"] = int(attrs.get("Size") or 0)
     recent = [r for r in records if r.size > 0 and r.seconds > 0][-THROUGHPUT_PULLS:]
     seconds = sum(r.seconds for r in recent)
     rate = sum(r.size for r in recent) / seconds if seconds > 0 else 0.0
@@ -55,15 +58,20 @@ class HoldingsReporter:
 
     def __init__(self, host: str, state: Path, store: PlacementStore) -> None:
         self.host, self.state, self.store = host, state, store
-        self._seen: tuple[int, int] | None = None
+        self._seen: tuple[int, ...] | None = None
         self.line = ""  # the last report for `status`
 
-    def _stamp(self) -> tuple[int, int]:
-        try:
-            info = os.stat(pull_log_path(self.state))
-        except FileNotFoundError:
-            return (0, 0)
-        return (info.st_size, info.st_mtime_ns)
+    def _stamp(self) -> tuple[int, ...]:
+        """The pull log's size and time, and the image locks' directory's time: what changes with a use."""
+        stamp: list[int] = []
+        for path in (pull_log_path(self.state), self.state / IMAGES_DIR):
+            try:
+                info = os.stat(path)
+            except FileNotFoundError:
+                stamp += [0, 0]
+                continue
+            stamp += [info.st_size, info.st_mtime_ns]
+        return tuple(stamp)
 
     def tick(self, force: bool = False) -> bool:
         """Report if the pull log changed since the last report (or `force`); True when it reported."""
