@@ -38,7 +38,7 @@ import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pydantic import BaseModel
 
@@ -98,8 +98,7 @@ def pinned(refs: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(repo_digest_name(ref) for ref in refs))
 
 
-@dataclass(frozen=True)
-class HostLoad:
+class HostLoad(NamedTuple):
     """A host's trials now: running on it, sent to it and not started, and of those the ones waiting."""
 
     running: int = 0
@@ -248,8 +247,8 @@ class PlacementStore(ABC):
         """The host was sent these images' first trial (or a pre-pull): it is pulling them."""
 
     @abstractmethod
-    def pulling(self) -> dict[str, Pulling]:
-        """Every image marked as pulling, and where."""
+    def pulling(self, now: float) -> dict[str, Pulling]:
+        """Every image marked as pulling, and where; marks older than `PULLING_TTL_SEC` are dropped."""
 
 
 _LOADS = """
@@ -357,10 +356,14 @@ class RedisPlacementStore(PlacementStore):
         if mapping:
             self._coord.patiently(lambda: self._coord.client.hset(PULLING_KEY, mapping=mapping))
 
-    def pulling(self) -> dict[str, Pulling]:
-        """`HGETALL` of the marks."""
-        raw: dict[Any, Any] = self._coord.patiently(lambda: self._coord.client.hgetall(PULLING_KEY))
-        return {str(image): Pulling.model_validate_json(str(value)) for image, value in raw.items()}
+    def pulling(self, now: float) -> dict[str, Pulling]:
+        """`HGETALL` of the marks; `HDEL` of the stale ones."""
+        client = self._coord.client
+        raw: dict[Any, Any] = self._coord.patiently(lambda: client.hgetall(PULLING_KEY))
+        marks = {str(image): Pulling.model_validate_json(str(value)) for image, value in raw.items()}
+        if stale := [image for image, mark in marks.items() if now - mark.at >= PULLING_TTL_SEC]:
+            self._coord.patiently(lambda: client.hdel(PULLING_KEY, *stale))
+        return {image: mark for image, mark in marks.items() if image not in stale}
 
 
 def _host_images(value: str) -> HostImages:
@@ -427,9 +430,11 @@ class MemoryPlacementStore(PlacementStore):
             for image in images:
                 self._pulling[image] = Pulling(host=host, at=at)
 
-    def pulling(self) -> dict[str, Pulling]:
-        """Every mark."""
+    def pulling(self, now: float) -> dict[str, Pulling]:
+        """Every mark still fresh (the stale ones are dropped)."""
         with self._lock:
+            for image in [i for i, mark in self._pulling.items() if now - mark.at >= PULLING_TTL_SEC]:
+                del self._pulling[image]
             return dict(self._pulling)
 
 
@@ -454,7 +459,7 @@ def placement_store(coord: Coordinator) -> PlacementStore:
 def cluster_view(coord: Coordinator, store: PlacementStore, lease_seconds: float) -> Placement:
     """The live, unpaused hosts that report slots, with their loads, holdings and pulling marks."""
     now = coord.now()
-    holdings, loads, marks = store.holdings(), store.loads(now), store.pulling()
+    holdings, loads, marks = store.holdings(), store.loads(now), store.pulling(now)
     hosts: dict[str, HostView] = {}
     for name, status in coord.hosts().items():
         if (
@@ -469,7 +474,7 @@ def cluster_view(coord: Coordinator, store: PlacementStore, lease_seconds: float
         hosts[name] = HostView(name=name, slots=status.kit.slots, busy=load.running + load.routed,
                                waiting=load.waiting, images=dict(held.images))  # fmt: skip
     for image, mark in marks.items():
-        if mark.host in hosts and now - mark.at < PULLING_TTL_SEC:
+        if mark.host in hosts:
             hosts[mark.host].pulling.add(image)
     sizes: dict[str, int] = {}
     for held in holdings.values():

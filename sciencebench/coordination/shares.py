@@ -289,6 +289,12 @@ def place(
         store.mark_pulling(choice.host, choice.pulls, placed.now)
     if choice.until:
         coord.park(spec.job_key, spec.key, parking_token(payload.task_id), choice.until - placed.now)
+    how = (
+        f"waits up to {choice.until - placed.now:.0f}s"
+        if choice.until
+        else f"pulls {len(choice.pulls)} image(s)"
+    )
+    log.info("placement: %s -> %s (%s)", spec.label, choice.host, how)
     return host_queue(app.conf.task_default_queue, choice.host)
 
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
-from sciencebench.coordination.memory import MemoryCoordinator
 from sciencebench.coordination.placement import (
+    PULLING_TTL_SEC,
     HostImages,
     HostLoad,
     Routed,
@@ -23,29 +22,16 @@ from sciencebench.coordination.protocol import Coordinator, Held, HostKit, parki
 from sciencebench.coordination.redis import RedisCoordinator
 from sciencebench.coordination.shares import Share, fill
 from sciencebench.core.models import Redispatch, TrialSpec
+from tests.coordination import test_conformance
 from tests.fixtures.services import RedisServer
 
 JOB_ID = uuid.UUID("00000000-0000-4000-8000-000000000002")
 GB = 1 << 30
+coord = test_conformance.coord  # the conformance suite's fixture: each case runs on both implementations
 
 
 def _ref(name: str) -> str:
     return f"127.0.0.1:5000/t/{name}:v@sha256:{name[0] * 64}"
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("memory", marks=pytest.mark.unit),
-        pytest.param("redis", marks=pytest.mark.integration),
-    ]
-)
-def coord(request: pytest.FixtureRequest) -> Iterator[Coordinator]:
-    if request.param == "memory":
-        yield MemoryCoordinator()
-        return
-    server: RedisServer = request.getfixturevalue("redis_server")
-    redis.Redis.from_url(server.url).flushdb()
-    yield RedisCoordinator(server.url)
 
 
 def _payload(task_id: str, attempt: int = 1, images: tuple[str, ...] = (), host: str = "") -> Redispatch:
@@ -66,7 +52,10 @@ def test_reports_are_kept_per_host_and_a_held_image_loses_its_pulling_mark(coord
     store.report("h1", HostImages(images={a: GB}, bytes_per_sec=80e6))
     store.report("h2", HostImages(images={b: 2 * GB}))
     assert store.holdings()["h1"] == HostImages(images={a: GB}, bytes_per_sec=80e6)
-    assert set(store.pulling()) == {b}  # h1 holds a now: its report replaces the mark (h2's report: not h1's)
+    assert set(store.pulling(now=10.0)) == {
+        b
+    }  # h1 holds a now: its report replaces the mark (h2's: not h1's)
+    assert store.pulling(now=5.0 + PULLING_TTL_SEC) == {}  # the pull failed, or the host never said: stale
     store.forget("h2")
     assert set(store.holdings()) == {"h1"}
 
@@ -126,7 +115,7 @@ def test_fill_sends_each_trial_to_the_queue_of_a_host_holding_its_images(redis_s
         lease = client.pttl("sciencebench:j:lease:001#3")
         assert 25_000 < lease <= 30_000, lease
         assert client.get("sciencebench:j:lease:001#3") == parking_token("celery-001-3")
-        assert set(store.pulling()) == {pinned([c])[0]}  # h2 pulls c for its trial
+        assert set(store.pulling(coord.now())) == {pinned([c])[0]}  # h2 pulls c for its trial
         coord.hold("j", [Held(payload=_payload("004", 1, (a,)), expected_sec=1.0)], [], window=1)
         assert fill(app, coord, lease_seconds=30) == 0  # no host has a free slot: it stays in the store
         assert coord.share_load("j").waiting == 1
