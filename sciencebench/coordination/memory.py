@@ -430,11 +430,6 @@ class MemoryCoordinator(Coordinator):
         with self._lock:
             return dict(self._values.get(job_key(job, "running"), {}))
 
-    def share_sent_keys(self, job: str) -> set[str]:
-        """The job's trials fair share sent that have not started."""
-        with self._lock:
-            return set(self._get(job_key(job, "share", "sent")) or set())
-
     @override
     def add_durations(self, job: str, durations: dict[str, list[float]]) -> None:
         with self._lock:

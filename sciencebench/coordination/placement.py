@@ -74,11 +74,16 @@ class HostImages(BaseModel):
 
 
 class Routed(BaseModel):
-    """Where `fill` sent a trial: the host, when (store clock), until when it waits there (0: a free slot)."""
+    """Where `fill` sent a trial: the host, when (store clock), and until when it counts there.
+
+    `until`: when its parked lease lapses (a lease period for a free slot,
+    the bound for a wait); `waits`: sent to wait for a busy host's slot.
+    """
 
     host: str
     at: float
-    until: float = 0.0
+    until: float
+    waits: bool = False
 
 
 class Pulling(BaseModel):
@@ -236,10 +241,11 @@ class PlacementStore(ABC):
     def loads(self, now: float) -> dict[str, HostLoad]:
         """Per host: trials running on it (their running entries), routed to it and not started.
 
-        A routed trial counts while it is in its job's fair-share sent set
-        (it has not started) and its job takes part in fair share; others
-        are forgotten. A waiting one whose wait ended counts for no host: it
-        is on its way to the shared queue.
+        A routed trial counts while its running entry is the guard's (no
+        host claimed it) and its park has not lapsed (`until`); once claimed
+        it counts where it runs, and its route is forgotten, as is one whose
+        trial has no running entry. One whose park lapsed counts for no host:
+        it is on its way to the shared queue.
         """
 
     @abstractmethod
@@ -273,13 +279,13 @@ local routed = redis.call('hgetall', KEYS[2])
 for i = 1, #routed, 2 do
   local job, key = string.match(routed[i], '^([^/]*)/(.*)$')
   local ok, entry = pcall(cjson.decode, routed[i + 1])
-  local live = job and ok and redis.call('hexists', KEYS[3], job) == 1
-    and redis.call('sismember', prefix .. job .. ':share:sent', key) == 1
-  if not live then
-    redis.call('hdel', KEYS[2], routed[i])
-  elseif entry['until'] == 0 or entry['until'] > now then
+  local running = job and redis.call('hget', prefix .. job .. ':running', key)
+  local claimed = running and cjson.decode(running)['host']
+  if not ok or not running or (claimed and claimed ~= '') then
+    redis.call('hdel', KEYS[2], routed[i])  -- started (it counts where it runs), or over
+  elseif entry['until'] > now then
     count(entry['host'], 2)
-    if entry['until'] > 0 then
+    if entry['waits'] then
       count(entry['host'], 3)
     end
   end
@@ -338,9 +344,7 @@ class RedisPlacementStore(PlacementStore):
 
     def loads(self, now: float) -> dict[str, HostLoad]:
         """One script over the jobs' running entries and the routes (stale routes are dropped)."""
-        from sciencebench.coordination.shares import SHARES_KEY
-
-        keys = [JOBS_KEY, ROUTED_KEY, SHARES_KEY]
+        keys = [JOBS_KEY, ROUTED_KEY]
         flat = self._coord.patiently(lambda: self._loads(keys=keys, args=[repr(now), f"{PREFIX}:"]))
         return {
             str(flat[i]): HostLoad(
@@ -409,19 +413,19 @@ class MemoryPlacementStore(PlacementStore):
     def loads(self, now: float) -> dict[str, HostLoad]:
         """As over Redis, from the coordinator's running entries and fair-share sent sets."""
         counts: dict[str, list[int]] = {}
-        table = self._coord.share_table()[0]
         for job in self._coord.live_jobs():
             for payload in self._coord.running_entries(job).values():
                 if payload.host:
                     counts.setdefault(payload.host, [0, 0, 0])[0] += 1
         with self._lock:
             for (job, key), routed in list(self._routed.items()):
-                if job not in table or key not in self._coord.share_sent_keys(job):
+                running = self._coord.running_entries(job).get(key)
+                if running is None or running.host:  # started (it counts where it runs), or over
                     del self._routed[(job, key)]
-                elif routed.until == 0 or routed.until > now:
+                elif routed.until > now:
                     entry = counts.setdefault(routed.host, [0, 0, 0])
                     entry[1] += 1
-                    entry[2] += 1 if routed.until else 0
+                    entry[2] += 1 if routed.waits else 0
         return {host: HostLoad(*entry) for host, entry in counts.items()}
 
     def mark_pulling(self, host: str, images: Iterable[str], at: float) -> None:

@@ -32,7 +32,7 @@ from pydantic import BaseModel
 if TYPE_CHECKING:
     from celery import Celery
 
-    from sciencebench.coordination.placement import Placement, PlacementStore
+    from sciencebench.coordination.placement import Choice, Placement, PlacementStore
     from sciencebench.coordination.protocol import Coordinator
     from sciencebench.core.models import Redispatch
 
@@ -239,8 +239,9 @@ def _fill_locked(
     """Send trials while a host has a free slot: fair share picks the trial, placement the host.
 
     A trial sent to wait on a busy host that holds its images
-    (`coordination.placement`) takes no free slot: fair share counts it
-    busy, so its capacity grows by the trials waiting so.
+    (`coordination.placement`) takes no free slot: fair share does not count
+    it (nor towards its job's `--n-concurrent`, which its start still
+    checks) until it starts there.
     """
     from sciencebench.coordination.placement import cluster_view, placement_store
     from sciencebench.coordination.watchdog import send_again
@@ -253,25 +254,28 @@ def _fill_locked(
     for _ in range(limit if limit is not None else turns):
         if placed.hosts and placed.free <= 0:
             break
-        job = coord.choose_share(capacity + placed.waiting)
+        job = coord.choose_share(capacity)
         if job is None:
             break
         payload = coord.next_waiting(job, lease_seconds)
         if payload is None:
             continue  # its last held trial went meanwhile: choose again
-        coord.share_sent(job, payload.trial.key)
         if coord.get_result(job, payload.trial.key) is not None:  # answered meanwhile
-            coord.share_started(job, payload.trial.key)
             continue
-        send_again(app, coord, payload, queue=place(app, coord, store, placed, payload))
+        choice = placed.choose(payload.trial.image_refs)
+        if choice is None or not choice.until:
+            coord.share_sent(job, payload.trial.key)  # it takes a slot: counted until it starts
+        queue = place(app, coord, store, placed, payload, choice, lease_seconds) if choice else None
+        send_again(app, coord, payload, queue=queue)
         sent += 1
     return sent
 
 
 def place(
-    app: Celery, coord: Coordinator, store: PlacementStore, placed: Placement, payload: Redispatch
-) -> str | None:
-    """The queue of the host `placed` chooses for the trial, its route remembered; None: the shared queue.
+    app: Celery, coord: Coordinator, store: PlacementStore, placed: Placement, payload: Redispatch,
+    choice: Choice, lease_seconds: float,
+) -> str:  # fmt: skip
+    """The queue of the host placement chose for the trial; its route and pulling marks remembered.
 
     A trial sent to wait on a busy host keeps its parked lease only until
     its wait ends: then the watchdog sends it to the shared queue.
@@ -279,12 +283,11 @@ def place(
     from sciencebench.coordination.placement import Routed, host_queue
     from sciencebench.coordination.protocol import parking_token
 
-    choice = placed.choose(payload.trial.image_refs)
-    if choice is None:
-        return None
     spec = payload.trial
     placed.take(choice)
-    store.route(spec.job_key, spec.key, Routed(host=choice.host, at=placed.now, until=choice.until))
+    until = choice.until or placed.now + lease_seconds  # the guard's park: then the watchdog sends it
+    store.route(spec.job_key, spec.key, Routed(host=choice.host, at=placed.now, until=until,
+                                               waits=bool(choice.until)))  # fmt: skip
     if choice.pulls:
         store.mark_pulling(choice.host, choice.pulls, placed.now)
     if choice.until:

@@ -62,20 +62,23 @@ def test_reports_are_kept_per_host_and_a_held_image_loses_its_pulling_mark(coord
 
 def test_a_hosts_load_is_its_running_trials_and_those_routed_to_it_not_started(coord: Coordinator) -> None:
     store = placement_store(coord)
-    coord.register_share("j", Share(user="u", cap=8, name="j", at=1.0))
-    coord.set_running("j", "001#1", _payload("001", host="h1"))
+    coord.set_running("j", "001#1", _payload("001", host="h1"))  # claimed on h1: it runs there
     coord.hold("j", [Held(payload=_payload("002", a), expected_sec=1.0) for a in (1, 2, 3)], [], window=1)
     for _ in range(3):
-        assert coord.next_waiting("j", 30) is not None  # guarded: running entries without a host
-    for attempt, host, until in ((1, "h1", 0.0), (2, "h2", 0.0), (3, "h2", 150.0)):
-        coord.share_sent("j", f"002#{attempt}")
-        store.route("j", f"002#{attempt}", Routed(host=host, at=90.0, until=until))
+        assert coord.next_waiting("j", 30) is not None  # guarded: running entries no host claimed
+    for attempt, host, until, waits in (
+        (1, "h1", 200.0, False),
+        (2, "h2", 120.0, False),
+        (3, "h2", 115.0, True),
+    ):
+        store.route("j", f"002#{attempt}", Routed(host=host, at=90.0, until=until, waits=waits))
     assert store.loads(now=100.0) == {"h1": HostLoad(1, 1, 0), "h2": HostLoad(0, 2, 1)}
-    assert store.loads(now=200.0)["h2"] == HostLoad(0, 1, 0)  # its wait ended: on its way elsewhere
-    coord.share_started("j", "002#1")  # it arrived: its running entry counts from now on
-    assert store.loads(now=100.0)["h1"] == HostLoad(1, 0, 0)
-    coord.retire("j", 60)  # no longer in fair share: its routes are forgotten
-    assert "h2" not in store.loads(now=100.0)
+    # 002#3's wait ended (its park lapses: on its way to the shared queue); 002#2's park too.
+    assert store.loads(now=125.0) == {"h1": HostLoad(1, 1, 0)}
+    coord.set_running("j", "002#1", _payload("002", 1, host="h1"))  # it arrived: it counts as running
+    assert store.loads(now=100.0)["h1"] == HostLoad(2, 0, 0)
+    coord.retire("j", 60)  # no job scanned: nothing runs, routes without a running entry are forgotten
+    assert "h1" not in store.loads(now=100.0)
 
 
 # --- fill over Redis and Celery: which host's queue each trial is sent to -------------------------
@@ -109,8 +112,9 @@ def test_fill_sends_each_trial_to_the_queue_of_a_host_holding_its_images(redis_s
         assert queued == {"h1": ["001#1", "001#2", "001#3"], "h2": ["002#1", "003#1"]}
         assert _queued(client, "celery") == []
         routes = [Routed.model_validate_json(v) for v in client.hvals("sciencebench:place:routed")]
-        assert sorted((r.host, bool(r.until)) for r in routes) == [("h1", False), ("h1", False), ("h1", True),
-                                                                  ("h2", False), ("h2", False)]  # fmt: skip
+        assert sorted((r.host, r.waits) for r in routes) == [("h1", False), ("h1", False), ("h1", True),
+                                                            ("h2", False), ("h2", False)]  # fmt: skip
+        assert coord.share_load("j").sent == 4  # the waiting one takes no slot: fair share leaves it out
         # The waiting trial's parked lease lapses when its wait ends: then the watchdog sends it anywhere.
         lease = client.pttl("sciencebench:j:lease:001#3")
         assert 25_000 < lease <= 30_000, lease
