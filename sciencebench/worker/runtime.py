@@ -19,7 +19,7 @@ from sciencebench.core.errors import BrokerUnavailableError, PreflightError, Pul
 from sciencebench.core.models import JobSpec
 from sciencebench.core.settings import Settings
 from sciencebench.worker import preflight
-from sciencebench.worker.docker.budget import ImageBudget, hold_images
+from sciencebench.worker.docker.budget import ImageBudget
 from sciencebench.worker.docker.cleanup import remove_trial, sweep_leftovers
 from sciencebench.worker.docker.engine import ClientPerProcess, connect
 from sciencebench.worker.docker.hostlocks import hold_live_trial, owner_id
@@ -83,7 +83,7 @@ class DockerRuntime:
 
     def images_held(self, refs: list[str]) -> AbstractContextManager[None]:
         """Hold from before the pull to after the cleanup: no eviction on this host removes these images."""
-        return hold_images(refs, self.settings.state_dir)
+        return self.puller.hold(refs)
 
     def live_trial(self, task_dir_name: str) -> AbstractContextManager[None]:
         """Hold while Pier runs: a sweep by any worker of this host spares the trial."""

@@ -33,6 +33,7 @@ from sciencebench.core.settings import STATE_DIR_ENV
 from sciencebench.worker import preflight
 from sciencebench.worker.docker import budget, cleanup, engine, hostlocks, images, labels
 from sciencebench.worker.pier import naming
+from tests.fixtures.engines import private_engine
 from tests.fixtures.registry import Published, present
 from tests.fixtures.registry import docker_cli as _docker
 
@@ -272,13 +273,26 @@ def test_concurrent_trials_share_one_pull_per_image(
 MIB = 1 << 20
 
 
+@pytest.fixture
+def own_engine(
+    tmp_path: Path, registry: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[docker.DockerClient]:
+    """A private Engine (its client) that `engine.connect` finds: the budget counts its whole Engine."""
+    with private_engine("budget", tmp_path / "engine", registry) as own:
+        monkeypatch.setenv("DOCKER_HOST", own.docker_host)
+        client = own.client()
+        yield client
+        client.close()
+
+
 def _held_sizes(client: docker.DockerClient, refs: list[str]) -> int:
     return sum(int(client.images.get(ref).attrs["Size"]) for ref in refs if present(client, ref))
 
 
 def test_budget_evicts_the_least_recently_used_free_image(
-    client: docker.DockerClient, published: Published, state: Path
+    own_engine: docker.DockerClient, published: Published, state: Path
 ) -> None:
+    client = own_engine
     small, middle, large = (published.unique(f"budget-{n}m-{_uid()}", size=n * MIB) for n in (4, 8, 12))
     puller = images.ImagePuller(image_budget=21 * MIB)  # fits the two larger ones, not all three
     for ref in (small, middle):  # two trials, one after the other
@@ -306,8 +320,9 @@ def test_budget_evicts_the_least_recently_used_free_image(
 
 
 def test_budget_never_evicts_an_image_a_trial_holds(
-    client: docker.DockerClient, published: Published, state: Path
+    own_engine: docker.DockerClient, published: Published, state: Path
 ) -> None:
+    client = own_engine
     first, second, third = (published.unique(f"held-{n}-{_uid()}", size=8 * MIB) for n in range(3))
     with budget.hold_images([first], state), budget.hold_images([second], state):  # two running trials
         images.ImagePuller(image_budget=20 * MIB).ensure([first, second], PLATFORM, skip_pull=False)
@@ -328,13 +343,15 @@ def test_budget_never_evicts_an_image_a_trial_holds(
 
 
 def test_budget_leaves_images_it_did_not_pull_alone(
-    client: docker.DockerClient, base_image: str, published: Published, state: Path
+    own_engine: docker.DockerClient, published: Published, state: Path
 ) -> None:
-    client.images.pull(base_image.split("@")[0], tag=base_image.split("@")[1])  # present, not in the pull log
+    client = own_engine
+    other = published.unique(f"other-{_uid()}", size=2 * MIB)
+    client.images.pull(other.split("@")[0], tag=other.split("@")[1])  # present, not in the pull log
     big = published.unique(f"alone-{_uid()}", size=6 * MIB)
     with budget.hold_images([big], state):
         images.ImagePuller(image_budget=1 * MIB).ensure([big], PLATFORM, skip_pull=False)  # over: runs anyway
-    assert present(client, base_image) and present(client, big)
+    assert present(client, other) and present(client, big)
     assert budget.read_evictions(images.pull_log_path(state)) == []
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.fixtures.engines import engines, kit_image  # noqa: F401  (fixtures: one Engine per host)
+from tests.fixtures.engines import Engine, engines, kit_image, published  # noqa: F401  (one Engine per host)
 from tests.fixtures.selection import make_selection
 from tests.fixtures.services import FAKE_PIER, VENV_BIN, RedisServer, Worker
 
@@ -51,10 +51,25 @@ class Cluster:
     def jobs_dir(self) -> Path:
         return self.root / "jobs"
 
-    def start_workers(self, count: int, concurrency: int = 1) -> list[Worker]:
+    def start_workers(
+        self,
+        count: int,
+        concurrency: int = 1,
+        on: list[Engine] | None = None,
+        extra: list[str] | None = None,
+    ) -> list[Worker]:
+        """`count` workers (the fake Pier); with `on`, worker i is a host of its own on Engine `on[i]`."""
+        assert on is None or len(on) == count, "one Engine per worker"
         started = [
             # The workers' own Pier is the fake one too (preflight asks it; no zygote imports real Pier).
-            Worker(f"w{len(self.workers) + i}", self.env, self.root, concurrency, FAKE_WORKER).start()
+            Worker(
+                f"w{len(self.workers) + i}",
+                self.env,
+                self.root,
+                concurrency,
+                [*FAKE_WORKER, *(extra or [])],
+                engine=on[i] if on else None,
+            ).start()
             for i in range(count)
         ]
         for worker in started:

@@ -5,28 +5,16 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import docker
 import pytest
 
 from sciencebench.core.images import repo_digests_contain
-from tests.fixtures.engines import Engine, EngineFactory, loopback_registry, private_engine
+from tests.fixtures.engines import EngineFactory, loopback_registry, private_engine
 from tests.fixtures.registry import Published
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def published() -> Iterator[Published]:
-    pushed = Published(loopback_registry())
-    yield pushed
-    pushed.cleanup()
-
-
-def holds(engine: Engine, ref: str) -> bool:
-    return any(repo_digests_contain(image.get("RepoDigests") or [], ref) for image in engine.image_list())
 
 
 def test_each_engine_has_its_own_image_store(engines: EngineFactory, published: Published) -> None:
@@ -35,14 +23,14 @@ def test_each_engine_has_its_own_image_store(engines: EngineFactory, published: 
     assert h0.docker_host != h1.docker_host and h0.data_root != h1.data_root
     assert h0.env()["SCIENCEBENCH_STATE_DIR"] != h1.env()["SCIENCEBENCH_STATE_DIR"]
     h0.pull(ref)
-    assert holds(h0, ref) and not holds(h1, ref)
+    assert h0.holds(ref) and not h1.holds(ref)
     with contextlib.closing(docker.from_env()) as session:  # the session's Engine never saw it
         assert not any(
             repo_digests_contain(i.attrs.get("RepoDigests") or [], ref) for i in session.images.list()
         )
     h1.pull(ref)
     h0.docker("rmi", ref)
-    assert not holds(h0, ref) and holds(h1, ref)
+    assert not h0.holds(ref) and h1.holds(ref)
     # A process given the Engine's env talks to that Engine: the docker CLI lists the image there.
     listed = h1.docker("images", "--digests", "--format", "{{.Repository}}@{{.Digest}}")
     assert ref.split("@")[1] in listed

@@ -5,6 +5,8 @@ from __future__ import annotations
 import fcntl
 import os
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -74,3 +76,51 @@ def test_holding_stamps_the_last_use(tmp_path: Path) -> None:
     with budget.hold_images([REF], tmp_path):
         pass
     assert lock.stat().st_mtime > 1_000_000
+
+
+class _Usage:
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        self.records = records
+
+    def raise_for_status(self) -> None:
+        pass
+
+    def json(self) -> dict[str, Any]:
+        return {"BuildCache": self.records}
+
+
+class _Api:
+    base_url, api_version = "http+docker://localhost", "1.51"
+
+    def __init__(self, dangling: list[dict[str, Any]], records: list[dict[str, Any]]) -> None:
+        self.dangling, self.records = dangling, records
+        self.asked: list[Any] = []
+
+    def images(self, filters: dict[str, Any]) -> list[dict[str, Any]]:
+        self.asked.append(filters)
+        return self.dangling
+
+    def get(self, url: str, params: dict[str, str]) -> _Usage:
+        assert url.endswith("/v1.51/system/df") and params == {"type": "build-cache"}
+        return _Usage(self.records)
+
+
+def test_build_leftovers_are_nameless_build_images_and_unshared_cache_never_a_pinned_image() -> None:
+    pinned = {"Id": "sha256:p", "Size": 9, "RepoTags": [], "RepoDigests": [REF]}
+    api = _Api(
+        dangling=[
+            {"Id": "sha256:old", "Size": 5, "RepoTags": [], "RepoDigests": []},
+            {
+                "Id": "sha256:older",
+                "Size": 7,
+                "RepoTags": ["<none>:<none>"],
+                "RepoDigests": ["<none>@<none>"],
+            },
+            pinned,  # a task image built by compose and pulled by digest: dangling to the Engine, not to us
+        ],
+        records=[{"Size": 3, "Shared": False}, {"Size": 11, "Shared": True}, {"Size": 2, "Shared": False}],
+    )
+    found = budget.build_leftovers(SimpleNamespace(api=api))  # type: ignore[arg-type]
+    assert found.images == [("sha256:old", 5), ("sha256:older", 7)]
+    assert found.cache == 5 and found.size == 17  # what an image shares is counted with the image
+    assert api.asked == [{"dangling": True, "label": budget.COMPOSE_PROJECT_LABEL}]  # compose builds only

@@ -8,17 +8,27 @@
 `hold_images` takes those shared locks for a trial before its images are
 made present and keeps them until its Pier run and cleanup are over.
 `ImageBudget.make_room` runs before a pull (and again after it) under one
-host-wide lock: while the task images this host pulled (its pull log) take
-more than the budget, it removes the least recently used one that no live
-trial of the host holds (an exclusive, non-blocking flock on its lock file
-proves that; a trial that wants the image meanwhile waits for the removal to
-end and pulls it again). It never touches an image the host did not pull
-for a trial (the proxy image, an operator's images), nor one a running or
-claimed trial of this host needs. When every image the budget could free is
-held, the pull does not fit: `NoRoomError`, and the trial goes back to the
-queue for a host with room — the host is not paused. Each eviction is a
-line of the pull log. When an eviction runs, the build cache that Pier's
-builds leave behind is pruned too.
+host-wide lock. What the budget counts is what this host's trials leave on
+its Engine: the task images this host pulled (its pull log) and what Pier's
+builds leave behind, the build cache no image shares and the dangling images
+of compose builds (no tag, no digest: a rebuild took their tag). While these
+take more than the budget it frees, in this order, the build leftovers
+(dangling build images a container does not use, then the build cache, least
+recently used first, down to what fits), then the least recently used task
+image that no live trial of the host holds (an exclusive, non-blocking flock
+on its lock file proves that; a trial that wants the image meanwhile waits
+for the removal to end and pulls it again). It never touches an image the
+host did not pull for a trial (the proxy image, baked agent images, an
+operator's images), nor one a running or claimed trial of this host needs.
+When every image the budget could free is held, the pull does not fit:
+`NoRoomError`, and the trial goes back to the queue for a host with room —
+the host is not paused. A trial's end (`ImageBudget.hold`) settles the host
+again under the same lock: images over the budget that only ended trials
+held go at once, so the host holds more than its budget only while its
+running trials need it. Each eviction and prune is a line of the pull log.
+
+The budget is per Engine: one worker host, one Engine, one image store. Two
+hosts sharing an Engine share its images, its build cache and this count.
 """
 
 from __future__ import annotations
@@ -29,8 +39,8 @@ import fcntl
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -38,7 +48,7 @@ from typing import Any
 import docker
 import docker.errors
 
-from sciencebench.core.errors import NoRoomError, PullError
+from sciencebench.core.errors import NoRoomError, PullError, WorkspaceError
 from sciencebench.core.images import image_digest, repo_digest_name, repo_digests_contain
 from sciencebench.core.sizes import format_size
 from sciencebench.worker.docker.engine import ENGINE_ERRORS, one_line
@@ -50,6 +60,8 @@ IMAGES_DIR = "images"
 EVICTION_LOCK = "evict.lock"
 # How long a pull waits for another process's eviction round (one round removes a few images).
 EVICTION_WAIT_SEC = 600.0
+# What compose labels the images it builds with: a dangling image with it is a leftover of a build.
+COMPOSE_PROJECT_LABEL = "com.docker.compose.project"
 
 
 def _lock_path(state: Path, digest: str) -> Path:
@@ -65,6 +77,14 @@ def hold_images(refs: Iterable[str], state: Path) -> Iterator[None]:
     then pulled again). Entering and leaving both count as the image's last use.
     Raises WorkspaceError when the state directory cannot be written.
     """
+    fds = _take_holds(refs, state)
+    try:
+        yield
+    finally:
+        _release_holds(fds)
+
+
+def _take_holds(refs: Iterable[str], state: Path) -> list[int]:
     fds: list[int] = []
     try:
         for digest in sorted({image_digest(ref) for ref in refs}):
@@ -72,12 +92,18 @@ def hold_images(refs: Iterable[str], state: Path) -> Iterator[None]:
             fds.append(fd)
             fcntl.flock(fd, fcntl.LOCK_SH)
             os.utime(fd)
-        yield
-    finally:
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                os.utime(fd)
-            os.close(fd)
+    except BaseException:
+        _release_holds(fds)
+        raise
+    return fds
+
+
+def _release_holds(fds: list[int]) -> None:
+    while fds:
+        fd = fds.pop()
+        with contextlib.suppress(OSError):
+            os.utime(fd)
+        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -88,6 +114,19 @@ class TaskImage:
     digest: str
     size: int
     last_used: float
+
+
+@dataclass(frozen=True)
+class BuildLeftovers:
+    """What builds left on the Engine that no task needs: dangling build images and unshared build cache."""
+
+    images: list[tuple[str, int]] = field(default_factory=list)  # (image id, size)
+    cache: int = 0
+
+    @property
+    def size(self) -> int:
+        """Bytes the leftovers take."""
+        return self.cache + sum(size for _, size in self.images)
 
 
 @dataclass(frozen=True)
@@ -104,7 +143,7 @@ class Eviction:
 
 
 class ImageBudget:
-    """The task images of one host kept within `budget` bytes (0: no budget)."""
+    """The task images and build leftovers of one host kept within `budget` bytes (0: no budget)."""
 
     def __init__(self, budget: int, state: Path, log_path: Path) -> None:
         self.budget = budget
@@ -119,7 +158,7 @@ class ImageBudget:
         *,
         strict: bool = True,
     ) -> None:
-        """Evict least recently used free task images until `incoming` fits within the budget.
+        """Free build leftovers, then least recently used free task images, until `incoming` fits.
 
         `incoming`: refs about to be pulled and their expected sizes (0 when
         unknown: the call after the pull, `strict=False`, then evicts for the
@@ -135,15 +174,44 @@ class ImageBudget:
         with host_lock(self._state / "locks" / EVICTION_LOCK, EVICTION_WAIT_SEC, "evicting images"):
             self._make_room(client, incoming, {image_digest(ref) for ref in mine}, strict)
 
+    @contextlib.contextmanager
+    def hold(self, refs: Iterable[str], client: Callable[[], docker.DockerClient]) -> Iterator[None]:
+        """`hold_images`, and at the end settle the host within its budget (in the same eviction round).
+
+        Releasing the holds and evicting what only they kept over the budget
+        happen under the host's eviction lock, so no eviction round of the
+        host ever sees the images of an ended trial as still needed. A settle
+        that fails (the engine gone) is logged: the trial's end stands.
+        """
+        fds = _take_holds(refs, self._state)
+        try:
+            yield
+        finally:
+            if self.budget <= 0:
+                _release_holds(fds)
+            else:
+                self._release_and_settle(fds, client)
+
+    def _release_and_settle(self, fds: list[int], client: Callable[[], docker.DockerClient]) -> None:
+        try:
+            with host_lock(self._state / "locks" / EVICTION_LOCK, EVICTION_WAIT_SEC, "evicting images"):
+                _release_holds(fds)
+                self._make_room(client(), {}, set(), strict=False)
+        except (PullError, WorkspaceError) as exc:
+            log.warning("could not settle the image budget after a trial: %s", exc)
+        finally:
+            _release_holds(fds)
+
     def _make_room(
         self, client: docker.DockerClient, incoming: dict[str, int], mine: set[str], strict: bool
     ) -> None:
         present = self.task_images(client)
+        leftovers = build_leftovers(client)
         want = sum(incoming.values())
-        used = sum(image.size for image in present)
+        used = sum(image.size for image in present) + leftovers.size
         if used + want <= self.budget:
             return
-        evicted = False
+        used -= self._prune_build_leftovers(client, leftovers, used + want - self.budget)
         for image in sorted(present, key=lambda i: i.last_used):
             if used + want <= self.budget:
                 break
@@ -151,9 +219,6 @@ class ImageBudget:
                 continue
             if self._evict(client, image):
                 used -= image.size
-                evicted = True
-        if evicted:
-            self._prune_build_leftovers(client)
         if used + want <= self.budget:
             return
         held_by_others = [i for i in self.task_images(client) if i.digest not in mine]
@@ -162,10 +227,11 @@ class ImageBudget:
                 f"the images this host's running trials need ({format_size(used)}) and this trial's "
                 f"({format_size(want)}) exceed its image budget of {format_size(self.budget)}"
             )
-        log.warning(
-            "task images of running trials (%s) exceed the image budget of %s",
-            format_size(used + want), format_size(self.budget),
-        )  # fmt: skip
+        if want or mine:
+            log.warning(
+                "task images of running trials (%s) exceed the image budget of %s",
+                format_size(used + want), format_size(self.budget),
+            )  # fmt: skip
 
     def task_images(self, client: docker.DockerClient) -> list[TaskImage]:
         """The task images this host pulled (its pull log) that the engine still has (one listing)."""
@@ -189,15 +255,22 @@ class ImageBudget:
         return images
 
     def summary(self, client: docker.DockerClient) -> str:
-        """One line for `status`: what the task images take of the budget, and the evictions so far."""
+        """One line for `status`: what task images and build leftovers take of the budget; evictions."""
         present = self.task_images(client)
         used = sum(image.size for image in present)
-        evictions = [e for e in read_evictions(self._log_path) if e.event == "evicted"]
+        leftovers = build_leftovers(client)
+        entries = read_evictions(self._log_path)
+        evictions = [e for e in entries if e.event == "evicted"]
+        pruned = sum(e.size for e in entries if e.event == "pruned")
         line = (
             f"task images {format_size(used)} of a {format_size(self.budget)} budget ({len(present)} images)"
         )
+        if leftovers.size:
+            line += f", build leftovers {format_size(leftovers.size)}"
         if evictions:
             line += f"; {len(evictions)} evicted, the last at {evictions[-1].finished_at[:19]}Z"
+        if pruned:
+            line += f"; {format_size(pruned)} of build leftovers pruned"
         return line
 
     def _pulled(self) -> dict[str, str]:
@@ -231,19 +304,42 @@ class ImageBudget:
         finally:
             os.close(fd)
 
-    def _prune_build_leftovers(self, client: docker.DockerClient) -> None:
-        """Prune the build cache no build uses (what derived builds leave); best effort.
+    def _prune_build_leftovers(
+        self, client: docker.DockerClient, leftovers: BuildLeftovers, over: int
+    ) -> int:
+        """Free up to `over` bytes of build leftovers (best effort); the bytes freed.
 
-        Never "dangling images": an image pulled by digest alone has no tag,
-        so the engine counts every pinned task image as dangling.
+        Dangling build images first (all of them: nothing can name them any
+        more; one a container uses stays), then the build cache down to what
+        the budget leaves it, least recently used first (BuildKit's
+        keep-storage). Never the engine's "dangling images" filter alone: an
+        image pulled by digest has no tag, so the engine counts every pinned
+        task image as dangling.
         """
-        try:
-            freed = int(client.api.prune_builds().get("SpaceReclaimed") or 0)
-        except ENGINE_ERRORS as exc:
-            log.warning("pruning the build cache failed: %s", one_line(str(exc)))
-            return
-        if freed:
-            self._record("pruned", "build cache", "", freed, "over the image budget")
+        freed = 0
+        for image_id, size in leftovers.images:
+            try:
+                client.images.remove(image_id, force=False, noprune=False)
+            except docker.errors.ImageNotFound:
+                continue
+            except ENGINE_ERRORS as exc:  # in use by a container, or the engine failed
+                log.info("not pruning build image %s: %s", image_id[:19], one_line(str(exc)))
+                continue
+            freed += size
+            self._record("pruned", f"build image {image_id[:19]}", image_id, size, "over the image budget")
+        if leftovers.cache and freed < over:
+            # The dangling images' layers are build cache too: count it again now that they are gone.
+            cache = build_leftovers(client).cache
+            keep = max(0, cache - (over - freed))
+            try:
+                reclaimed = int(client.api.prune_builds(keep_storage=keep).get("SpaceReclaimed") or 0)
+            except ENGINE_ERRORS as exc:
+                log.warning("pruning the build cache failed: %s", one_line(str(exc)))
+                return freed
+            if reclaimed:
+                freed += reclaimed
+                self._record("pruned", "build cache", "", reclaimed, "over the image budget")
+        return freed
 
     def _record(self, event: str, ref: str, digest: str, size: int, reason: str) -> None:
         entry = Eviction(
@@ -255,6 +351,33 @@ class ImageBudget:
             os.write(fd, (json.dumps(entry.__dict__, sort_keys=True) + "\n").encode("utf-8"))
         finally:
             os.close(fd)
+
+
+def build_leftovers(client: docker.DockerClient) -> BuildLeftovers:
+    """The dangling images of compose builds (no tag, no digest) and the build cache no image shares.
+
+    Raises PullError when the engine does not answer.
+    """
+    api = client.api
+    try:
+        dangling = api.images(filters={"dangling": True, "label": COMPOSE_PROJECT_LABEL})
+        usage = api.get(f"{api.base_url}/v{api.api_version}/system/df", params={"type": "build-cache"})
+        usage.raise_for_status()
+        records = usage.json().get("BuildCache") or []
+    except (*ENGINE_ERRORS, ValueError) as exc:
+        raise PullError(f"cannot list the build leftovers: {one_line(str(exc))}") from None
+    images = [
+        (str(attrs["Id"]), int(attrs.get("Size") or 0))
+        for attrs in dangling
+        if not _names(attrs.get("RepoTags"), "<none>:<none>")
+        and not _names(attrs.get("RepoDigests"), "<none>@<none>")
+    ]
+    cache = sum(int(record.get("Size") or 0) for record in records if not record.get("Shared"))
+    return BuildLeftovers(images=images, cache=cache)
+
+
+def _names(listed: list[str] | None, none: str) -> list[str]:
+    return [name for name in listed or [] if name != none]
 
 
 def read_evictions(log_path: Path) -> list[Eviction]:

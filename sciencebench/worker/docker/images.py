@@ -13,6 +13,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -173,6 +174,14 @@ class ImagePuller:
     def pulls_performed(self) -> int:
         """Pulls this instance performed (in this process)."""
         return self._pulls
+
+    def hold(self, refs: list[str]) -> AbstractContextManager[None]:
+        """Hold `refs` for a trial of this host (`budget.hold_images`); at its end, settle the budget.
+
+        Nothing this host's budget evicts is held; when the trial ends, what
+        only it kept over the budget is evicted in the same eviction round.
+        """
+        return self.budget.hold(refs, self._docker)
 
     def _docker(self) -> docker.DockerClient:
         try:
