@@ -12,8 +12,8 @@ host that holds them is busy, the trial is sent to wait on that host's own
 queue, at most `wait_bound` seconds (the time the free host would need to
 pull what it lacks, with a floor and a cap: waiting longer than a pull is
 never better than pulling), and fill goes on with the next trial for the
-free slot. At most twice its slots wait on a host at once (`LINE_ROUNDS`):
-each round of a line waits about a trial's duration. Once the bound has passed the trial's
+free slot. The bound alone limits a wait (a long line on one host sends
+its last trials elsewhere once their bound passes). Once the bound has passed the trial's
 parked lease lapses and the watchdog sends it to the shared queue, where
 any host takes it; a host that pauses or dies meanwhile loses nothing: its
 routed trials come back the same way (their running entry and parked lease,
@@ -57,9 +57,6 @@ PULLING_KEY = f"{PREFIX}:place:pulling"
 # pull what it lacks, at the pull throughput the hosts measured, kept within these.
 WAIT_FLOOR_SEC = 30.0
 WAIT_CAP_SEC = 900.0
-# A host's line: at most this many rounds of its slots wait for it (each round about a trial's duration:
-# the trials of a longer line would mostly outwait the bound and pull elsewhere all the same).
-LINE_ROUNDS = 2
 # A throughput to assume before any host has measured one, and a size for an image no host reported.
 DEFAULT_BYTES_PER_SEC = 50e6
 DEFAULT_IMAGE_BYTES = 1 << 30
@@ -187,7 +184,7 @@ class Placement:
         """The host for a trial with image refs `refs`; None when no host has a free slot.
 
         The free host missing the fewest bytes of them, unless a busy host
-        misses fewer and has fewer than `LINE_ROUNDS` x its slots waiting: then wait there
+        misses fewer: then wait there
         (until `now + wait_bound` of the bytes the free host would pull).
         Ties: more free slots, then fewer stored bytes, then the name.
         """
@@ -202,14 +199,10 @@ class Placement:
         best = min(free, key=rank)
         lacking = self.missing(best, images)
         better = [
-            host
-            for host in self.hosts.values()
-            if host.free <= 0
-            and host.waiting < LINE_ROUNDS * host.slots
-            and self.missing(host, images) < lacking
+            host for host in self.hosts.values() if host.free <= 0 and self.missing(host, images) < lacking
         ]
         if better:
-            holder = min(better, key=lambda h: (self.missing(h, images), h.waiting, h.name))
+            holder = min(better, key=lambda h: (self.missing(h, images), h.waiting / h.slots, h.name))
             until = self.now + wait_bound(lacking - self.missing(holder, images), self.bytes_per_sec)
             return Choice(host=holder.name, until=until)
         return Choice(host=best.name, pulls=tuple(image for image in images if not best.has(image)))

@@ -6,7 +6,6 @@ import pytest
 
 from sciencebench.coordination.placement import (
     DEFAULT_IMAGE_BYTES,
-    LINE_ROUNDS,
     WAIT_CAP_SEC,
     WAIT_FLOOR_SEC,
     HostView,
@@ -65,14 +64,15 @@ def test_a_trial_waits_for_a_busy_holder_for_the_pull_it_saves_and_the_slot_goes
     assert then is not None and (then.host, then.until) == ("h2", 0.0)
 
 
-def test_a_busy_holders_line_is_at_most_twice_its_slots_then_a_free_host_pulls() -> None:
+def test_trials_wait_for_a_busy_holder_each_up_to_its_bound_and_a_free_slot_is_never_taken() -> None:
     placed = _cluster(HostView("h1", slots=1, busy=1, images={PA: GB}), HostView("h2", slots=1))
-    for _ in range(LINE_ROUNDS):
+    for _ in range(3):
         waits = placed.choose([A])
-        assert waits is not None and waits.host == "h1" and waits.until > 0
+        assert waits is not None and waits.host == "h1" and waits.until == 1000.0 + WAIT_FLOOR_SEC
         placed.take(waits)
-    pulls = placed.choose([A])
-    assert pulls is not None and (pulls.host, pulls.until, pulls.pulls) == ("h2", 0.0, (PA,))
+    assert (placed.free, placed.waiting) == (1, 3)  # h2's slot is left for a trial it suits better
+    pulls = placed.choose([B])
+    assert pulls is not None and (pulls.host, pulls.until, pulls.pulls) == ("h2", 0.0, (PB,))
     placed.take(pulls)
     assert placed.choose([A]) is None  # no free slot anywhere: nothing is placed
 
