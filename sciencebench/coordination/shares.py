@@ -32,7 +32,9 @@ from pydantic import BaseModel
 if TYPE_CHECKING:
     from celery import Celery
 
+    from sciencebench.coordination.placement import Choice, Placement, PlacementStore
     from sciencebench.coordination.protocol import Coordinator
+    from sciencebench.core.models import Redispatch
 
 log = logging.getLogger(__name__)
 
@@ -234,23 +236,69 @@ def fill(app: Celery, coord: Coordinator, lease_seconds: float, limit: int | Non
 def _fill_locked(
     app: Celery, coord: Coordinator, lease_seconds: float, capacity: int, limit: int | None
 ) -> int:
+    """Send trials while a host has a free slot: fair share picks the trial, placement the host.
+
+    A trial sent to wait on a busy host that holds its images
+    (`coordination.placement`) takes no free slot: fair share does not count
+    it (nor towards its job's `--n-concurrent`, which its start still
+    checks) until it starts there.
+    """
+    from sciencebench.coordination.placement import cluster_view, placement_store
     from sciencebench.coordination.watchdog import send_again
 
+    store = placement_store(coord)
+    placed = cluster_view(coord, store, lease_seconds)
     sent = 0
-    for _ in range(limit if limit is not None else capacity):
+    # Each turn fills a free slot or a place in a busy host's line: this many turns at most.
+    turns = capacity + sum(host.slots for host in placed.hosts.values())
+    for _ in range(limit if limit is not None else turns):
+        if placed.hosts and placed.free <= 0:
+            break
         job = coord.choose_share(capacity)
         if job is None:
             break
         payload = coord.next_waiting(job, lease_seconds)
         if payload is None:
             continue  # its last held trial went meanwhile: choose again
-        coord.share_sent(job, payload.trial.key)
-        if coord.get_result(job, payload.trial.key) is None:  # not answered meanwhile
-            send_again(app, coord, payload)
-            sent += 1
-        else:
-            coord.share_started(job, payload.trial.key)
+        if coord.get_result(job, payload.trial.key) is not None:  # answered meanwhile
+            continue
+        choice = placed.choose(payload.trial.image_refs)
+        if choice is None or not choice.until:
+            coord.share_sent(job, payload.trial.key)  # it takes a slot: counted until it starts
+        queue = place(app, coord, store, placed, payload, choice, lease_seconds) if choice else None
+        send_again(app, coord, payload, queue=queue)
+        sent += 1
     return sent
+
+
+def place(
+    app: Celery, coord: Coordinator, store: PlacementStore, placed: Placement, payload: Redispatch,
+    choice: Choice, lease_seconds: float,
+) -> str:  # fmt: skip
+    """The queue of the host placement chose for the trial; its route and pulling marks remembered.
+
+    A trial sent to wait on a busy host keeps its parked lease only until
+    its wait ends: then the watchdog sends it to the shared queue.
+    """
+    from sciencebench.coordination.placement import Routed, host_queue
+    from sciencebench.coordination.protocol import parking_token
+
+    spec = payload.trial
+    placed.take(choice)
+    until = choice.until or placed.now + lease_seconds  # the guard's park: then the watchdog sends it
+    store.route(spec.job_key, spec.key, Routed(host=choice.host, at=placed.now, until=until,
+                                               waits=bool(choice.until)))  # fmt: skip
+    if choice.pulls:
+        store.mark_pulling(choice.host, choice.pulls, placed.now)
+    if choice.until:
+        coord.park(spec.job_key, spec.key, parking_token(payload.task_id), choice.until - placed.now)
+    how = (
+        f"waits up to {choice.until - placed.now:.0f}s"
+        if choice.until
+        else f"pulls {len(choice.pulls)} image(s)"
+    )
+    log.info("placement: %s -> %s (%s)", spec.label, choice.host, how)
+    return host_queue(app.conf.task_default_queue, choice.host)
 
 
 def share_lines(coord: Coordinator, capacity: int, only: str | None = None) -> list[str]:

@@ -42,6 +42,7 @@ class SubmitOptions(RunOptions):
     auto_agent_adapter: bool = True
     agent_import_path: str | None = None
     dry_run: bool = False
+    prepull: bool = False
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,8 @@ FLAGS: tuple[Flag, ...] = (
     # sciencebench's own, after the seed's table
     Flag("provider_retries", "--provider-retries",
          "Reruns, after a back-off, of a trial that failed on its model provider (429, 5xx, reset)."),
+    Flag("prepull", "--prepull", "Before the trials, pull the selection's images onto the live hosts, each "
+         "image onto one host (balanced by size); a trial then prefers the host holding its images."),
 )  # fmt: skip
 
 _BY_FIELD = {flag.field: flag for flag in FLAGS}

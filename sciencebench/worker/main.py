@@ -19,6 +19,7 @@ from celery.signals import worker_ready, worker_shutdown
 from celery.utils.nodenames import default_nodename, host_format
 
 from sciencebench.coordination import connect
+from sciencebench.coordination.placement import host_queue, placement_store
 from sciencebench.coordination.protocol import Coordinator, HostKit
 from sciencebench.coordination.watchdog import start_watchdog
 from sciencebench.core.errors import InputError, PreflightError, PullError
@@ -26,6 +27,7 @@ from sciencebench.core.settings import Settings
 from sciencebench.worker import preflight
 from sciencebench.worker.app import app
 from sciencebench.worker.context import use_context
+from sciencebench.worker.docker.holdings import HoldingsReporter
 from sciencebench.worker.pier import process
 from sciencebench.worker.runtime import images_report, prepare_host
 from sciencebench.worker.tasks import cluster_context
@@ -65,6 +67,9 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     # Live before its first trial: a host that cannot serve a job hands trials back only while
     # another live host may (`worker.trial._unfit`), and the keeper's first beat is a quarter lease away.
     coord.describe_host(nodename, host_kit(settings, concurrency))
+    holdings = HoldingsReporter(nodename, settings.state_dir, placement_store(coord))
+    holdings.tick(force=True)  # what it holds, before fill places its first trial
+    _report_images(coord, settings, holdings.line)
     coord.beat(nodename)
     # Forked pool processes build their context with these settings, not from the environment alone.
     use_context(lambda: cluster_context(settings))
@@ -90,7 +95,7 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
         start_watchdog(app, coord, settings.lease_seconds)
         threading.Thread(
             target=keep_host,
-            args=(app, coord, settings, stop, concurrency),
+            args=(app, coord, settings, stop, concurrency, holdings),
             name="sciencebench-host",
             daemon=True,
         ).start()
@@ -100,13 +105,15 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
         stop.set()
         try:
             coord.forget_host(settings.hostname)
+            holdings.store.forget(settings.hostname)
         except Exception:  # the broker may be gone already
             log.warning("could not remove this host from the cluster's list", exc_info=True)
 
     argv = ["worker", f"--concurrency={concurrency}", f"--loglevel={loglevel}", "-E", "-O", "fair",
             f"--hostname={nodename}"]  # fmt: skip
-    if queues:
-        argv.append(f"--queues={queues}")
+    # The shared queue (or the operator's --queues) and this host's own: trials placed on it.
+    own = host_queue(app.conf.task_default_queue, nodename)
+    argv.append(f"--queues={queues or app.conf.task_default_queue},{own}")
     app.worker_main(argv)
 
 
@@ -122,27 +129,40 @@ def host_kit(settings: Settings, slots: int = 0) -> HostKit:
     )
 
 
-def _report_images(coord: Coordinator, settings: Settings) -> None:
-    """Tell the store what the host's task images take of its budget (best effort)."""
+def _report_images(coord: Coordinator, settings: Settings, held: str = "") -> None:
+    """Tell the store, for `status`, which task images the host holds and what they take of its budget."""
     try:
-        coord.report_images(settings.hostname, images_report(settings))
+        budget = images_report(settings)
     except PullError as exc:
         log.warning("cannot report the image budget: %s", exc)
+        budget = ""
+    line = "; ".join(part for part in (held, budget) if part)
+    if line:
+        coord.report_images(settings.hostname, line)
 
 
 def keep_host(
-    app: Celery, coord: Coordinator, settings: Settings, stop: threading.Event, slots: int = 0
+    app: Celery,
+    coord: Coordinator,
+    settings: Settings,
+    stop: threading.Event,
+    slots: int = 0,
+    holdings: HoldingsReporter | None = None,
 ) -> None:
-    """Beat every quarter lease and own this host's consumer of the trial queue.
+    """Beat every quarter lease and own this host's consumers of the trial queues.
 
     A trial that finds the host unhealthy only marks it paused (in the
     store); this thread alone stops and resumes consuming, so a pause and a
     resume never race. While paused it checks health with backoff and resumes
     by itself once the host is fit. Consumer changes are broadcasts that may
     be lost while the broker reconnects, so the wanted state is sent again
-    every lease period (Celery ignores a repeat).
+    every lease period (Celery ignores a repeat). The trial queues are the
+    shared one and the host's own (`coordination.placement.host_queue`).
+    `holdings` reports the task images the host holds when its pull log
+    changed, and every lease period.
     """
-    hostname, queue = settings.hostname, app.conf.task_default_queue
+    hostname = settings.hostname
+    queues = (app.conf.task_default_queue, host_queue(app.conf.task_default_queue, hostname))
     interval = max(settings.lease_seconds / 4, 0.5)
     reaffirm_every = max(int(settings.lease_seconds / interval), 1)
     backoff, next_check, ticks = interval, 0.0, 0
@@ -152,16 +172,17 @@ def keep_host(
             coord.beat(hostname)
             if ticks % reaffirm_every == 0:  # again after a broker that lost its data
                 coord.describe_host(hostname, host_kit(settings, slots))
-            if settings.image_budget and (ticks == 1 or ticks % reaffirm_every == 0):
-                _report_images(coord, settings)
+            held = holdings is not None and holdings.tick(force=ticks % reaffirm_every == 0)
+            if held or (settings.image_budget and (ticks == 1 or ticks % reaffirm_every == 0)):
+                _report_images(coord, settings, holdings.line if holdings is not None else "")
             status = coord.hosts().get(hostname)
             if status is None or not status.paused:
                 backoff, next_check = interval, 0.0
                 if ticks % reaffirm_every == 0:
-                    app.control.add_consumer(queue, destination=[hostname])
+                    _consume(app, queues, hostname, True)
                 continue
             if next_check <= 0 or ticks % reaffirm_every == 0:
-                app.control.cancel_consumer(queue, destination=[hostname])
+                _consume(app, queues, hostname, False)
             next_check -= interval
             if next_check > 0:
                 continue
@@ -173,9 +194,18 @@ def keep_host(
                 coord.pause_host(hostname, str(exc))
                 log.warning("host still unhealthy (next check in %.0fs): %s", backoff, exc)
                 continue
-            app.control.add_consumer(queue, destination=[hostname])
+            _consume(app, queues, hostname, True)
             coord.resume_host(hostname)
             backoff, next_check = interval, 0.0
             log.warning("host healthy again: taking trials")
         except Exception:  # the broker may be restarting; try again later
             log.warning("host keeper: broker call failed", exc_info=True)
+
+
+def _consume(app: Celery, queues: tuple[str, ...], hostname: str, on: bool) -> None:
+    """Start (`on`) or stop consuming the trial queues on this host (broadcasts; a repeat is ignored)."""
+    for queue in queues:
+        if on:
+            app.control.add_consumer(queue, destination=[hostname])
+        else:
+            app.control.cancel_consumer(queue, destination=[hostname])

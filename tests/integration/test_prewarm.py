@@ -1,4 +1,4 @@
-"""A dry run with live workers pre-pulls the selection's images, once per host."""
+"""A dry run with live workers pre-pulls the selection's images, each image onto one host."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _push_fresh_copy(client: docker.DockerClient, base_image: str, name: str) ->
     return f"{repository}:t@{digest}"
 
 
-def test_dry_run_prewarms_every_worker_host_and_runs_nothing(cluster: Cluster) -> None:
+def test_dry_run_spreads_the_images_over_the_worker_hosts_and_runs_nothing(cluster: Cluster) -> None:
     client = docker.from_env()
     agent = _push_fresh_copy(client, cluster.base_image, "agent")
     verifier = _push_fresh_copy(client, cluster.base_image, "verifier")
@@ -36,7 +36,7 @@ def test_dry_run_prewarms_every_worker_host_and_runs_nothing(cluster: Cluster) -
     path = cluster.selection({"001": {}, "002": {}}, agent_image=agent, verifier_image=verifier)
     done = cluster.submit(path, "warm", "--dry-run", wait=False)
     assert done.returncode == 0, done.stderr
-    assert done.stderr.count(": ready (") == 2, done.stderr
+    assert done.stderr.count(": ready, 1 image(s)") == 2, done.stderr  # one image each
     for ref in (agent, verifier):
         assert client.images.get(ref.split(":t@")[0] + "@" + ref.split("@")[1])
     pulls = [json.loads(line) for line in (cluster.state_dir / "pulls.jsonl").read_text().splitlines()]

@@ -8,9 +8,9 @@ from typing import override
 from sciencebench.coordination import shares
 from sciencebench.coordination.memory.base import MemoryBase
 from sciencebench.coordination.memory.holds import held_count
-from sciencebench.coordination.protocol import Board, HostKit, HostStatus, JobControl, job_key
+from sciencebench.coordination.protocol import JOBS_KEY, Board, HostKit, HostStatus, JobControl, job_key
 from sciencebench.coordination.shares import Shares
-from sciencebench.core.models import TrialState, TrialStatus
+from sciencebench.core.models import Redispatch, TrialState, TrialStatus
 
 
 class MemoryBoard(MemoryBase, JobControl, Board, Shares):
@@ -66,6 +66,18 @@ class MemoryBoard(MemoryBase, JobControl, Board, Shares):
     def share_started(self, job: str, key: str) -> None:
         with self._lock:
             self._values.get(job_key(job, "share", "sent"), set()).discard(key)
+
+    # --- what placement reads (`coordination.placement.MemoryPlacementStore`), as its script over Redis
+
+    def live_jobs(self) -> set[str]:
+        """The jobs with live state (`sciencebench:jobs`)."""
+        with self._lock:
+            return set(self._values.get(JOBS_KEY, set()))
+
+    def running_entries(self, job: str) -> dict[str, Redispatch]:
+        """The job's running entries (trial key -> payload)."""
+        with self._lock:
+            return dict(self._values.get(job_key(job, "running"), {}))
 
     @override
     def set_state(self, job: str, key: str, state: TrialState, host: str) -> None:

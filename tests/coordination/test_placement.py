@@ -1,0 +1,174 @@
+"""Placement's store (both coordinators), and `fill` sending each trial to a host's queue (Redis, Celery)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+
+from sciencebench.coordination.placement import (
+    PULLING_TTL_SEC,
+    HostImages,
+    HostLoad,
+    Routed,
+    host_queue,
+    pinned,
+    placement_store,
+)
+from sciencebench.coordination.protocol import Coordinator, Held, HostKit, parking_token
+from sciencebench.coordination.redis import RedisCoordinator
+from sciencebench.coordination.shares import Share, fill
+from sciencebench.core.models import Redispatch, TrialSpec
+from tests.coordination import test_conformance
+from tests.fixtures.services import RedisServer
+
+JOB_ID = uuid.UUID("00000000-0000-4000-8000-000000000002")
+GB = 1 << 30
+coord = test_conformance.coord  # the conformance suite's fixture: each case runs on both implementations
+
+
+def _ref(name: str) -> str:
+    return f"127.0.0.1:5000/t/{name}:v@sha256:{name[0] * 64}"
+
+
+def _payload(task_id: str, attempt: int = 1, images: tuple[str, ...] = (), host: str = "") -> Redispatch:
+    trial = TrialSpec(
+        job_id=JOB_ID, job_name="j", jobs_dir=Path("/jobs"), task_id=task_id, attempt=attempt,
+        task_dir=Path(f"/sel/task_{task_id}"), task_toml_sha256="x", image_refs=list(images),
+        expected_sec=1.0,
+    )  # fmt: skip
+    return Redispatch(
+        task_id=f"celery-{task_id}-{attempt}", trial=trial, group_id="g", group_index=0, host=host
+    )
+
+
+def test_reports_are_kept_per_host_and_a_held_image_loses_its_pulling_mark(coord: Coordinator) -> None:
+    store = placement_store(coord)
+    a, b = pinned([_ref("a"), _ref("b")])
+    store.mark_pulling("h1", [a, b], at=5.0)
+    store.report("h1", HostImages(images={a: GB}, bytes_per_sec=80e6))
+    store.report("h2", HostImages(images={b: 2 * GB}))
+    assert store.holdings()["h1"] == HostImages(images={a: GB}, bytes_per_sec=80e6)
+    assert set(store.pulling(now=10.0)) == {
+        b
+    }  # h1 holds a now: its report replaces the mark (h2's: not h1's)
+    assert store.pulling(now=5.0 + PULLING_TTL_SEC) == {}  # the pull failed, or the host never said: stale
+    store.forget("h2")
+    assert set(store.holdings()) == {"h1"}
+
+
+def test_a_hosts_load_is_its_running_trials_and_those_routed_to_it_not_started(coord: Coordinator) -> None:
+    store = placement_store(coord)
+    coord.set_running("j", "001#1", _payload("001", host="h1"))  # claimed on h1: it runs there
+    coord.hold("j", [Held(payload=_payload("002", a), expected_sec=1.0) for a in (1, 2, 3)], [], window=1)
+    for _ in range(3):
+        assert coord.next_waiting("j", 30) is not None  # guarded: running entries no host claimed
+    for attempt, host, until, waits in (
+        (1, "h1", 200.0, False),
+        (2, "h2", 120.0, False),
+        (3, "h2", 115.0, True),
+    ):
+        store.route("j", f"002#{attempt}", Routed(host=host, at=90.0, until=until, waits=waits))
+    assert store.loads(now=100.0) == {"h1": HostLoad(1, 1, 0), "h2": HostLoad(0, 2, 1)}
+    # 002#3's wait ended (its park lapses: on its way to the shared queue); 002#2's park too.
+    assert store.loads(now=125.0) == {"h1": HostLoad(1, 1, 0)}
+    coord.set_running("j", "002#1", _payload("002", 1, host="h1"))  # it arrived: it counts as running
+    assert store.loads(now=100.0)["h1"] == HostLoad(2, 0, 0)
+    coord.retire("j", 60)  # no job scanned: nothing runs, routes without a running entry are forgotten
+    assert "h1" not in store.loads(now=100.0)
+
+
+# --- fill over Redis and Celery: which host's queue each trial is sent to -------------------------
+
+
+@pytest.mark.integration
+def test_fill_sends_each_trial_to_the_queue_of_a_host_holding_its_images(redis_server: RedisServer) -> None:
+    from sciencebench.coordination.celery_app import create_app
+    from sciencebench.core.settings import Settings
+
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    client.flushdb()
+    coord = RedisCoordinator(redis_server.url)
+    app = create_app(Settings.from_env({"SCIENCEBENCH_BROKER_URL": redis_server.url}))
+    store = placement_store(coord)
+    a, b, c = _ref("a"), _ref("b"), _ref("c")
+    for host in ("h1", "h2"):
+        coord.describe_host(host, HostKit(slots=2))
+        coord.beat(host)
+    store.report("h1", HostImages(images={pinned([a])[0]: GB}, bytes_per_sec=100e6))
+    store.report("h2", HostImages(images={pinned([b])[0]: 6 * GB}, bytes_per_sec=100e6))
+    coord.register_share("j", Share(user="u", cap=8, name="j", at=1.0))
+    held = [("001", 1, a), ("001", 2, a), ("001", 3, a), ("002", 1, b), ("003", 1, c)]
+    coord.hold("j", [Held(payload=_payload(t, n, (ref,)), expected_sec=10.0 - i) for i, (t, n, ref) in
+                     enumerate(held)], [], window=1)  # fmt: skip
+    try:
+        assert fill(app, coord, lease_seconds=30) == 5
+        queued = {host: _queued(client, host_queue("celery", host)) for host in ("h1", "h2")}
+        # a's trials go to h1 (two slots, then one waits there: a 1 GiB pull would take less than the
+        # floor); b's to h2; c (nobody has it) to the host with a free slot left.
+        assert queued == {"h1": ["001#1", "001#2", "001#3"], "h2": ["002#1", "003#1"]}
+        assert _queued(client, "celery") == []
+        routes = [Routed.model_validate_json(v) for v in client.hvals("sciencebench:place:routed")]
+        assert sorted((r.host, r.waits) for r in routes) == [("h1", False), ("h1", False), ("h1", True),
+                                                            ("h2", False), ("h2", False)]  # fmt: skip
+        assert coord.share_load("j").sent == 4  # the waiting one takes no slot: fair share leaves it out
+        # The waiting trial's parked lease lapses when its wait ends: then the watchdog sends it anywhere.
+        lease = client.pttl("sciencebench:j:lease:001#3")
+        assert 25_000 < lease <= 30_000, lease
+        assert client.get("sciencebench:j:lease:001#3") == parking_token("celery-001-3")
+        assert set(store.pulling(coord.now())) == {pinned([c])[0]}  # h2 pulls c for its trial
+        coord.hold("j", [Held(payload=_payload("004", 1, (a,)), expected_sec=1.0)], [], window=1)
+        assert fill(app, coord, lease_seconds=30) == 0  # no host has a free slot: it stays in the store
+        assert coord.share_load("j").waiting == 1
+    finally:
+        coord.close()
+        client.close()
+
+
+def _queued(client: redis.Redis, queue: str) -> list[str]:
+    """The trial keys of the messages in a Celery queue (a Redis list), oldest first."""
+    messages = [json.loads(raw) for raw in reversed(client.lrange(queue, 0, -1))]
+    return [json.loads(_body(m))[0][0]["task_id"] + "#" + str(json.loads(_body(m))[0][0]["attempt"])
+            for m in messages]  # fmt: skip
+
+
+def _body(message: dict[str, object]) -> str:
+    import base64
+
+    return base64.b64decode(str(message["body"])).decode()
+
+
+@pytest.mark.integration
+def test_a_trial_sent_to_a_host_that_never_takes_it_goes_back_to_the_shared_queue(
+    redis_server: RedisServer,
+) -> None:
+    """A host that pauses or dies before its routed trial starts: the park lapses, the watchdog re-sends."""
+    import time
+
+    from sciencebench.coordination.celery_app import create_app
+    from sciencebench.coordination.watchdog import redispatch_orphans
+    from sciencebench.core.settings import Settings
+
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    client.flushdb()
+    coord = RedisCoordinator(redis_server.url)
+    app = create_app(Settings.from_env({"SCIENCEBENCH_BROKER_URL": redis_server.url}))
+    lease = 0.5
+    try:
+        coord.describe_host("h1", HostKit(slots=1))
+        coord.beat("h1")
+        coord.register_share("j", Share(user="u", cap=8, name="j", at=1.0))
+        coord.hold("j", [Held(payload=_payload("001", 1, (_ref("a"),)), expected_sec=1.0)], [], window=1)
+        assert fill(app, coord, lease_seconds=lease) == 1
+        assert _queued(client, host_queue("celery", "h1")) == ["001#1"]
+        assert redispatch_orphans(app, coord, lease) == 0  # parked for its message: not lost yet
+        coord.pause_host("h1", "disk full")  # ... and it never takes the trial
+        time.sleep(lease + 0.2)
+        assert redispatch_orphans(app, coord, lease) == 1
+        assert _queued(client, "celery") == ["001#1"]  # any host takes it now
+    finally:
+        coord.close()
+        client.close()
