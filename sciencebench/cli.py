@@ -150,6 +150,8 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
     assert coord is not None
     app = create_app(settings)
     with submitting.persisted(prepared, record) as prepared:  # undone if sending fails
+        if opts.prepull and not opts.skip_pull:
+            _prewarm(settings, prepared.job, err)
         if prepared.job.max_cost_usd is not None or prepared.job.max_tokens is not None:
             coord.set_budget(prepared.job.job_key, prepared.job.max_cost_usd, prepared.job.max_tokens)
         final = dispatch(app, coord, prepared.job, prepared.trials)
@@ -254,11 +256,12 @@ def _print_expected(
 
 
 def _prewarm(settings: Settings, job: JobSpec, console: Console) -> None:
-    """Every live worker host pulls the job's images."""
+    """The live worker hosts pull the job's images, each image one host (`--prepull`, a dry run)."""
     from sciencebench.coordination.celery_app import create_app
     from sciencebench.login.prewarm import prewarm
 
-    prewarm(create_app(settings), job.image_refs, job.platform, console)
+    coord = _broker(settings)
+    prewarm(create_app(settings), coord, job.image_refs, job.platform, console, settings.lease_seconds)
 
 
 def _print_summary(paths: JobPaths) -> None:

@@ -418,6 +418,23 @@ class MemoryCoordinator(Coordinator):
         with self._lock:
             self._values.get(job_key(job, "share", "sent"), set()).discard(key)
 
+    # --- what placement reads (`coordination.placement.MemoryPlacementStore`), as its script over Redis
+
+    def live_jobs(self) -> set[str]:
+        """The jobs with live state (`sciencebench:jobs`)."""
+        with self._lock:
+            return set(self._values.get(JOBS_KEY, set()))
+
+    def running_entries(self, job: str) -> dict[str, Redispatch]:
+        """The job's running entries (trial key -> payload)."""
+        with self._lock:
+            return dict(self._values.get(job_key(job, "running"), {}))
+
+    def share_sent_keys(self, job: str) -> set[str]:
+        """The job's trials fair share sent that have not started."""
+        with self._lock:
+            return set(self._get(job_key(job, "share", "sent")) or set())
+
     @override
     def add_durations(self, job: str, durations: dict[str, list[float]]) -> None:
         with self._lock:

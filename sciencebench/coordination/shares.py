@@ -32,7 +32,9 @@ from pydantic import BaseModel
 if TYPE_CHECKING:
     from celery import Celery
 
+    from sciencebench.coordination.placement import Placement, PlacementStore
     from sciencebench.coordination.protocol import Coordinator
+    from sciencebench.core.models import Redispatch
 
 log = logging.getLogger(__name__)
 
@@ -234,23 +236,60 @@ def fill(app: Celery, coord: Coordinator, lease_seconds: float, limit: int | Non
 def _fill_locked(
     app: Celery, coord: Coordinator, lease_seconds: float, capacity: int, limit: int | None
 ) -> int:
+    """Send trials while a host has a free slot: fair share picks the trial, placement the host.
+
+    A trial sent to wait on a busy host that holds its images
+    (`coordination.placement`) takes no free slot: fair share counts it
+    busy, so its capacity grows by the trials waiting so.
+    """
+    from sciencebench.coordination.placement import cluster_view, placement_store
     from sciencebench.coordination.watchdog import send_again
 
+    store = placement_store(coord)
+    placed = cluster_view(coord, store, lease_seconds)
     sent = 0
-    for _ in range(limit if limit is not None else capacity):
-        job = coord.choose_share(capacity)
+    # Each turn fills a free slot or a place in a busy host's line: this many turns at most.
+    turns = capacity + sum(host.slots for host in placed.hosts.values())
+    for _ in range(limit if limit is not None else turns):
+        if placed.hosts and placed.free <= 0:
+            break
+        job = coord.choose_share(capacity + placed.waiting)
         if job is None:
             break
         payload = coord.next_waiting(job, lease_seconds)
         if payload is None:
             continue  # its last held trial went meanwhile: choose again
         coord.share_sent(job, payload.trial.key)
-        if coord.get_result(job, payload.trial.key) is None:  # not answered meanwhile
-            send_again(app, coord, payload)
-            sent += 1
-        else:
+        if coord.get_result(job, payload.trial.key) is not None:  # answered meanwhile
             coord.share_started(job, payload.trial.key)
+            continue
+        send_again(app, coord, payload, queue=place(app, coord, store, placed, payload))
+        sent += 1
     return sent
+
+
+def place(
+    app: Celery, coord: Coordinator, store: PlacementStore, placed: Placement, payload: Redispatch
+) -> str | None:
+    """The queue of the host `placed` chooses for the trial, its route remembered; None: the shared queue.
+
+    A trial sent to wait on a busy host keeps its parked lease only until
+    its wait ends: then the watchdog sends it to the shared queue.
+    """
+    from sciencebench.coordination.placement import Routed, host_queue
+    from sciencebench.coordination.protocol import parking_token
+
+    choice = placed.choose(payload.trial.image_refs)
+    if choice is None:
+        return None
+    spec = payload.trial
+    placed.take(choice)
+    store.route(spec.job_key, spec.key, Routed(host=choice.host, at=placed.now, until=choice.until))
+    if choice.pulls:
+        store.mark_pulling(choice.host, choice.pulls, placed.now)
+    if choice.until:
+        coord.park(spec.job_key, spec.key, parking_token(payload.task_id), choice.until - placed.now)
+    return host_queue(app.conf.task_default_queue, choice.host)
 
 
 def share_lines(coord: Coordinator, capacity: int, only: str | None = None) -> list[str]:

@@ -58,12 +58,15 @@ def redispatch_orphans(app: Celery, coord: Coordinator, lease_seconds: float) ->
     return sent
 
 
-def send_again(app: Celery, coord: Coordinator, payload: Redispatch) -> None:
+def send_again(app: Celery, coord: Coordinator, payload: Redispatch, queue: str | None = None) -> None:
     """Queue a trial again as the same chord member (same task id, chord, group).
 
     A trial that has its record already keeps its state: the copy only
-    answers the chord if nobody did.
+    answers the chord if nobody did. `queue`: one host's queue
+    (`coordination.placement.host_queue`); by default the shared queue, which
+    every host consumes (a lost host's trials, and all without placement).
     """
+    routing: dict[str, Any] = {"queue": queue} if queue is not None else {}
     spec = payload.trial
     if coord.get_result(spec.job_key, spec.key) is None:
         coord.set_state(spec.job_key, spec.key, TrialState.QUEUED, "")
@@ -78,6 +81,7 @@ def send_again(app: Celery, coord: Coordinator, payload: Redispatch) -> None:
         shadow=trial_shadow(spec.job_name, spec.task_id, spec.attempt),
         argsrepr=repr(spec.label),
         kwargsrepr="{}",
+        **routing,
     )
 
 

@@ -42,6 +42,7 @@ class SubmitOptions(RunOptions):
     auto_agent_adapter: bool = True
     agent_import_path: str | None = None
     dry_run: bool = False
+    prepull: bool = False
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,8 @@ FLAGS: tuple[Flag, ...] = (
          "Use Pier's built-in Codex agent instead of the sciencebench adapter.", negated=True),
     Flag("agent_import_path", "--agent-import-path", "Explicit Pier agent import path (module:Class)."),
     Flag("dry_run", "--dry-run", "Validate, render and record, without running Pier."),
+    Flag("prepull", "--prepull", "Before the trials, pull the selection's images onto the live hosts, each "
+         "image onto one host (balanced by size); a trial then prefers the host holding its images."),
     # sciencebench's own, after the seed's table
     Flag("provider_retries", "--provider-retries",
          "Reruns, after a back-off, of a trial that failed on its model provider (429, 5xx, reset)."),

@@ -1,40 +1,83 @@
-"""Dry run with workers: every worker host pulls the selection's images once.
+"""Pre-pull: the selection's images spread over the live worker hosts, each image onto one host.
 
-Each live worker gets one `prewarm_images` task on its direct queue
-(`worker_direct`); pulls are deduplicated per host, so several workers on
-one host still pull each image once. Nothing else runs.
+`submit --prepull` (before its trials) and a dry run with live workers (as
+its pre-warm) give each image that no live host holds to one host, largest
+first to the host given the fewest bytes so far (`spread`), mark it as
+pulling there (`coordination.placement`: the image's trials prefer that
+host), and send each host one `prewarm_images` task on its direct queue
+(`worker_direct`) with its images. Pulls are deduplicated per host, so a
+trial that needs an image while its pull runs waits for that one pull.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
 
 from celery import Celery
 from celery.utils.nodenames import worker_direct
 from rich.console import Console
 
+from sciencebench.coordination.placement import cluster_view, pinned, placement_store
+from sciencebench.coordination.protocol import Coordinator
+from sciencebench.core.sizes import format_size
 from sciencebench.core.wire import PREWARM_IMAGES
 
 
-def prewarm(app: Celery, refs: list[str], platform: str, console: Console, ping_sec: float = 2.0) -> int:
-    """Ask every worker that answers a ping to pull `refs`; wait; return how many did."""
-    workers = sorted(name for reply in app.control.ping(timeout=ping_sec) or [] for name in reply)
-    if not workers:
-        console.print("pre-warm: no worker answered; nothing pulled")
+def spread(
+    refs: Iterable[str], hosts: Iterable[str], sizes: Mapping[str, int], held: Mapping[str, set[str]]
+) -> dict[str, list[str]]:
+    """Host -> the refs it pulls: each ref no host holds (`held`: host -> pinned names) onto one host.
+
+    Largest first (`sizes`: ref -> bytes), each to the host given the fewest
+    bytes so far (then the first name): the pulls take about equally long.
+    """
+    names = sorted(hosts)
+    if not names:
+        return {}
+    holding = set().union(*held.values()) if held else set()
+    given = dict.fromkeys(names, 0)
+    plan: dict[str, list[str]] = {}
+    wanted = [ref for ref in dict.fromkeys(refs) if pinned([ref])[0] not in holding]
+    for ref in sorted(wanted, key=lambda r: -sizes.get(r, 0)):
+        host = min(names, key=lambda h: (given[h], names.index(h)))
+        given[host] += sizes.get(ref, 0)
+        plan.setdefault(host, []).append(ref)
+    return plan
+
+
+def prewarm(
+    app: Celery, coord: Coordinator, refs: list[str], platform: str, console: Console, lease_seconds: float
+) -> int:
+    """Spread `refs` over the live hosts (`spread`), pull them there and wait; how many hosts succeeded."""
+    store = placement_store(coord)
+    placed = cluster_view(coord, store, lease_seconds)
+    if not placed.hosts:
+        console.print("pre-pull: no live worker host; nothing pulled")
         return 0
-    console.print(f"pre-warm: {len(workers)} worker(s) pulling {len(refs)} image(s) ...")
-    queues = {name: worker_direct(name) for name in workers}
-    results = {
-        name: app.send_task(
-            PREWARM_IMAGES, args=(refs, platform), exchange=queue.exchange.name, routing_key=queue.routing_key
+    sizes = {ref: placed.size(pinned([ref])[0]) for ref in refs}
+    held = {name: set(host.images) for name, host in placed.hosts.items()}
+    plan = spread(refs, placed.hosts, sizes, held)
+    kept = len(set(refs)) - sum(len(mine) for mine in plan.values())
+    console.print(f"pre-pull: {len(set(refs))} image(s), {kept} held already; {len(plan)} host(s) pulling")
+    for host, mine in plan.items():
+        store.mark_pulling(host, pinned(mine), placed.now)
+    results = {}
+    for host, mine in plan.items():
+        queue = worker_direct(host)
+        results[host] = app.send_task(
+            PREWARM_IMAGES, args=(mine, platform), exchange=queue.exchange.name, routing_key=queue.routing_key
         )
-        for name, queue in queues.items()
-    }
     failed = 0
-    for name, result in results.items():
+    for host, result in results.items():
         answer = result.get(propagate=False)
+        total = format_size(sum(sizes[ref] for ref in plan[host]))
         if isinstance(answer, dict) and not answer.get("error"):
-            console.print(f"pre-warm: {name}: ready ({answer['seconds']:.1f}s)", markup=False)
+            line = (
+                f"pre-pull: {host}: ready, {len(plan[host])} image(s) of ~{total} ({answer['seconds']:.1f}s)"
+            )
+            console.print(line, markup=False)
         else:
             failed += 1
             error = answer.get("error") if isinstance(answer, dict) else repr(answer)
-            console.print(f"pre-warm: {name}: {error}", markup=False)
-    return len(workers) - failed
+            console.print(f"pre-pull: {host}: {error}", markup=False)
+    return len(plan) - failed

@@ -18,6 +18,7 @@ from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
 from celery.utils.nodenames import default_nodename, host_format
 
+from sciencebench.coordination.placement import host_queue, placement_store
 from sciencebench.coordination.protocol import Coordinator, HostKit
 from sciencebench.coordination.redis import RedisCoordinator
 from sciencebench.coordination.watchdog import start_watchdog
@@ -26,6 +27,7 @@ from sciencebench.core.settings import Settings
 from sciencebench.worker import preflight
 from sciencebench.worker.app import app
 from sciencebench.worker.context import use_settings
+from sciencebench.worker.docker.holdings import HoldingsReporter
 from sciencebench.worker.pier import process
 from sciencebench.worker.runtime import images_report, prepare_host
 
@@ -64,6 +66,8 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     # Live before its first trial: a host that cannot serve a job hands trials back only while
     # another live host may (`worker.trial._unfit`), and the keeper's first beat is a quarter lease away.
     coord.describe_host(nodename, host_kit(settings, concurrency))
+    holdings = HoldingsReporter(nodename, settings.state_dir, placement_store(coord))
+    holdings.tick(force=True)  # what it holds, before fill places its first trial
     coord.beat(nodename)
     # Forked pool processes build their context from these, not from the environment alone.
     use_settings(settings)
@@ -89,7 +93,7 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
         start_watchdog(app, coord, settings.lease_seconds)
         threading.Thread(
             target=keep_host,
-            args=(app, coord, settings, stop, concurrency),
+            args=(app, coord, settings, stop, concurrency, holdings),
             name="sciencebench-host",
             daemon=True,
         ).start()
@@ -99,13 +103,15 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
         stop.set()
         try:
             coord.forget_host(settings.hostname)
+            holdings.store.forget(settings.hostname)
         except Exception:  # the broker may be gone already
             log.warning("could not remove this host from the cluster's list", exc_info=True)
 
     argv = ["worker", f"--concurrency={concurrency}", f"--loglevel={loglevel}", "-E", "-O", "fair",
             f"--hostname={nodename}"]  # fmt: skip
-    if queues:
-        argv.append(f"--queues={queues}")
+    # The shared queue (or the operator's --queues) and this host's own: trials placed on it.
+    own = host_queue(app.conf.task_default_queue, nodename)
+    argv.append(f"--queues={queues or app.conf.task_default_queue},{own}")
     app.worker_main(argv)
 
 
@@ -130,18 +136,27 @@ def _report_images(coord: Coordinator, settings: Settings) -> None:
 
 
 def keep_host(
-    app: Celery, coord: Coordinator, settings: Settings, stop: threading.Event, slots: int = 0
+    app: Celery,
+    coord: Coordinator,
+    settings: Settings,
+    stop: threading.Event,
+    slots: int = 0,
+    holdings: HoldingsReporter | None = None,
 ) -> None:
-    """Beat every quarter lease and own this host's consumer of the trial queue.
+    """Beat every quarter lease and own this host's consumers of the trial queues.
 
     A trial that finds the host unhealthy only marks it paused (in the
     store); this thread alone stops and resumes consuming, so a pause and a
     resume never race. While paused it checks health with backoff and resumes
     by itself once the host is fit. Consumer changes are broadcasts that may
     be lost while the broker reconnects, so the wanted state is sent again
-    every lease period (Celery ignores a repeat).
+    every lease period (Celery ignores a repeat). The trial queues are the
+    shared one and the host's own (`coordination.placement.host_queue`).
+    `holdings` reports the task images the host holds when its pull log
+    changed, and every lease period.
     """
-    hostname, queue = settings.hostname, app.conf.task_default_queue
+    hostname = settings.hostname
+    queues = (app.conf.task_default_queue, host_queue(app.conf.task_default_queue, hostname))
     interval = max(settings.lease_seconds / 4, 0.5)
     reaffirm_every = max(int(settings.lease_seconds / interval), 1)
     backoff, next_check, ticks = interval, 0.0, 0
@@ -153,14 +168,16 @@ def keep_host(
                 coord.describe_host(hostname, host_kit(settings, slots))
             if settings.image_budget and (ticks == 1 or ticks % reaffirm_every == 0):
                 _report_images(coord, settings)
+            if holdings is not None:
+                holdings.tick(force=ticks % reaffirm_every == 0)
             status = coord.hosts().get(hostname)
             if status is None or not status.paused:
                 backoff, next_check = interval, 0.0
                 if ticks % reaffirm_every == 0:
-                    app.control.add_consumer(queue, destination=[hostname])
+                    _consume(app, queues, hostname, True)
                 continue
             if next_check <= 0 or ticks % reaffirm_every == 0:
-                app.control.cancel_consumer(queue, destination=[hostname])
+                _consume(app, queues, hostname, False)
             next_check -= interval
             if next_check > 0:
                 continue
@@ -172,9 +189,18 @@ def keep_host(
                 coord.pause_host(hostname, str(exc))
                 log.warning("host still unhealthy (next check in %.0fs): %s", backoff, exc)
                 continue
-            app.control.add_consumer(queue, destination=[hostname])
+            _consume(app, queues, hostname, True)
             coord.resume_host(hostname)
             backoff, next_check = interval, 0.0
             log.warning("host healthy again: taking trials")
         except Exception:  # the broker may be restarting; try again later
             log.warning("host keeper: broker call failed", exc_info=True)
+
+
+def _consume(app: Celery, queues: tuple[str, ...], hostname: str, on: bool) -> None:
+    """Start (`on`) or stop consuming the trial queues on this host (broadcasts; a repeat is ignored)."""
+    for queue in queues:
+        if on:
+            app.control.add_consumer(queue, destination=[hostname])
+        else:
+            app.control.cancel_consumer(queue, destination=[hostname])

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import redis
 
+from tests.fixtures.engines import engines, kit_image  # noqa: F401  (fixtures: one Engine per host)
 from tests.fixtures.selection import make_selection
 from tests.fixtures.services import FAKE_PIER, VENV_BIN, RedisServer, Worker
 

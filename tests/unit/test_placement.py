@@ -1,0 +1,104 @@
+"""Image-aware placement's choice of a host for a trial (`coordination.placement.Placement`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sciencebench.coordination.placement import (
+    DEFAULT_IMAGE_BYTES,
+    WAIT_CAP_SEC,
+    WAIT_FLOOR_SEC,
+    HostView,
+    Placement,
+    pinned,
+    wait_bound,
+)
+from sciencebench.login.prewarm import spread
+
+pytestmark = pytest.mark.unit
+
+GB = 1 << 30
+
+
+def _ref(name: str) -> str:
+    return f"127.0.0.1:5000/t/{name}:v@sha256:{name[0] * 64}"
+
+
+A, B, C = _ref("a"), _ref("b"), _ref("c")
+PA, PB, PC = pinned([A, B, C])
+
+
+def _cluster(*hosts: HostView, rate: float = 100e6) -> Placement:
+    sizes = {image: size for host in hosts for image, size in host.images.items()}
+    return Placement(hosts={h.name: h for h in hosts}, sizes=sizes, bytes_per_sec=rate, now=1000.0)
+
+
+def test_a_trial_takes_a_free_host_that_holds_its_images_over_an_emptier_one() -> None:
+    placed = _cluster(HostView("h1", slots=2, busy=1, images={PA: GB}), HostView("h2", slots=2))
+    choice = placed.choose([A])
+    assert choice is not None and (choice.host, choice.until, choice.pulls) == ("h1", 0.0, ())
+
+
+def test_an_image_nobody_holds_goes_to_the_freest_host_then_the_one_storing_least() -> None:
+    placed = _cluster(HostView("h1", slots=2, busy=1), HostView("h2", slots=2, images={PB: GB}))
+    choice = placed.choose([A])
+    assert choice is not None and (choice.host, choice.pulls) == ("h2", (PA,))
+    placed.take(choice)
+    assert placed.hosts["h2"].has(PA)  # pulling it now: the task's next trial goes there too
+    placed = _cluster(HostView("h1", slots=2, images={PB: 3 * GB}), HostView("h2", slots=2, images={PC: GB}))
+    choice = placed.choose([A])
+    assert choice is not None and choice.host == "h2"  # same free slots: the one storing less
+
+
+def test_a_trial_waits_for_a_busy_holder_for_the_pull_it_saves_and_the_slot_goes_on() -> None:
+    placed = _cluster(
+        HostView("h1", slots=2, busy=2, images={PA: 10 * GB}), HostView("h2", slots=2, images={PB: GB}),
+        rate=100e6,
+    )  # fmt: skip
+    choice = placed.choose([A])
+    assert choice is not None and choice.host == "h1"
+    assert choice.until == pytest.approx(1000.0 + 10 * GB / 100e6)  # the pull h2 would need
+    placed.take(choice)
+    assert (placed.free, placed.waiting) == (2, 1)  # h2's slots are still free for the next trial
+    then = placed.choose([B])
+    assert then is not None and (then.host, then.until) == ("h2", 0.0)
+
+
+def test_a_busy_holders_line_is_at_most_its_slots_then_a_free_host_pulls() -> None:
+    placed = _cluster(HostView("h1", slots=1, busy=1, images={PA: GB}), HostView("h2", slots=1))
+    first = placed.choose([A])
+    assert first is not None and first.host == "h1" and first.until > 0
+    placed.take(first)
+    second = placed.choose([A])
+    assert second is not None and (second.host, second.until, second.pulls) == ("h2", 0.0, (PA,))
+    placed.take(second)
+    assert placed.choose([A]) is None  # no free slot anywhere: nothing is placed
+
+
+def test_a_host_pulling_an_image_counts_as_holding_it() -> None:
+    placed = _cluster(HostView("h1", slots=2, busy=2, pulling={PA}), HostView("h2", slots=2, images={PB: GB}))
+    choice = placed.choose([A, B])
+    # h2 lacks A (the median reported size), h1 lacks B (1 GiB) but is busy: equal, so no wait.
+    assert choice is not None and choice.host == "h2"
+    placed = _cluster(HostView("h1", slots=2, busy=2, pulling={PA}), HostView("h2", slots=2))
+    choice = placed.choose([A])
+    assert choice is not None and choice.host == "h1" and choice.until > 0
+
+
+def test_the_wait_is_the_saved_pull_between_a_floor_and_a_cap() -> None:
+    assert wait_bound(0, 100e6) == WAIT_FLOOR_SEC
+    assert wait_bound(10 * GB, 100e6) == pytest.approx(10 * GB / 100e6)
+    assert wait_bound(1000 * GB, 100e6) == WAIT_CAP_SEC
+    assert wait_bound(10 * GB, 0.0) == pytest.approx(10 * GB / 50e6)  # no measured pull yet: a default
+    assert _cluster().size(PA) == DEFAULT_IMAGE_BYTES
+    assert _cluster(HostView("h", 1, images={PB: 2, PC: 4})).size(PA) == 3  # the median reported
+
+
+def test_prepull_spreads_each_image_to_one_host_balanced_by_size() -> None:
+    sizes = {A: 8 * GB, B: 5 * GB, C: 4 * GB}
+    d = _ref("d")
+    plan = spread([A, B, C, d], ["h1", "h2"], sizes | {d: 2 * GB}, held={})
+    assert sorted(ref for refs in plan.values() for ref in refs) == sorted([A, B, C, d])
+    assert plan == {"h1": [A, d], "h2": [B, C]}  # largest first to the host with the fewest bytes
+    plan = spread([A, B], ["h1", "h2"], sizes, held={"h2": {PA}})
+    assert plan == {"h1": [B]}  # what a live host holds is not pulled again
