@@ -203,8 +203,12 @@ def chaos(soak: Soak, followers: dict[str, subprocess.Popen[bytes]], total: int,
     events: list[dict[str, Any]] = []
     deadline = time.monotonic() + timeout
     while any(f.poll() is None for f in followers.values()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the jobs did not finish within {timeout:.0f} s")
+        if time.monotonic() > deadline:  # a job that never finishes: stop following, audit what ran
+            for follower in followers.values():
+                if follower.poll() is None:
+                    follower.kill()
+                    follower.wait()
+            return {"events": events, "timed_out_sec": timeout}
         done = len(soak.completions()) / total
         if kill_at and done >= kill_at[0]:
             # A moment not tied to a completion: the log grows as runs end, and a host killed just
@@ -248,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     load_host_env()
     work = Path(tempfile.mkdtemp(prefix="sciencebench-soak-"))
     soak = Soak(work, args.workers, args.slots)
+    followers: dict[str, subprocess.Popen[bytes]] = {}
     base_image = os.environ["SB_BASE_IMAGE"]
     try:
         soak.redis.start()
@@ -260,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         paths = {job: selection(work / f"sel-{job}", str(i), rng, base_image)
                  for i, job in enumerate(USERS)}  # fmt: skip
         t0 = time.monotonic()
-        followers = {job: submit(soak, paths[job], job, attempts, cap) for job in USERS}
+        followers.update({job: submit(soak, paths[job], job, attempts, cap) for job in USERS})
         print(f"soak: {total} trials ({attempts} attempts x {TASKS_PER_JOB} tasks x 2 jobs), "
               f"{args.workers} workers x {args.slots} slots, {kills} kills, one broker restart; in {work}",
               flush=True)  # fmt: skip
@@ -276,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
                        redis_used_memory={"before": memory_before, "after": memory_after},
                        keys_after=keys_after)  # fmt: skip
     finally:
+        for follower in followers.values():
+            if follower.poll() is None:
+                follower.kill()
         soak.close()
     ok = results["lost"] == 0 and results["run_twice"] == 0 and not any(results["submit_exit"].values())
     if not ok:  # what the followers said, and the work directory kept to look into
@@ -300,6 +308,21 @@ def ended_before_kill(runs: list[dict[str, Any]], twice: list[tuple[str, str]], 
     return sum(any(0 <= k - end <= KILL_WINDOW_SEC for k in kills) for end in first_end.values())
 
 
+def uncounted(soak: Soak, ids: dict[str, str]) -> dict[str, list[str]]:
+    """Per job, trials with a record in the store that the chord was never told of (no counted mark)."""
+    client = redis.Redis.from_url(soak.redis.url, decode_responses=True)
+    try:
+        found = {}
+        for job, jid in ids.items():
+            prefix = f"sciencebench:{jid}:"
+            results = {k.removeprefix(prefix + "result:") for k in client.scan_iter(f"{prefix}result:*")}
+            counted = {k.removeprefix(prefix + "counted:") for k in client.scan_iter(f"{prefix}counted:*")}
+            found[job] = sorted(results - counted)
+        return found
+    finally:
+        client.close()
+
+
 def audit(
     soak: Soak, followers: dict[str, subprocess.Popen[bytes]], total: int, kills: list[float]
 ) -> dict[str, Any]:
@@ -318,6 +341,7 @@ def audit(
         "run_twice_keys": [f"{jid[:8]}/{key}" for jid, key in twice],
         "ended_before_kill": ended_before_kill(runs, twice, kills),
         "submit_exit": {job: f.returncode for job, f in followers.items()},
+        "recorded_not_counted": uncounted(soak, ids),
         "share": shares(by_job),
     }
 
