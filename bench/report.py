@@ -294,6 +294,12 @@ ORDER = [
     ("bake_s", "9. bake Codex into the demo's agent image (s)"),
     ("rebake_s", "9. the same bake again, a no-op (s)"),
     ("agent_setup_baked_s", "9. agent setup of a real Codex trial on the baked image (s)"),
+    ("campaign_placed_makespan_over_bound", "10. campaign, 4 hosts, 2 jobs: makespan / bound, placed"),
+    ("campaign_unplaced_makespan_over_bound", "10. the same, unplaced (every trial to the shared queue)"),
+    ("campaign_placed_pulls", "10. images pulled, all hosts, placed (8 images)"),
+    ("campaign_unplaced_pulls", "10. the same, unplaced"),
+    ("campaign_placed_b_wait_s", "10. job B's wait for its first trial, placed (s)"),
+    ("campaign_unplaced_b_wait_s", "10. the same, unplaced (s)"),
 ]
 
 

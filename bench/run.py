@@ -46,6 +46,11 @@ Figures (names as in results.json):
    image (`sciencebench images bake`), the same bake again (a no-op), and
    Pier's agent-setup stage of a real Codex trial on the baked image against
    the scripted gateway (needs scripts/agent-artifacts.sh).
+10. campaign_{placed,unplaced}_{makespan_over_bound,pulls,b_wait_s}: two
+   users' jobs on 4 simulated hosts, each its own Docker Engine and image
+   store, 8 task images of 16-128 MB, heavy-tailed durations; placed (as
+   sciencebench is) and unplaced (`bench.unplaced`) in one run
+   (bench/campaign.py). Full run only (about 3 minutes), or `--only 10`.
 
 Makespans and walls start when the submit starts (`prepare`, as `sciencebench
 submit` runs it, in this process) and end when the chord's finalizer has
@@ -72,6 +77,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import campaign
 from bench.figures import agents, overhead, pulls, real, scale, scaling, scaling_real, schedule, warm_start
 from bench.harness import BENCH_DIR, REPO, Harness, load_host_env
 from bench.params import FULL, QUICK
@@ -83,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller and shorter; about 2 minutes")
     parser.add_argument(
-        "--only", help="comma-separated items to run (1-9), for development; nothing is written"
+        "--only", help="comma-separated items to run (1-10), for development; nothing is written"
     )
     parser.add_argument(
         "--update",
@@ -94,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args(argv)
     p = QUICK if args.quick else FULL
-    only = {int(x) for x in args.only.split(",")} if args.only else set(range(1, 10))
+    only = {int(x) for x in args.only.split(",")} if args.only else set(range(1, 10 if p.quick else 11))
 
     load_host_env()
     sys.path.insert(0, str(REPO))
@@ -200,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
                 "agents",
                 "9. agent-ready images: bake Codex, bake it again, agent setup of a real trial on it",
                 lambda: agents.measure(h, p),
+            )
+        if 10 in only:
+            step(
+                "campaign",
+                "10. campaign: 2 users' jobs on 4 hosts with their own Engines, placed vs unplaced",
+                lambda: campaign.measure(h, p),
             )
     except Exception:
         crashed = True
