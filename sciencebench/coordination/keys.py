@@ -42,6 +42,11 @@ PAUSED_KEY = f"{PREFIX}:hosts:paused"
 IMAGES_KEY = f"{PREFIX}:hosts:images"
 KIT_KEY = f"{PREFIX}:hosts:kit"
 HISTORY_KEY = f"{PREFIX}:history"
+SHARES_KEY = f"{PREFIX}:shares"
+WEIGHTS_KEY = f"{PREFIX}:shares:weights"
+HOLDS_KEY = f"{PREFIX}:hosts:holds"
+ROUTED_KEY = f"{PREFIX}:place:routed"
+PULLING_KEY = f"{PREFIX}:place:pulling"
 
 
 def job_key(job: str, *parts: str) -> str:

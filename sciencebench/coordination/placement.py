@@ -42,16 +42,15 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pydantic import BaseModel
 
-from sciencebench.coordination.protocol import JOBS_KEY, PREFIX, Coordinator
+from sciencebench.coordination import scripts
+from sciencebench.coordination.keys import HOLDS_KEY, PULLING_KEY, ROUTED_KEY
+from sciencebench.coordination.protocol import PREFIX, Coordinator
 from sciencebench.core.images import repo_digest_name
 
 if TYPE_CHECKING:
     from sciencebench.coordination.memory import MemoryCoordinator
     from sciencebench.coordination.redis import RedisCoordinator
 
-HOLDS_KEY = f"{PREFIX}:hosts:holds"
-ROUTED_KEY = f"{PREFIX}:place:routed"
-PULLING_KEY = f"{PREFIX}:place:pulling"
 
 # The bound on a trial's wait for a host that holds its images: the time the free host would take to
 # pull what it lacks, at the pull throughput the hosts measured, kept within these.
@@ -255,76 +254,18 @@ class PlacementStore(ABC):
         """Every image marked as pulling, and where; marks older than `PULLING_TTL_SEC` are dropped."""
 
 
-_LOADS = """
-local now = tonumber(ARGV[1])
-local prefix = ARGV[2]
-local out = {}
-local function count(host, slot)
-  if out[host] == nil then
-    out[host] = {0, 0, 0}
-  end
-  out[host][slot] = out[host][slot] + 1
-end
-for _, job in ipairs(redis.call('smembers', KEYS[1])) do
-  for _, entry in ipairs(redis.call('hvals', prefix .. job .. ':running')) do
-    local ok, payload = pcall(cjson.decode, entry)
-    if ok and type(payload) == 'table' and type(payload['host']) == 'string' and payload['host'] ~= '' then
-      count(payload['host'], 1)
-    end
-  end
-end
-local routed = redis.call('hgetall', KEYS[2])
-for i = 1, #routed, 2 do
-  local job, key = string.match(routed[i], '^([^/]*)/(.*)$')
-  local ok, entry = pcall(cjson.decode, routed[i + 1])
-  local running = job and redis.call('hget', prefix .. job .. ':running', key)
-  local claimed = running and cjson.decode(running)['host']
-  if not ok or not running or (claimed and claimed ~= '') then
-    redis.call('hdel', KEYS[2], routed[i])  -- started (it counts where it runs), or over
-  elseif entry['until'] > now then
-    count(entry['host'], 2)
-    if entry['waits'] then
-      count(entry['host'], 3)
-    end
-  end
-end
-local flat = {}
-for host, counts in pairs(out) do
-  table.insert(flat, host)
-  table.insert(flat, counts[1])
-  table.insert(flat, counts[2])
-  table.insert(flat, counts[3])
-end
-return flat
-"""
-
-
-# A host's report (KEYS[1] field ARGV[1] = ARGV[2]); the images it holds (ARGV[3..]) lose their pulling
-# marks (KEYS[2]) that name this host.
-_REPORT = """
-redis.call('hset', KEYS[1], ARGV[1], ARGV[2])
-for i = 3, #ARGV do
-  local mark = redis.call('hget', KEYS[2], ARGV[i])
-  if mark and cjson.decode(mark)['host'] == ARGV[1] then
-    redis.call('hdel', KEYS[2], ARGV[i])
-  end
-end
-return 1
-"""
-
-
 class RedisPlacementStore(PlacementStore):
     """`PlacementStore` over the cluster's Redis (through the coordinator's client and outage handling)."""
 
     def __init__(self, coord: RedisCoordinator) -> None:
         self._coord = coord
-        self._loads = coord.client.register_script(_LOADS)
-        self._report = coord.client.register_script(_REPORT)
+        self._loads = scripts.Registered(coord.client, scripts.PLACE_LOADS)
+        self._report = scripts.Registered(coord.client, scripts.PLACE_REPORT)
 
     def report(self, host: str, held: HostImages) -> None:
         """The host's report and its pulling marks of what it holds now, in one script."""
-        keys, args = [HOLDS_KEY, PULLING_KEY], [host, held.model_dump_json(), *held.images]
-        self._coord.patiently(lambda: self._report(keys=keys, args=args))
+        args = [host, held.model_dump_json(), *held.images]
+        self._coord.patiently(lambda: self._report("", "", args))
 
     def forget(self, host: str) -> None:
         """`HDEL` of its report."""
@@ -342,8 +283,7 @@ class RedisPlacementStore(PlacementStore):
 
     def loads(self, now: float) -> dict[str, HostLoad]:
         """One script over the jobs' running entries and the routes (stale routes are dropped)."""
-        keys = [JOBS_KEY, ROUTED_KEY]
-        flat = self._coord.patiently(lambda: self._loads(keys=keys, args=[repr(now), f"{PREFIX}:"]))
+        flat = self._coord.patiently(lambda: self._loads("", "", [repr(now), f"{PREFIX}:"]))
         return {
             str(flat[i]): HostLoad(
                 running=int(flat[i + 1]), routed=int(flat[i + 2]), waiting=int(flat[i + 3])

@@ -21,7 +21,16 @@ from redis.commands.core import AsyncScript
 from redis.commands.core import Script as RedisScript
 from redis.typing import EncodableT
 
-from sciencebench.coordination.protocol import HISTORY_KEY, JOBS_KEY, job_key
+from sciencebench.coordination.keys import (
+    HISTORY_KEY,
+    HOLDS_KEY,
+    JOBS_KEY,
+    PULLING_KEY,
+    ROUTED_KEY,
+    SHARES_KEY,
+    WEIGHTS_KEY,
+    job_key,
+)
 
 LUA = files("sciencebench.coordination") / "lua"
 
@@ -49,6 +58,11 @@ def store_keys(job: str, key: str = "") -> Mapping[str, str]:
     return {
         "jobs": JOBS_KEY,
         "history": HISTORY_KEY,
+        "shares": SHARES_KEY,
+        "weights": WEIGHTS_KEY,
+        "holds": HOLDS_KEY,
+        "routed": ROUTED_KEY,
+        "pulling": PULLING_KEY,
         "lease": job_key(job, "lease", key),
         "result": job_key(job, "result", key),
         "counted": job_key(job, "counted", key),
@@ -102,8 +116,13 @@ ADD_DURATIONS = Script("add_durations", ("history",))
 SET_BUDGET = Script("set_budget", _BUDGET, uses=("budget_reached",))
 START_WITHIN_BUDGET = Script("start_within_budget", _BUDGET, uses=("budget_reached", "let_start"))
 
+# Fair share and placement: keys of the whole cluster, no job's.
+SHARE_CHOOSE = Script("share_choose", ("shares", "weights"))
+PLACE_LOADS = Script("place_loads", ("jobs", "routed"))
+PLACE_REPORT = Script("place_report", ("holds", "pulling"))
+
 ALL = (PARK, RENEW, COMMIT, FINISH, WAIT, TAKE_ORPHAN, SLOT, START, NEXT_WAITING, RELEASE_HELD,
-       ADD_DURATIONS, SET_BUDGET, START_WITHIN_BUDGET)  # fmt: skip
+       ADD_DURATIONS, SET_BUDGET, START_WITHIN_BUDGET, SHARE_CHOOSE, PLACE_LOADS, PLACE_REPORT)  # fmt: skip
 
 
 class Registered:

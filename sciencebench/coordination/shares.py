@@ -38,8 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SHARES_KEY = "sciencebench:shares"
-WEIGHTS_KEY = "sciencebench:shares:weights"
 # `fill` runs one at a time (a store lock); a stuck holder's lock lapses after its TTL.
 FILL_LOCK = "shares-fill"
 FILL_LOCK_TTL_SEC = 10.0
@@ -126,7 +124,7 @@ def choose(
 ) -> str | None:
     """The job whose held trial the next free slot takes; None when no slot is free or nobody waits.
 
-    The twin of `LUA_CHOOSE` (over Redis): the user with the fewest busy
+    The twin of the script `lua/share_choose.lua` (over Redis): the user with the fewest busy
     slots per weight among users with a job that waits and is below its
     `--n-concurrent`, then that user's such job with the fewest per weight
     (users that tie are told apart by their jobs' ratio), then the earlier
@@ -152,52 +150,6 @@ def choose(
                 (load.busy + 1) / job_w[job], share.at, job)  # fmt: skip
 
     return min(candidates, key=rank)
-
-
-# `choose` over Redis, in one script. KEYS[1] shares, KEYS[2] weights;
-# ARGV[1] capacity, ARGV[2] the key prefix (`sciencebench:`). A job waits when
-# it has held trials or trials parked for a slot, and is not cancelled.
-LUA_CHOOSE = """
-local capacity = tonumber(ARGV[1])
-local prefix = ARGV[2]
-local entries = redis.call('hgetall', KEYS[1])
-local busy_by_user, candidates, total = {}, {}, 0
-for i = 1, #entries, 2 do
-  local job, share = entries[i], cjson.decode(entries[i + 1])
-  local busy = redis.call('zcard', prefix .. job .. ':slots')
-    + redis.call('scard', prefix .. job .. ':share:sent')
-  total = total + busy
-  busy_by_user[share['user']] = (busy_by_user[share['user']] or 0) + busy
-  local waits = redis.call('exists', prefix .. job .. ':held')
-    + redis.call('llen', prefix .. job .. ':waiting')
-  if waits > 0 and busy < share['cap'] and redis.call('exists', prefix .. job .. ':cancelled') == 0 then
-    table.insert(candidates, {job, share, busy})
-  end
-end
-if total >= capacity or #candidates == 0 then
-  return false
-end
-local best, best_rank = nil, nil
-for _, c in ipairs(candidates) do
-  local job, share, busy = c[1], c[2], c[3]
-  local uw = tonumber(redis.call('hget', KEYS[2], 'user:' .. share['user']) or '1')
-  local jw = tonumber(redis.call('hget', KEYS[2], 'job:' .. job) or share['weight'])
-  local rank = {(busy_by_user[share['user']] + 1) / uw, (busy + 1) / jw, share['at'], job}
-  local better = best_rank == nil
-  if not better then
-    for k = 1, 4 do
-      if rank[k] ~= best_rank[k] then
-        better = rank[k] < best_rank[k]
-        break
-      end
-    end
-  end
-  if better then
-    best, best_rank = job, rank
-  end
-end
-return best
-"""
 
 
 def cluster_slots(coord: Coordinator, lease_seconds: float) -> int:

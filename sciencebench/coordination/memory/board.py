@@ -6,6 +6,7 @@ import time
 from typing import override
 
 from sciencebench.coordination import shares
+from sciencebench.coordination.keys import SHARES_KEY, WEIGHTS_KEY
 from sciencebench.coordination.memory.base import MemoryBase
 from sciencebench.coordination.memory.holds import held_count
 from sciencebench.coordination.protocol import JOBS_KEY, Board, HostKit, HostStatus, JobControl, job_key
@@ -14,17 +15,17 @@ from sciencebench.core.models import Redispatch, TrialState, TrialStatus
 
 
 class MemoryBoard(MemoryBase, JobControl, Board, Shares):
-    """`Board` and `Shares` (`choose_share` is `shares.choose`, the twin of `shares.LUA_CHOOSE`)."""
+    """`Board` and `Shares` (`choose_share` is `shares.choose`, the twin of `lua/share_choose.lua`)."""
 
     @override
     def register_share(self, job: str, share: shares.Share) -> None:
         with self._lock:
-            self._values.setdefault(shares.SHARES_KEY, {})[job] = share
+            self._values.setdefault(SHARES_KEY, {})[job] = share
 
     @override
     def set_weight(self, field: str, weight: float | None) -> None:
         with self._lock:
-            weights: dict[str, float] = self._values.setdefault(shares.WEIGHTS_KEY, {})
+            weights: dict[str, float] = self._values.setdefault(WEIGHTS_KEY, {})
             if weight is None:
                 weights.pop(field, None)
             else:
@@ -33,9 +34,7 @@ class MemoryBoard(MemoryBase, JobControl, Board, Shares):
     @override
     def share_table(self) -> tuple[dict[str, shares.Share], dict[str, float]]:
         with self._lock:
-            return dict(self._values.get(shares.SHARES_KEY, {})), dict(
-                self._values.get(shares.WEIGHTS_KEY, {})
-            )
+            return dict(self._values.get(SHARES_KEY, {})), dict(self._values.get(WEIGHTS_KEY, {}))
 
     @override
     def share_load(self, job: str) -> shares.Load:

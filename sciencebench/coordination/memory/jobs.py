@@ -8,6 +8,7 @@ from typing import override
 from sciencebench.coordination import shares
 from sciencebench.coordination.budget import Budget, Budgets, Ledger, Spend
 from sciencebench.coordination.history import SAMPLES
+from sciencebench.coordination.keys import SHARES_KEY, WEIGHTS_KEY
 from sciencebench.coordination.memory.base import MemoryBase
 from sciencebench.coordination.protocol import HISTORY_KEY, JOBS_KEY, History, JobControl, Unfit, job_key
 
@@ -59,8 +60,8 @@ class MemoryJobs(MemoryBase, JobControl, History, Budgets):
     def retire(self, job: str, ttl_sec: int) -> None:
         with self._lock:
             self._values.get(JOBS_KEY, set()).discard(job)
-            self._values.get(shares.SHARES_KEY, {}).pop(job, None)
-            self._values.get(shares.WEIGHTS_KEY, {}).pop(shares.job_field(job), None)
+            self._values.get(SHARES_KEY, {}).pop(job, None)
+            self._values.get(WEIGHTS_KEY, {}).pop(shares.job_field(job), None)
             deadline = time.monotonic() + ttl_sec
             for name in [n for n in self._values if n.startswith(job_key(job, ""))]:
                 self._expiry[name] = min(self._expiry.get(name, deadline), deadline)

@@ -7,7 +7,8 @@ from typing import Any, override
 
 from redis.typing import EncodableT
 
-from sciencebench.coordination import shares
+from sciencebench.coordination import scripts, shares
+from sciencebench.coordination.keys import SHARES_KEY, WEIGHTS_KEY
 from sciencebench.coordination.protocol import (
     HOSTS_KEY,
     IMAGES_KEY,
@@ -25,30 +26,30 @@ from sciencebench.core.models import TrialState, TrialStatus
 
 
 class RedisBoard(RedisBase, Board, Shares):
-    """`Board` and `Shares` (`coordination.shares`: the script `shares.LUA_CHOOSE`)."""
+    """`Board` and `Shares` (`coordination.shares`: the script `lua/share_choose.lua`)."""
 
     def __init__(self, url: str, outage_sec: float = 900.0) -> None:
         super().__init__(url, outage_sec)
-        self._choose_share_script = self._redis.register_script(shares.LUA_CHOOSE)
+        self._choose_share_script = scripts.Registered(self._redis, scripts.SHARE_CHOOSE)
 
     @override
     def register_share(self, job: str, share: shares.Share) -> None:
         """The job's Share in `sciencebench:shares` (`HSET`)."""
-        self.patiently(lambda: self._redis.hset(shares.SHARES_KEY, job, share.model_dump_json()))
+        self.patiently(lambda: self._redis.hset(SHARES_KEY, job, share.model_dump_json()))
 
     @override
     def set_weight(self, field: str, weight: float | None) -> None:
         """An operator's weight (`HSET`), or none (`HDEL`)."""
         if weight is None:
-            self.patiently(lambda: self._redis.hdel(shares.WEIGHTS_KEY, field))
+            self.patiently(lambda: self._redis.hdel(WEIGHTS_KEY, field))
         else:
-            self.patiently(lambda: self._redis.hset(shares.WEIGHTS_KEY, field, repr(float(weight))))
+            self.patiently(lambda: self._redis.hset(WEIGHTS_KEY, field, repr(float(weight))))
 
     @override
     def share_table(self) -> tuple[dict[str, shares.Share], dict[str, float]]:
         """Every registered job and the operator's weights (two `HGETALL`)."""
-        table = {job: shares.Share.model_validate_json(v) for job, v in self._hash(shares.SHARES_KEY).items()}
-        return table, {field: float(v) for field, v in self._hash(shares.WEIGHTS_KEY).items()}
+        table = {job: shares.Share.model_validate_json(v) for job, v in self._hash(SHARES_KEY).items()}
+        return table, {field: float(v) for field, v in self._hash(WEIGHTS_KEY).items()}
 
     @override
     def share_load(self, job: str) -> shares.Load:
@@ -67,9 +68,8 @@ class RedisBoard(RedisBase, Board, Shares):
 
     @override
     def choose_share(self, capacity: int) -> str | None:
-        """`shares.choose` in one script (`shares.LUA_CHOOSE`)."""
-        keys = [shares.SHARES_KEY, shares.WEIGHTS_KEY]
-        value = self.patiently(lambda: self._choose_share_script(keys=keys, args=[capacity, f"{PREFIX}:"]))
+        """`shares.choose` in one script (`lua/share_choose.lua`)."""
+        value = self.patiently(lambda: self._choose_share_script("", "", [capacity, f"{PREFIX}:"]))
         return str(value) if value else None
 
     @override

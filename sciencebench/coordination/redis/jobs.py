@@ -10,6 +10,7 @@ from redis.typing import EncodableT
 from sciencebench.coordination import budget, scripts, shares
 from sciencebench.coordination.budget import Budget, Budgets, Spend
 from sciencebench.coordination.history import SAMPLES
+from sciencebench.coordination.keys import SHARES_KEY, WEIGHTS_KEY
 from sciencebench.coordination.protocol import HISTORY_KEY, JOBS_KEY, History, JobControl, Unfit, job_key
 from sciencebench.coordination.redis.base import RedisBase, chunks
 
@@ -77,8 +78,8 @@ class RedisJobs(RedisBase, JobControl, History, Budgets):
 
         def expire_all() -> None:
             self._redis.srem(JOBS_KEY, job)
-            self._redis.hdel(shares.SHARES_KEY, job)
-            self._redis.hdel(shares.WEIGHTS_KEY, shares.job_field(job))
+            self._redis.hdel(SHARES_KEY, job)
+            self._redis.hdel(WEIGHTS_KEY, shares.job_field(job))
             with self._redis.pipeline(transaction=False) as pipe:
                 for name in self._redis.scan_iter(match=job_key(job, "*"), count=1000):
                     pipe.expire(name, ttl_sec, lt=True)
