@@ -33,4 +33,5 @@ echo "== benchmarks, quick smoke (full run: .venv/bin/python -m bench.run)"
 .venv/bin/python -m bench.run --quick
 
 echo "== tests (unit, integration, docker, reliability); setup took $(( $(date +%s) - started ))s so far"
-exec .venv/bin/pytest -p no:cacheprovider "$@"
+# --durations: the slowest tests in the log, to see where the time goes (the bound is 45 minutes).
+exec .venv/bin/pytest -p no:cacheprovider --durations=40 "$@"
