@@ -33,4 +33,13 @@ echo "== benchmarks, quick smoke (full run: .venv/bin/python -m bench.run)"
 .venv/bin/python -m bench.run --quick
 
 echo "== tests (unit, integration, docker, reliability); setup took $(( $(date +%s) - started ))s so far"
-exec .venv/bin/pytest -p no:cacheprovider "$@"
+# --durations: the slowest tests in the log, to see where the time goes (the bound is 45 minutes).
+pytest=(.venv/bin/pytest -p no:cacheprovider --durations=40)
+[ "$#" -eq 0 ] || exec "${pytest[@]}" "$@"
+# tests/unit and tests/coordination share no state between tests (each pytest-xdist worker has its own
+# redis-server, temporary and state directories): two processes at once. Every other test (worker processes,
+# the Docker Engine, real agents, checks bound to timing) one at a time, as before.
+status=0
+"${pytest[@]}" -n 2 tests/unit tests/coordination || status=$?
+"${pytest[@]}" --ignore=tests/unit --ignore=tests/coordination || status=$?
+exit "$status"
