@@ -11,9 +11,12 @@ trial that needs an image while its pull runs waits for that one pull.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 from celery import Celery
+from celery.result import AsyncResult
 from celery.utils.nodenames import worker_direct
 from rich.console import Console
 
@@ -21,6 +24,9 @@ from sciencebench.coordination.placement import cluster_view, pinned, placement_
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.core.sizes import format_size
 from sciencebench.core.wire import PREWARM_IMAGES
+from sciencebench.login.cluster import is_live
+
+POLL_SEC = 0.5
 
 
 def spread(
@@ -68,8 +74,7 @@ def prewarm(
             PREWARM_IMAGES, args=(mine, platform), exchange=queue.exchange.name, routing_key=queue.routing_key
         )
     failed = 0
-    for host, result in results.items():
-        answer = result.get(propagate=False)
+    for host, answer in _answers(coord, results, lease_seconds):
         total = format_size(sum(sizes[ref] for ref in plan[host]))
         if isinstance(answer, dict) and not answer.get("error"):
             line = (
@@ -81,3 +86,29 @@ def prewarm(
             error = answer.get("error") if isinstance(answer, dict) else repr(answer)
             console.print(f"pre-pull: {host}: {error}", markup=False)
     return len(plan) - failed
+
+
+def _answers(
+    coord: Coordinator, results: Mapping[str, AsyncResult[Any]], lease_seconds: float
+) -> Iterator[tuple[str, object]]:
+    """Each host's answer as it arrives; a host that stops beating is not waited for (its answer: why).
+
+    A pull may take long, a host that is gone never answers: the wait for a
+    host lasts while it beats (`login.cluster.is_live`), checked every
+    `POLL_SEC`.
+    """
+    pending = dict(results)
+    while pending:
+        for host, result in list(pending.items()):
+            if result.ready():
+                del pending[host]
+                yield host, result.get(propagate=False)
+        if not pending:
+            return
+        now, hosts = coord.now(), coord.hosts()
+        for host in list(pending):
+            status = hosts.get(host)
+            if status is None or not is_live(status, now, lease_seconds):
+                del pending[host]
+                yield host, {"error": "stopped beating before it answered; its trials pull what they need"}
+        time.sleep(POLL_SEC)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 
 import docker
 import pytest
 
-from tests.integration.conftest import Cluster
+from tests.fixtures.hosts import EVERYTHING, register_ready_host
+from tests.integration.conftest import LEASE_SECONDS, Cluster
 
 pytestmark = pytest.mark.integration
 
@@ -45,3 +47,17 @@ def test_dry_run_spreads_the_images_over_the_worker_hosts_and_runs_nothing(clust
     assert cluster.pier_runs() == []
     assert not (cluster.jobs_dir / "warm").exists()
     client.close()
+
+
+def test_a_pre_pull_does_not_wait_for_a_host_that_stopped_beating(cluster: Cluster) -> None:
+    """A host that beat a moment ago and then died (no worker consumes its queue): the dry run ends."""
+    client = docker.from_env()
+    agent = _push_fresh_copy(client, cluster.base_image, "agent")
+    client.close()
+    register_ready_host(cluster.redis.url, "w9@gone", EVERYTHING.model_copy(update={"slots": 1}))  # no worker
+    path = cluster.selection({"001": {}}, agent_image=agent, verifier_image=agent)
+    started = time.monotonic()
+    done = cluster.submit(path, "warm-gone", "--dry-run", wait=False)
+    assert done.returncode == 0, done.stderr
+    assert "pre-pull: w9@gone: stopped beating" in done.stderr, done.stderr
+    assert time.monotonic() - started < 6 * LEASE_SECONDS + 20, done.stderr
