@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Any, cast
 
 from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
@@ -64,6 +64,12 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     # what heartbeats, pauses, unfit marks and records say.
     nodename = host_format(default_nodename(hostname or ""))
     settings = settings.model_copy(update={"hostname": nodename})
+    own = host_queue(app.conf.task_default_queue, nodename)
+    # What waits on this host's own queue was placed there before this start, while the host was
+    # down: each of those trials comes back through the store (its parked lease lapses, the
+    # watchdog sends it to the shared queue), so a copy left here is stale, and a later run of it
+    # could answer an old chord or run a trial that `retry --failed` has sent again since.
+    dropped = _purge(app, own)  # said once Celery's logging is set up (`_on_ready`)
     # Live before its first trial: a host that cannot serve a job hands trials back only while
     # another live host may (`worker.trial._unfit`), and the keeper's first beat is a quarter lease away.
     coord.describe_host(nodename, host_kit(settings, concurrency))
@@ -84,6 +90,9 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
 
     @worker_ready.connect(weak=False)
     def _on_ready(sender: Any = None, **_: Any) -> None:
+        if dropped:
+            log.info("dropped %d trial message(s) left on %s before this start (their trials come back "
+                     "through the store)", dropped, own)  # fmt: skip
         if zygote_pid is not None:
             log.info("Pier starts warm: forked by zygote pid %d", zygote_pid)
         elif not settings.warm_pier:
@@ -112,9 +121,14 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     argv = ["worker", f"--concurrency={concurrency}", f"--loglevel={loglevel}", "-E", "-O", "fair",
             f"--hostname={nodename}"]  # fmt: skip
     # The shared queue (or the operator's --queues) and this host's own: trials placed on it.
-    own = host_queue(app.conf.task_default_queue, nodename)
     argv.append(f"--queues={queues or app.conf.task_default_queue},{own}")
     app.worker_main(argv)
+
+
+def _purge(app: Celery, queue: str) -> int:
+    """Drop every message waiting on `queue` (the broker's queue of that name); how many."""
+    with app.connection_for_write() as connection:
+        return int(cast(Any, connection.default_channel).queue_purge(queue) or 0)
 
 
 def host_kit(settings: Settings, slots: int = 0) -> HostKit:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
+import time
 from collections.abc import Iterator
 from datetime import datetime
 
@@ -118,3 +120,27 @@ def test_each_image_is_pulled_on_one_host_and_the_job_is_as_fast_as_pre_pulled(
     placed_sec, everywhere_sec = _makespan(cluster, "placed"), _makespan(cluster, "everywhere")
     print(f"makespan placed {placed_sec:.2f}s, pre-pulled everywhere {everywhere_sec:.2f}s")
     assert placed_sec <= 1.10 * everywhere_sec, (placed_sec, everywhere_sec)
+
+
+def test_a_host_drops_what_was_placed_on_its_queue_while_it_was_down(cluster: Cluster) -> None:
+    """A copy left on a dead host's own queue is stale once its trial came back through the store."""
+    from celery import Celery
+
+    from sciencebench.coordination.placement import host_queue
+    from sciencebench.core.wire import RUN_TRIAL
+
+    [worker] = cluster.start_workers(1)
+    worker.stop()
+    app = Celery(broker=cluster.redis.url)
+    nodename = f"{worker.name}@{socket.gethostname()}"
+    # Not a message sciencebench would send: a worker that took it would log it as malformed.
+    app.send_task(RUN_TRIAL, args=[{"stale": True}], queue=host_queue("celery", nodename))
+    app.close()
+    worker.start()
+    deadline = time.monotonic() + 60
+    while worker.log_path.read_text().count(f"{nodename} ready.") < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    worker.stop()
+    log = worker.log_path.read_text()
+    assert f"dropped 1 trial message(s) left on {host_queue('celery', nodename)}" in log, log[-3000:]
+    assert "malformed" not in log
