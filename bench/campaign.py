@@ -107,7 +107,7 @@ def _submit(h: Harness, half: str, path: Path, job: str) -> subprocess.Popen[byt
     cli = [sys.executable, "-m", "bench.unplaced"] if half == "unplaced" else [str(VENV_BIN / "sciencebench")]
     argv = [*cli, "submit", "--path", str(path), "--agent", "nop", "--jobs-dir", str(h.work / half / "jobs"),
             "--job-name", job, "--wait", "--n-attempts", str(ATTEMPTS[job]),
-            "--n-concurrent", str(HOSTS * SLOTS)]  # fmt: skip
+            "--n-concurrent", str(HOSTS * SLOTS), *(["--placement"] if half == "placed" else [])]  # fmt: skip
     out = (h.work / half / f"{job}.submit.log").open("wb")
     return subprocess.Popen(argv, env=_env(h, half, user=USERS[job]), cwd=REPO, stdout=out,
                             stderr=subprocess.STDOUT)  # fmt: skip

@@ -129,7 +129,8 @@ def _prewarm(settings: Settings, job: JobSpec, console: Console) -> None:
     from sciencebench.login.prewarm import prewarm
 
     coord = reach_broker(settings)
-    prewarm(create_app(settings), coord, job.image_refs, job.platform, console, settings.lease_seconds)
+    prewarm(create_app(settings), coord, job.image_refs, job.platform, console, settings.lease_seconds,
+            placement=job.placement)  # fmt: skip
 
 
 @main.command()

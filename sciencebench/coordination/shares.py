@@ -52,6 +52,7 @@ class Share(BaseModel):
     cap: int = 1
     name: str = ""
     at: float = 0.0
+    placement: bool = False  # the job's `--placement`: its trials go to hosts that hold their images
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,7 @@ def _fill_locked(
 
     store = placement_store(coord)
     placed = cluster_view(coord, store, lease_seconds)
+    table = coord.share_table()[0]
     sent = 0
     # Each turn fills a free slot or a place in a busy host's line: this many turns at most.
     turns = capacity + sum(host.slots for host in placed.hosts.values())
@@ -214,7 +216,11 @@ def _fill_locked(
             continue  # its last held trial went meanwhile: choose again
         if coord.get_result(job, payload.trial.key) is not None:  # answered meanwhile
             continue
-        choice = placed.choose(payload.trial.image_refs)
+        if job not in table:  # registered since this fill began
+            table = coord.share_table()[0]
+        share = table.get(job)
+        # Without `--placement` the shared queue: the first free host takes the trial.
+        choice = placed.choose(payload.trial.image_refs) if share is not None and share.placement else None
         if choice is None or not choice.until:
             coord.share_sent(job, payload.trial.key)  # it takes a slot: counted until it starts
         queue = place(app, coord, store, placed, payload, choice, lease_seconds) if choice else None

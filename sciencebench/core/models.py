@@ -85,6 +85,8 @@ class RunOptions(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     # The job's weight beside the same user's other jobs under fair share (`coordination.shares`).
     weight: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    # Image-aware placement (`coordination.placement`): a trial prefers a host that holds its images.
+    placement: bool = False
 
 
 # Letters, digits, '.', '_' and '-', at most 128, not starting with punctuation.

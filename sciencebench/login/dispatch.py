@@ -65,7 +65,7 @@ def dispatch(
     measured = ordering_estimates(coord, job)
     lease = lease_seconds if lease_seconds is not None else Settings.from_env().lease_seconds
     share = Share(user=job.user or "unknown", weight=job.weight, cap=job.n_concurrent, name=job.job_name,
-                  at=coord.now())  # fmt: skip
+                  at=coord.now(), placement=job.placement)  # fmt: skip
     coord.register_share(job.job_key, share)
     shared = cluster_slots(coord, lease) > 0
     plan = (

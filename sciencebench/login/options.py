@@ -94,8 +94,10 @@ FLAGS: tuple[Flag, ...] = (
     # sciencebench's own, after the seed's table
     Flag("provider_retries", "--provider-retries",
          "Reruns, after a back-off, of a trial that failed on its model provider (429, 5xx, reset)."),
-    Flag("prepull", "--prepull", "Before the trials, pull the selection's images onto the live hosts, each "
-         "image onto one host (balanced by size); a trial then prefers the host holding its images."),
+    Flag("placement", "--placement", "Place each trial on a host that holds its images (or pulls them), "
+         "waiting a bounded time for a busy one; without it any free host takes any trial."),
+    Flag("prepull", "--prepull", "Before the trials, pull the selection's images onto the live hosts: with "
+         "--placement each image onto one host (balanced by size), without it onto every host."),
 )  # fmt: skip
 
 _BY_FIELD = {flag.field: flag for flag in FLAGS}

@@ -1,11 +1,13 @@
-"""Pre-pull: the selection's images spread over the live worker hosts, each image onto one host.
+"""Pre-pull: the selection's images onto the live worker hosts, ahead of the trials.
 
 `submit --prepull` (before its trials) and a dry run with live workers (as
-its pre-warm) give each image that no live host holds to one host, largest
-first to the host given the fewest bytes so far (`spread`), mark it as
-pulling there (`coordination.placement`: the image's trials prefer that
-host), and send each host one `prewarm_images` task on its direct queue
-(`worker_direct`) with its images. Pulls are deduplicated per host, so a
+its pre-warm) of a job with `--placement` give each image that no live host
+holds to one host, largest first to the host given the fewest bytes so far
+(`spread`), and mark it as pulling there (`coordination.placement`: the
+image's trials prefer that host); without `--placement` every host pulls
+what it lacks (`everywhere`: any host may take any trial). Each host gets
+one `prewarm_images` task on its direct queue (`worker_direct`) with its
+images. Pulls are deduplicated per host, so a
 trial that needs an image while its pull runs waits for that one pull.
 """
 
@@ -51,10 +53,27 @@ def spread(
     return plan
 
 
+def everywhere(refs: Iterable[str], held: set[str]) -> list[str]:
+    """The refs a host that holds `held` (pinned names) lacks, in order, once each."""
+    return [ref for ref in dict.fromkeys(refs) if pinned([ref])[0] not in held]
+
+
 def prewarm(
-    app: Celery, coord: Coordinator, refs: list[str], platform: str, console: Console, lease_seconds: float
+    app: Celery,
+    coord: Coordinator,
+    refs: list[str],
+    platform: str,
+    console: Console,
+    lease_seconds: float,
+    *,
+    placement: bool = True,
 ) -> int:
-    """Spread `refs` over the live hosts (`spread`), pull them there and wait; how many hosts succeeded."""
+    """Pull `refs` on the live hosts and wait; how many hosts succeeded.
+
+    With `placement` (the job's `--placement`) spread over them (`spread`):
+    the job's trials go where their images are. Without it every host pulls
+    what it lacks: any host may take any trial.
+    """
     store = placement_store(coord)
     placed = cluster_view(coord, store, lease_seconds)
     if not placed.hosts:
@@ -62,10 +81,18 @@ def prewarm(
         return 0
     sizes = {ref: placed.size(pinned([ref])[0]) for ref in refs}
     held = {name: set(host.images) for name, host in placed.hosts.items()}
-    plan = spread(refs, placed.hosts, sizes, held)
-    kept = len(set(refs)) - sum(len(mine) for mine in plan.values())
-    console.print(f"pre-pull: {len(set(refs))} image(s), {kept} held already; {len(plan)} host(s) pulling")
-    for host, mine in plan.items():
+    plan = (
+        spread(refs, placed.hosts, sizes, held)
+        if placement
+        else {host: lacks for host in placed.hosts if (lacks := everywhere(refs, held.get(host, set())))}
+    )
+    n_refs = len(set(refs))
+    if placement:
+        kept = n_refs - sum(len(mine) for mine in plan.values())
+        console.print(f"pre-pull: {n_refs} image(s), {kept} held already; {len(plan)} host(s) pulling")
+    else:
+        console.print(f"pre-pull: {n_refs} image(s) onto each live host; {len(plan)} host(s) lack some")
+    for host, mine in plan.items() if placement else ():
         store.mark_pulling(host, pinned(mine), placed.now)
     results = {}
     for host, mine in plan.items():

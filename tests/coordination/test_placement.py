@@ -100,7 +100,7 @@ def test_fill_sends_each_trial_to_the_queue_of_a_host_holding_its_images(redis_s
         coord.beat(host)
     store.report("h1", HostImages(images={pinned([a])[0]: GB}, bytes_per_sec=100e6))
     store.report("h2", HostImages(images={pinned([b])[0]: 6 * GB}, bytes_per_sec=100e6))
-    coord.register_share("j", Share(user="u", cap=8, name="j", at=1.0))
+    coord.register_share("j", Share(user="u", cap=8, name="j", at=1.0, placement=True))
     held = [("001", 1, a), ("001", 2, a), ("001", 3, a), ("002", 1, b), ("003", 1, c)]
     coord.hold("j", [Held(payload=_payload(t, n, (ref,)), expected_sec=10.0 - i) for i, (t, n, ref) in
                      enumerate(held)], [], window=1)  # fmt: skip
@@ -160,7 +160,7 @@ def test_a_trial_sent_to_a_host_that_never_takes_it_goes_back_to_the_shared_queu
     try:
         coord.describe_host("h1", HostKit(slots=1))
         coord.beat("h1")
-        coord.register_share("j", Share(user="u", cap=8, name="j", at=1.0))
+        coord.register_share("j", Share(user="u", cap=8, name="j", at=1.0, placement=True))
         coord.hold("j", [Held(payload=_payload("001", 1, (_ref("a"),)), expected_sec=1.0)], [], window=1)
         assert fill(app, coord, lease_seconds=lease) == 1
         assert _queued(client, host_queue("celery", "h1")) == ["001#1"]

@@ -93,11 +93,11 @@ def test_each_image_is_pulled_on_one_host_and_the_job_is_as_fast_as_pre_pulled(
     _pull_everywhere(hosts, [warm])
     warm_path = cluster.selection({"901": {"sleep_sec": 1.0}}, cluster.root / "sel-warm", agent_image=warm,
                                   verifier_image=warm)  # fmt: skip
-    warmed = cluster.submit(warm_path, "warm", "--n-attempts", "4", "--n-concurrent", "4")
+    warmed = cluster.submit(warm_path, "warm", "--n-attempts", "4", "--n-concurrent", "4", "--placement")
     assert warmed.returncode == 0, warmed.stdout + warmed.stderr
     path = cluster.selection({task: {"sleep_sec": SLEEP_SEC} for task in TASKS}, agent_image=images,
                              verifier_image=images)  # fmt: skip
-    placed = cluster.submit(path, "placed", "--n-attempts", "3", "--n-concurrent", "4")
+    placed = cluster.submit(path, "placed", "--n-attempts", "3", "--n-concurrent", "4", "--placement")
     assert placed.returncode == 0, placed.stdout + placed.stderr
     pulled = {engine.name: _pulls(engine) for engine in hosts}
     for task, ref in images.items():

@@ -36,7 +36,7 @@ def test_dry_run_spreads_the_images_over_the_worker_hosts_and_runs_nothing(clust
     verifier = _push_fresh_copy(client, cluster.base_image, "verifier")
     cluster.start_workers(2, concurrency=1)
     path = cluster.selection({"001": {}, "002": {}}, agent_image=agent, verifier_image=verifier)
-    done = cluster.submit(path, "warm", "--dry-run", wait=False)
+    done = cluster.submit(path, "warm", "--dry-run", "--placement", wait=False)
     assert done.returncode == 0, done.stderr
     assert done.stderr.count(": ready, 1 image(s)") == 2, done.stderr  # one image each
     for ref in (agent, verifier):
