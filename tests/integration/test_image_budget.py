@@ -142,6 +142,18 @@ def test_hosts_with_their_own_engines_keep_within_budget_hand_back_and_never_pau
                      dict.fromkeys(("101", "102", "103"), 3.0))  # fmt: skip
     done = cluster.submit(warm, "warm", "--n-attempts", "2", "--n-concurrent", "6")
     assert done.returncode == 0, done.stdout + done.stderr
+    # Which host took which warm trial is the broker's choice: a host that started slower may have
+    # taken none, and a host that never pulled an image does not know its size (it would pull over
+    # the budget instead of handing back). Each host's own puller pulls what it has not yet pulled,
+    # within the budget, as a pre-pull would: both hosts know all three sizes before the main job.
+    for host in hosts:
+        log_path = images.pull_log_path(host.state_dir)
+        unknown = [ref for ref in refs if not budget.expected_sizes([ref], log_path).get(ref)]
+        puller = images.ImagePuller(state=host.state_dir, client_factory=host.client, image_budget=BUDGET)
+        for ref in unknown:
+            with puller.hold([ref]):
+                puller.ensure_images([ref], PLATFORM, False)
+        assert all(budget.expected_sizes([ref], log_path).get(ref) for ref in refs), host.name
 
     # Main: the 6 long trials go first, 3 per host; the host that has the small one beside two 9+6 MiB
     # trials cannot fit all three images (18 > 16 MiB, sizes known now): one trial goes back to the
