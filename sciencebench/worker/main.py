@@ -118,8 +118,10 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
         except Exception:  # the broker may be gone already
             log.warning("could not remove this host from the cluster's list", exc_info=True)
 
+    # Neither mingle (at start, a second's wait to sync revoked task ids: nothing here revokes) nor
+    # gossip (every worker consuming every other worker's events): hosts coordinate through the store.
     argv = ["worker", f"--concurrency={concurrency}", f"--loglevel={loglevel}", "-E", "-O", "fair",
-            f"--hostname={nodename}"]  # fmt: skip
+            "--without-mingle", "--without-gossip", f"--hostname={nodename}"]  # fmt: skip
     # The shared queue (or the operator's --queues) and this host's own: trials placed on it.
     argv.append(f"--queues={queues or app.conf.task_default_queue},{own}")
     app.worker_main(argv)

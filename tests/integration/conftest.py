@@ -16,7 +16,7 @@ import redis
 
 from tests.fixtures.engines import Engine, engines, kit_image, published  # noqa: F401  (one Engine per host)
 from tests.fixtures.selection import make_selection
-from tests.fixtures.services import FAKE_PIER, VENV_BIN, RedisServer, Worker
+from tests.fixtures.services import FAKE_PIER, VENV_BIN, RedisServer, Worker, stop_workers
 
 FAKE_WORKER = ["--pier-bin", str(FAKE_PIER)]
 
@@ -121,5 +121,4 @@ def cluster(redis_server: RedisServer, tmp_path: Path, state_dir: Path, base_ima
     redis.Redis.from_url(redis_server.url).flushdb()
     c = Cluster(redis=redis_server, root=tmp_path, state_dir=state_dir, base_image=base_image)
     yield c
-    for worker in c.workers:
-        worker.stop()
+    stop_workers(c.workers)
