@@ -38,18 +38,16 @@ import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from pydantic import BaseModel
 
-from sciencebench.coordination import scripts
-from sciencebench.coordination.keys import HOLDS_KEY, PULLING_KEY, ROUTED_KEY
-from sciencebench.coordination.protocol import PREFIX, Coordinator
+from sciencebench.coordination.protocol import Coordinator
 from sciencebench.core.images import repo_digest_name
 
 if TYPE_CHECKING:
     from sciencebench.coordination.memory import MemoryCoordinator
-    from sciencebench.coordination.redis import RedisCoordinator
+    from sciencebench.coordination.memory.placement import MemoryPlacementStore
 
 
 # The bound on a trial's wait for a host that holds its images: the time the free host would take to
@@ -216,7 +214,11 @@ class Placement:
 
 
 class PlacementStore(ABC):
-    """What placement keeps in the store (see the module docstring)."""
+    """What placement keeps in the store (see the module docstring).
+
+    Over Redis `coordination.redis.placement.RedisPlacementStore`, in one
+    process `coordination.memory.placement.MemoryPlacementStore`.
+    """
 
     @abstractmethod
     def report(self, host: str, held: HostImages) -> None:
@@ -254,132 +256,6 @@ class PlacementStore(ABC):
         """Every image marked as pulling, and where; marks older than `PULLING_TTL_SEC` are dropped."""
 
 
-class RedisPlacementStore(PlacementStore):
-    """`PlacementStore` over the cluster's Redis (through the coordinator's client and outage handling)."""
-
-    def __init__(self, coord: RedisCoordinator) -> None:
-        self._coord = coord
-        self._loads = scripts.Registered(coord.client, scripts.PLACE_LOADS)
-        self._report = scripts.Registered(coord.client, scripts.PLACE_REPORT)
-
-    def report(self, host: str, held: HostImages) -> None:
-        """The host's report and its pulling marks of what it holds now, in one script."""
-        args = [host, held.model_dump_json(), *held.images]
-        self._coord.patiently(lambda: self._report("", "", args))
-
-    def forget(self, host: str) -> None:
-        """`HDEL` of its report."""
-        self._coord.patiently(lambda: self._coord.client.hdel(HOLDS_KEY, host))
-
-    def holdings(self) -> dict[str, HostImages]:
-        """`HGETALL` of the reports (a report this version cannot read counts as holding nothing)."""
-        raw: dict[Any, Any] = self._coord.patiently(lambda: self._coord.client.hgetall(HOLDS_KEY))
-        return {str(host): _host_images(str(value)) for host, value in raw.items()}
-
-    def route(self, job: str, key: str, routed: Routed) -> None:
-        """`HSET` of the trial's route."""
-        value = routed.model_dump_json()
-        self._coord.patiently(lambda: self._coord.client.hset(ROUTED_KEY, f"{job}/{key}", value))
-
-    def loads(self, now: float) -> dict[str, HostLoad]:
-        """One script over the jobs' running entries and the routes (stale routes are dropped)."""
-        flat = self._coord.patiently(lambda: self._loads("", "", [repr(now), f"{PREFIX}:"]))
-        return {
-            str(flat[i]): HostLoad(
-                running=int(flat[i + 1]), routed=int(flat[i + 2]), waiting=int(flat[i + 3])
-            )
-            for i in range(0, len(flat), 4)
-        }
-
-    def mark_pulling(self, host: str, images: Iterable[str], at: float) -> None:
-        """`HSET` of a mark per image."""
-        value = Pulling(host=host, at=at).model_dump_json()
-        mapping: dict[Any, Any] = dict.fromkeys(images, value)
-        if mapping:
-            self._coord.patiently(lambda: self._coord.client.hset(PULLING_KEY, mapping=mapping))
-
-    def pulling(self, now: float) -> dict[str, Pulling]:
-        """`HGETALL` of the marks; `HDEL` of the stale ones."""
-        client = self._coord.client
-        raw: dict[Any, Any] = self._coord.patiently(lambda: client.hgetall(PULLING_KEY))
-        marks = {str(image): Pulling.model_validate_json(str(value)) for image, value in raw.items()}
-        if stale := [image for image, mark in marks.items() if now - mark.at >= PULLING_TTL_SEC]:
-            self._coord.patiently(lambda: client.hdel(PULLING_KEY, *stale))
-        return {image: mark for image, mark in marks.items() if image not in stale}
-
-
-def _host_images(value: str) -> HostImages:
-    try:
-        return HostImages.model_validate_json(value)
-    except ValueError:
-        return HostImages()
-
-
-class MemoryPlacementStore(PlacementStore):
-    """The same in one process (the embedded mode's coordinator)."""
-
-    def __init__(self, coord: MemoryCoordinator) -> None:
-        self._coord = coord
-        self._lock = threading.Lock()
-        self._holds: dict[str, HostImages] = {}
-        self._routed: dict[tuple[str, str], Routed] = {}
-        self._pulling: dict[str, Pulling] = {}
-
-    def report(self, host: str, held: HostImages) -> None:
-        """Replace the host's report; drop its pulling marks of what it holds."""
-        with self._lock:
-            self._holds[host] = held
-            for image in held.images:
-                if image in self._pulling and self._pulling[image].host == host:
-                    del self._pulling[image]
-
-    def forget(self, host: str) -> None:
-        """Drop the host's report."""
-        with self._lock:
-            self._holds.pop(host, None)
-
-    def holdings(self) -> dict[str, HostImages]:
-        """Every report."""
-        with self._lock:
-            return dict(self._holds)
-
-    def route(self, job: str, key: str, routed: Routed) -> None:
-        """Remember the route."""
-        with self._lock:
-            self._routed[(job, key)] = routed
-
-    def loads(self, now: float) -> dict[str, HostLoad]:
-        """As over Redis, from the coordinator's running entries and fair-share sent sets."""
-        counts: dict[str, list[int]] = {}
-        for job in self._coord.live_jobs():
-            for payload in self._coord.running_entries(job).values():
-                if payload.host:
-                    counts.setdefault(payload.host, [0, 0, 0])[0] += 1
-        with self._lock:
-            for (job, key), routed in list(self._routed.items()):
-                running = self._coord.running_entries(job).get(key)
-                if running is None or running.host:  # started (it counts where it runs), or over
-                    del self._routed[(job, key)]
-                elif routed.until > now:
-                    entry = counts.setdefault(routed.host, [0, 0, 0])
-                    entry[1] += 1
-                    entry[2] += 1 if routed.waits else 0
-        return {host: HostLoad(*entry) for host, entry in counts.items()}
-
-    def mark_pulling(self, host: str, images: Iterable[str], at: float) -> None:
-        """A mark per image."""
-        with self._lock:
-            for image in images:
-                self._pulling[image] = Pulling(host=host, at=at)
-
-    def pulling(self, now: float) -> dict[str, Pulling]:
-        """Every mark still fresh (the stale ones are dropped)."""
-        with self._lock:
-            for image in [i for i, mark in self._pulling.items() if now - mark.at >= PULLING_TTL_SEC]:
-                del self._pulling[image]
-            return dict(self._pulling)
-
-
 _MEMORY: weakref.WeakKeyDictionary[MemoryCoordinator, MemoryPlacementStore] = weakref.WeakKeyDictionary()
 _MEMORY_LOCK = threading.Lock()
 
@@ -387,7 +263,9 @@ _MEMORY_LOCK = threading.Lock()
 def placement_store(coord: Coordinator) -> PlacementStore:
     """The placement state kept in `coord`'s store (Redis, or the embedded mode's memory)."""
     from sciencebench.coordination.memory import MemoryCoordinator
+    from sciencebench.coordination.memory.placement import MemoryPlacementStore
     from sciencebench.coordination.redis import RedisCoordinator
+    from sciencebench.coordination.redis.placement import RedisPlacementStore
 
     if isinstance(coord, RedisCoordinator):
         return RedisPlacementStore(coord)

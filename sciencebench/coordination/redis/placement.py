@@ -1,0 +1,84 @@
+"""Placement's store over Redis (`coordination.placement.PlacementStore`; its keys are listed there)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from sciencebench.coordination import scripts
+from sciencebench.coordination.keys import HOLDS_KEY, PULLING_KEY, ROUTED_KEY
+from sciencebench.coordination.placement import (
+    PULLING_TTL_SEC,
+    HostImages,
+    HostLoad,
+    PlacementStore,
+    Pulling,
+    Routed,
+)
+from sciencebench.coordination.protocol import PREFIX
+
+if TYPE_CHECKING:
+    from sciencebench.coordination.redis import RedisCoordinator
+
+__all__ = ["RedisPlacementStore"]
+
+
+class RedisPlacementStore(PlacementStore):
+    """`PlacementStore` over the cluster's Redis (through the coordinator's client and outage handling)."""
+
+    def __init__(self, coord: RedisCoordinator) -> None:
+        self._coord = coord
+        self._loads = scripts.Registered(coord.client, scripts.PLACE_LOADS)
+        self._report = scripts.Registered(coord.client, scripts.PLACE_REPORT)
+
+    def report(self, host: str, held: HostImages) -> None:
+        """The host's report and its pulling marks of what it holds now, in one script."""
+        args = [host, held.model_dump_json(), *held.images]
+        self._coord.patiently(lambda: self._report("", "", args))
+
+    def forget(self, host: str) -> None:
+        """`HDEL` of its report."""
+        self._coord.patiently(lambda: self._coord.client.hdel(HOLDS_KEY, host))
+
+    def holdings(self) -> dict[str, HostImages]:
+        """`HGETALL` of the reports (a report this version cannot read counts as holding nothing)."""
+        raw: dict[Any, Any] = self._coord.patiently(lambda: self._coord.client.hgetall(HOLDS_KEY))
+        return {str(host): _host_images(str(value)) for host, value in raw.items()}
+
+    def route(self, job: str, key: str, routed: Routed) -> None:
+        """`HSET` of the trial's route."""
+        value = routed.model_dump_json()
+        self._coord.patiently(lambda: self._coord.client.hset(ROUTED_KEY, f"{job}/{key}", value))
+
+    def loads(self, now: float) -> dict[str, HostLoad]:
+        """One script over the jobs' running entries and the routes (stale routes are dropped)."""
+        flat = self._coord.patiently(lambda: self._loads("", "", [repr(now), f"{PREFIX}:"]))
+        return {
+            str(flat[i]): HostLoad(
+                running=int(flat[i + 1]), routed=int(flat[i + 2]), waiting=int(flat[i + 3])
+            )
+            for i in range(0, len(flat), 4)
+        }
+
+    def mark_pulling(self, host: str, images: Iterable[str], at: float) -> None:
+        """`HSET` of a mark per image."""
+        value = Pulling(host=host, at=at).model_dump_json()
+        mapping: dict[Any, Any] = dict.fromkeys(images, value)
+        if mapping:
+            self._coord.patiently(lambda: self._coord.client.hset(PULLING_KEY, mapping=mapping))
+
+    def pulling(self, now: float) -> dict[str, Pulling]:
+        """`HGETALL` of the marks; `HDEL` of the stale ones."""
+        client = self._coord.client
+        raw: dict[Any, Any] = self._coord.patiently(lambda: client.hgetall(PULLING_KEY))
+        marks = {str(image): Pulling.model_validate_json(str(value)) for image, value in raw.items()}
+        if stale := [image for image, mark in marks.items() if now - mark.at >= PULLING_TTL_SEC]:
+            self._coord.patiently(lambda: client.hdel(PULLING_KEY, *stale))
+        return {image: mark for image, mark in marks.items() if image not in stale}
+
+
+def _host_images(value: str) -> HostImages:
+    try:
+        return HostImages.model_validate_json(value)
+    except ValueError:
+        return HostImages()
