@@ -138,13 +138,6 @@ def open_trial_dir(trial_dir: Path) -> int:
     return os.open(trial_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
-def describe(refusals: Iterable[Refusal], limit: int = 10) -> str:
-    """`a: why; b: why` for the first `limit` refusals, with a count of the rest."""
-    items = list(refusals)
-    text = "; ".join(str(r) for r in items[:limit])
-    return text + (f"; and {len(items) - limit} more" if len(items) > limit else "")
-
-
 def posix_parts(path: str) -> list[str]:
     """The components of an absolute container path (`/logs/agent` -> ['logs', 'agent'])."""
     return [p for p in PurePosixPath(path).parts if p not in ("/", "")]
