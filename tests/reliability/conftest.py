@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.docker.conftest import demo_selection, docker_client, registry  # noqa: F401
+from tests.fixtures.engines import engines, kit_image, published  # noqa: F401  (one Engine per host)
 from tests.integration.conftest import Cluster, cluster  # noqa: F401
 from tests.reliability.support import FIGURES
 
