@@ -17,8 +17,9 @@ from tests.integration.conftest import Cluster
 
 pytestmark = pytest.mark.integration
 
-# Task id -> the fake Pier's sleep (s): the selection's order says nothing about length.
-SLEEP = {"001": 0.2, "002": 1.4, "003": 0.5, "004": 1.0, "005": 0.05, "006": 0.7}
+# Task id -> the fake Pier's sleep (s): the selection's order says nothing about length. The
+# sleeps lie 0.3 s apart, wider than what a loaded machine adds to a trial's measured seconds.
+SLEEP = {"001": 0.35, "002": 1.55, "003": 0.65, "004": 1.25, "005": 0.05, "006": 0.95}
 
 
 def _started(cluster: Cluster, job: str) -> list[str]:
