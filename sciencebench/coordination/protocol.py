@@ -178,6 +178,14 @@ class Leases(Protocol):
         """
         ...
 
+    def free_slot(self, job: str, key: str, owner: str) -> bool:
+        """The trial's run is over (its record committed): give back its slot, keep lease and running entry.
+
+        Only while `owner` is the rightful holder (one atomic step), as
+        `finish`, which gives back the rest once the answer is counted.
+        """
+        ...
+
     def orphaned(self) -> list[tuple[str, str, Redispatch]]:
         """Running trials (job, key, payload) whose lease expired: their host is gone."""
         ...

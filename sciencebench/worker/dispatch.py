@@ -12,15 +12,16 @@ duplicate (answer nothing), or a hand-back. Who may hand back is the
                 host is lost and nothing is handed back, a trial waits here
                 for its slot and a host fault is its record
 
-A trial answered with a committed record (`Answer.leased`) ends
-(`Leases.finish`: its lease, running entry and slot given back) when its
-answer is counted. On a Celery worker that is after the task returns: Celery
-counts it towards the job's chord in the result backend, then sends
-task_success (`worker.tasks`), which calls `counted`. Until then the lease is
-renewed and the running entry stays, so a host lost between the commit and
-the count leaves an orphan the watchdog sends again, and the copy answers
-with the stored record (`Claim.RECORDED`) instead of running it; while the
-lease is renewed no other copy answers.
+A trial answered with a committed record (`Answer.leased`) gives back its
+slot at once (`Leases.free_slot`: its run is over) and ends (`Leases.finish`:
+its lease and running entry given back) when its answer is counted. On a
+Celery worker that is after the task returns: Celery counts it towards the
+job's chord in the result backend, then sends task_success (`worker.tasks`),
+which calls `counted`. Until then the lease is renewed and the running entry
+stays, so a host lost between the commit and the count leaves an orphan the
+watchdog sends again, and the copy answers with the stored record
+(`Claim.RECORDED`) instead of running it; while the lease is renewed no
+other copy answers.
 """
 
 from __future__ import annotations
@@ -133,13 +134,17 @@ class Clustered:
         )
 
     def answered(self, ctx: WorkerContext, spec: TrialSpec, heartbeat: Heartbeat | None) -> None:
-        """Keep the trial's lease (renewed by `heartbeat`, else a new one) and running entry to `counted`."""
-        if heartbeat is None:  # a trial that holds no slot: a cancelled, not-started or stored record
-            heartbeat = Heartbeat(ctx.coord, spec.job_key, spec.key, ctx.owner, ctx.settings.lease_seconds,
-                                  slot=False)  # fmt: skip
-            heartbeat.start()
+        """Give back the slot (its run is over); keep the lease (renewed) and running entry to `counted`."""
+        coord, job, key = ctx.coord, spec.job_key, spec.key
+        _stop(ctx, heartbeat)
+        try:
+            coord.free_slot(job, key, ctx.owner)
+        except Exception:  # no longer refreshed, it lapses by itself
+            log.warning("%s: could not give back its slot", spec.label, exc_info=True)
+        keeper = Heartbeat(coord, job, key, ctx.owner, ctx.settings.lease_seconds, slot=False)
+        keeper.start()
         with _COUNTING_LOCK:
-            _COUNTING[self.redispatch.task_id] = _Counting(ctx, spec.job_key, spec.key, heartbeat)
+            _COUNTING[self.redispatch.task_id] = _Counting(ctx, job, key, keeper)
 
     def hand_back(self, ctx: WorkerContext, spec: TrialSpec, outcome: HandBack) -> Outcome:
         """Park the trial's lease under its message's token; pause this host on a host fault.
@@ -217,14 +222,19 @@ def end_trial(ctx: WorkerContext, job: str, key: str, heartbeat: Heartbeat | Non
     entry left behind makes the watchdog send a copy, which finds the trial
     answered or runs it).
     """
-    if heartbeat is not None:
-        heartbeat.stop()
-        if heartbeat.is_alive() and heartbeat is not threading.current_thread():
-            heartbeat.join(timeout=ctx.settings.lease_seconds)  # no renewal after the finish
+    _stop(ctx, heartbeat)
     try:
         ctx.coord.finish(job, key, ctx.owner)
     except Exception:
         log.warning("%s: could not give back its lease and slot", key, exc_info=True)
+
+
+def _stop(ctx: WorkerContext, heartbeat: Heartbeat | None) -> None:
+    """Stop renewing, and wait for a renewal under way: none may follow what the caller gives back."""
+    if heartbeat is not None:
+        heartbeat.stop()
+        if heartbeat.is_alive() and heartbeat is not threading.current_thread():
+            heartbeat.join(timeout=ctx.settings.lease_seconds)
 
 
 def backoff(ctx: WorkerContext) -> float:

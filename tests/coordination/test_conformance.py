@@ -313,6 +313,22 @@ def test_finishing_gives_back_slot_running_entry_and_lease(coord: Coordinator) -
     assert coord.orphaned() == []  # no running entry left behind
 
 
+def test_freeing_the_slot_of_a_committed_trial_keeps_its_lease_and_running_entry(coord: Coordinator) -> None:
+    assert coord.start(
+        "j", "001#1", "a", TTL, cap=1, running=_payload().model_copy(update={"owner": "a"})
+    ).slot
+    assert coord.commit_result("j", "001#1", "a", "{}")
+    assert not coord.free_slot("j", "001#1", "b")  # not b's
+    assert not coord.acquire_slot("j", "002#1", 1, 30)
+    assert coord.free_slot("j", "001#1", "a")
+    assert coord.acquire_slot("j", "002#1", 1, 30)  # the run is over: its slot is another's
+    assert coord.is_leased("j", "001#1")  # until the chord counts it
+    time.sleep(TTL * 1.5)
+    assert [k for _, k, _ in coord.orphaned()] == ["001#1"]  # its host lost before the count: sent again
+    assert coord.finish("j", "001#1", "a")  # counted after all (a's entry still names it)
+    assert coord.orphaned() == []
+
+
 def test_a_copy_that_lost_the_trial_frees_nothing_of_its_successor(coord: Coordinator) -> None:
     assert _claim(coord, "j", "001#1", "a", TTL) is Claim.CLAIMED
     coord.set_running("j", "001#1", _payload().model_copy(update={"owner": "a"}))
@@ -322,6 +338,7 @@ def test_a_copy_that_lost_the_trial_frees_nothing_of_its_successor(coord: Coordi
     coord.set_running("j", "001#1", _payload().model_copy(update={"owner": "c"}))
     assert coord.acquire_slot("j", "001#1", 1, 30)
     assert not coord.finish("j", "001#1", "a")  # a comes back late
+    assert not coord.free_slot("j", "001#1", "a")
     assert coord.is_leased("j", "001#1")
     assert not coord.acquire_slot("j", "002#1", 1, 30)  # c keeps its slot
     time.sleep(TTL * 1.5)  # c's host dies too: its trial is still an orphan

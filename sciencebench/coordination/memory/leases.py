@@ -165,6 +165,14 @@ class MemoryLeases(MemoryBase, Results, Leases, Slots, JobControl, Board):
             return True
 
     @override
+    def free_slot(self, job: str, key: str, owner: str) -> bool:
+        with self._lock:
+            if not self._rightful(job, key, owner):
+                return False
+            self._values.get(job_key(job, "slots"), {}).pop(key, None)
+            return True
+
+    @override
     def take_orphan(self, job: str, key: str) -> bool:
         with self._lock:
             if self._get(job_key(job, "lease", key)) is not None:

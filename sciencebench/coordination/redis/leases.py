@@ -12,7 +12,7 @@ from sciencebench.core.models import Redispatch, TrialState, TrialStatus
 
 
 class RedisLeases(RedisBase, Results, Leases):
-    """`Results` and `Leases` (the scripts `park`, `renew`, `commit`, `start`, `finish`, `take_orphan`)."""
+    """`Results` and `Leases` (the scripts `park`, `renew`, `commit`, `start`, `finish`, `free_slot`, ...)."""
 
     def __init__(self, url: str, outage_sec: float = 900.0) -> None:
         super().__init__(url, outage_sec)
@@ -21,6 +21,7 @@ class RedisLeases(RedisBase, Results, Leases):
         self._commit = self._script(scripts.COMMIT)
         self._start = self._script(scripts.START)
         self._finish = self._script(scripts.FINISH)
+        self._free_slot = self._script(scripts.FREE_SLOT)
         self._take_orphan = self._script(scripts.TAKE_ORPHAN)
 
     @override
@@ -113,6 +114,11 @@ class RedisLeases(RedisBase, Results, Leases):
     def finish(self, job: str, key: str, owner: str) -> bool:
         """Give back slot, running entry and lease while `owner` is rightful (one script)."""
         return bool(self.patiently(lambda: self._finish(job, key, [owner, key])))
+
+    @override
+    def free_slot(self, job: str, key: str, owner: str) -> bool:
+        """Give back the slot while `owner` is rightful; lease and running entry stay (one script)."""
+        return bool(self.patiently(lambda: self._free_slot(job, key, [owner, key])))
 
     @override
     def take_orphan(self, job: str, key: str) -> bool:
