@@ -100,7 +100,6 @@ COMMIT = Script(
     uses=("rightful", "budget_reached", "add_spend"),
 )
 FINISH = Script("finish", ("lease", "running", "slots"), uses=("rightful",))
-FREE_SLOT = Script("free_slot", ("lease", "running", "slots"), uses=("rightful",))
 WAIT = Script("wait", ("waiting", "waiting_payloads"))
 TAKE_ORPHAN = Script("take_orphan", ("lease", "running"))
 SLOT = Script("slot", ("slots",), uses=("take_slot",))
@@ -122,7 +121,7 @@ SHARE_CHOOSE = Script("share_choose", ("shares", "weights"))
 PLACE_LOADS = Script("place_loads", ("jobs", "routed"))
 PLACE_REPORT = Script("place_report", ("holds", "pulling"))
 
-ALL = (PARK, RENEW, COMMIT, FINISH, FREE_SLOT, WAIT, TAKE_ORPHAN, SLOT, START, NEXT_WAITING, RELEASE_HELD,
+ALL = (PARK, RENEW, COMMIT, FINISH, WAIT, TAKE_ORPHAN, SLOT, START, NEXT_WAITING, RELEASE_HELD,
        ADD_DURATIONS, SET_BUDGET, START_WITHIN_BUDGET, SHARE_CHOOSE, PLACE_LOADS, PLACE_REPORT)  # fmt: skip
 
 

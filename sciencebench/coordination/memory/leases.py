@@ -154,9 +154,8 @@ class MemoryLeases(MemoryBase, Results, Leases, Slots, JobControl, Board):
     @override
     def finish(self, job: str, key: str, owner: str) -> bool:
         with self._lock:
-            if not self._rightful(job, key, owner):
+            if not self.free_slot(job, key, owner):
                 return False
-            self._values.get(job_key(job, "slots"), {}).pop(key, None)
             self._values.get(job_key(job, "running"), {}).pop(key, None)
             lease = job_key(job, "lease", key)
             if self._get(lease) == owner:

@@ -12,7 +12,7 @@ from sciencebench.core.models import Redispatch, TrialState, TrialStatus
 
 
 class RedisLeases(RedisBase, Results, Leases):
-    """`Results` and `Leases` (the scripts `park`, `renew`, `commit`, `start`, `finish`, `free_slot`, ...)."""
+    """`Results` and `Leases` (the scripts `park`, `renew`, `commit`, `start`, `finish`, `take_orphan`)."""
 
     def __init__(self, url: str, outage_sec: float = 900.0) -> None:
         super().__init__(url, outage_sec)
@@ -21,7 +21,6 @@ class RedisLeases(RedisBase, Results, Leases):
         self._commit = self._script(scripts.COMMIT)
         self._start = self._script(scripts.START)
         self._finish = self._script(scripts.FINISH)
-        self._free_slot = self._script(scripts.FREE_SLOT)
         self._take_orphan = self._script(scripts.TAKE_ORPHAN)
 
     @override
@@ -113,12 +112,12 @@ class RedisLeases(RedisBase, Results, Leases):
     @override
     def finish(self, job: str, key: str, owner: str) -> bool:
         """Give back slot, running entry and lease while `owner` is rightful (one script)."""
-        return bool(self.patiently(lambda: self._finish(job, key, [owner, key])))
+        return bool(self.patiently(lambda: self._finish(job, key, [owner, key, "all"])))
 
     @override
     def free_slot(self, job: str, key: str, owner: str) -> bool:
-        """Give back the slot while `owner` is rightful; lease and running entry stay (one script)."""
-        return bool(self.patiently(lambda: self._free_slot(job, key, [owner, key])))
+        """Give back the slot while `owner` is rightful; lease and running entry stay (`finish`'s script)."""
+        return bool(self.patiently(lambda: self._finish(job, key, [owner, key, "slot"])))
 
     @override
     def take_orphan(self, job: str, key: str) -> bool:
