@@ -21,9 +21,12 @@ class Heartbeat(threading.Thread):
     is logged and retried until the lease lapses.
     """
 
-    def __init__(self, coord: Coordinator, job: str, key: str, owner: str, ttl_sec: float) -> None:
+    def __init__(
+        self, coord: Coordinator, job: str, key: str, owner: str, ttl_sec: float, slot: bool = True
+    ) -> None:
         super().__init__(daemon=True, name=f"lease {key}")
         self.coord, self.job, self.key, self.owner, self.ttl_sec = coord, job, key, owner, ttl_sec
+        self.slot = slot  # False: the trial holds no slot (only its lease is renewed)
         self.lost = threading.Event()
         self.cancelled = threading.Event()
         self._stop_event = threading.Event()
@@ -36,7 +39,8 @@ class Heartbeat(threading.Thread):
                 if not self.coord.renew(self.job, self.key, self.owner, self.ttl_sec):
                     self.lost.set()
                     return
-                self.coord.acquire_slot(self.job, self.key, _ANY_CAP, self.ttl_sec)
+                if self.slot:
+                    self.coord.acquire_slot(self.job, self.key, _ANY_CAP, self.ttl_sec)
                 if self.coord.is_cancelled(self.job):
                     self.cancelled.set()
             except Exception:  # a broker blip: keep trying until the lease lapses

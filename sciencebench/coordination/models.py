@@ -15,7 +15,8 @@ class Claim(StrEnum):
 
     CLAIMED = "claimed"  # the caller holds the lease now
     HELD = "held"  # another live process holds it
-    ANSWERED = "answered"  # the trial has a result already
+    ANSWERED = "answered"  # the trial has a result, and the chord counted it
+    RECORDED = "recorded"  # it has a result the chord has not counted: the caller holds the lease now
 
 
 class Unfit(BaseModel):

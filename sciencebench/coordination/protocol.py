@@ -134,10 +134,13 @@ class Leases(Protocol):
     ) -> Start:  # fmt: skip
         """Claim the trial; when claimed, also the cancel flag, the budget and, unless they stop it, a slot.
 
-        The claim takes the trial's lease for `ttl_sec`, unless the trial has
-        a result (ANSWERED) or a live holder (HELD); a lease parked under the
-        token `parked` (see `park`) counts as free. Two copies of a message
-        never both claim. The slot is one of the job's `cap`; a
+        The claim takes the trial's lease for `ttl_sec`, unless the chord has
+        counted the trial's record (ANSWERED) or a live holder has it (HELD); a
+        lease parked under the token `parked` (see `park`) counts as free. Two
+        copies of a message never both claim. A trial with a record the chord
+        has not counted yet (its host lost between the commit and the count)
+        is RECORDED: the caller holds its lease and running entry now, runs
+        nothing, and answers the chord with the stored record. The slot is one of the job's `cap`; a
         trial that gets its slot counts as started under the job's budget
         (`Budgets.start_within_budget`).
 
@@ -145,7 +148,9 @@ class Leases(Protocol):
         worker. When claimed, `running` (the message's payload, naming
         `owner`) is the trial's running entry from that same step on, so a
         worker that dies right after the claim leaves an orphan the watchdog
-        sends again; the caller ends with `finish`, which clears it.
+        sends again; the caller ends with `finish`, which clears it: on a
+        Celery worker once the chord has counted the trial's answer, so a host
+        lost before the count leaves an orphan the watchdog sends again too.
         """
         ...
 
@@ -164,9 +169,20 @@ class Leases(Protocol):
     def finish(self, job: str, key: str, owner: str) -> bool:
         """The trial ends in `owner`'s process: give back its slot, running entry and lease.
 
+        A trial answered on a Celery worker ends once the chord has counted it
+        (`worker.dispatch.Clustered.answered`); any other ends at once.
+
         Only while `owner` is the rightful holder (one atomic step): a copy that
         lost the trial must not free what the copy that replaced it holds.
         False when it was not.
+        """
+        ...
+
+    def free_slot(self, job: str, key: str, owner: str) -> bool:
+        """The trial's run is over (its record committed): give back its slot, keep lease and running entry.
+
+        Only while `owner` is the rightful holder (one atomic step), as
+        `finish`, which gives back the rest once the answer is counted.
         """
         ...
 

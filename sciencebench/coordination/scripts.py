@@ -105,7 +105,7 @@ TAKE_ORPHAN = Script("take_orphan", ("lease", "running"))
 SLOT = Script("slot", ("slots",), uses=("take_slot",))
 START = Script(
     "start",
-    ("lease", "result", "jobs", "cancelled", "slots", "running", *_BUDGET),
+    ("lease", "result", "jobs", "cancelled", "slots", "running", *_BUDGET, "counted"),
     uses=("take_slot", "budget_reached", "let_start"),
 )
 NEXT_WAITING = Script(

@@ -11,15 +11,28 @@ duplicate (answer nothing), or a hand-back. Who may hand back is the
     Embedded    `submit --local`: this process is the job's only worker; no
                 host is lost and nothing is handed back, a trial waits here
                 for its slot and a host fault is its record
+
+A trial answered with a committed record (`Answer.leased`) gives back its
+slot at once (`Leases.free_slot`: its run is over) and ends (`Leases.finish`:
+its lease and running entry given back) when its answer is counted. On a
+Celery worker that is after the task returns: Celery counts it towards the
+job's chord in the result backend, then sends task_success (`worker.tasks`),
+which calls `counted`. Until then the lease is renewed and the running entry
+stays, so a host lost between the commit and the count leaves an orphan the
+watchdog sends again, and the copy answers with the stored record
+(`Claim.RECORDED`) instead of running it; while the lease is renewed no
+other copy answers.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import threading
 from dataclasses import dataclass
 from typing import ClassVar
 
+from sciencebench.coordination.heartbeat import Heartbeat
 from sciencebench.coordination.protocol import parking_token
 from sciencebench.core.models import Redispatch, TrialRecord, TrialSpec, TrialState
 from sciencebench.worker.context import WorkerContext
@@ -29,9 +42,14 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Answer:
-    """Answer the chord with this record."""
+    """Answer the chord with this record.
+
+    `leased`: the record is the store's and this process holds the trial's
+    lease, which it keeps until the answer is counted (`Dispatch.answered`).
+    """
 
     record: TrialRecord
+    leased: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,6 +98,10 @@ class Embedded:
             if ctx.coord.acquire_slot(spec.job_key, spec.key, cap, lease):
                 return None
 
+    def answered(self, ctx: WorkerContext, spec: TrialSpec, heartbeat: Heartbeat | None) -> None:
+        """No chord counts the answer: the trial ends now."""
+        end_trial(ctx, spec.job_key, spec.key, heartbeat)
+
     def hand_back(self, ctx: WorkerContext, spec: TrialSpec, outcome: HandBack) -> Outcome:
         """Never asked: an embedded trial is not handed back."""
         raise AssertionError(f"{spec.label}: the embedded mode hands nothing back ({outcome.reason})")
@@ -111,6 +133,19 @@ class Clustered:
             for_slot=True,
         )
 
+    def answered(self, ctx: WorkerContext, spec: TrialSpec, heartbeat: Heartbeat | None) -> None:
+        """Give back the slot (its run is over); keep the lease (renewed) and running entry to `counted`."""
+        coord, job, key = ctx.coord, spec.job_key, spec.key
+        _stop(ctx, heartbeat)
+        try:
+            coord.free_slot(job, key, ctx.owner)
+        except Exception:  # no longer refreshed, it lapses by itself
+            log.warning("%s: could not give back its slot", spec.label, exc_info=True)
+        keeper = Heartbeat(coord, job, key, ctx.owner, ctx.settings.lease_seconds, slot=False)
+        keeper.start()
+        with _COUNTING_LOCK:
+            _COUNTING[self.redispatch.task_id] = _Counting(ctx, job, key, keeper)
+
     def hand_back(self, ctx: WorkerContext, spec: TrialSpec, outcome: HandBack) -> Outcome:
         """Park the trial's lease under its message's token; pause this host on a host fault.
 
@@ -137,6 +172,69 @@ class Clustered:
 
 Dispatch = Embedded | Clustered
 EMBEDDED = Embedded()
+
+
+@dataclass(frozen=True)
+class _Counting:
+    """A trial of this process answered with its committed record, its lease held until the count."""
+
+    ctx: WorkerContext
+    job: str
+    key: str
+    heartbeat: Heartbeat
+
+
+# Celery task id -> its trial waiting for the chord's count (`Clustered.answered`).
+_COUNTING: dict[str, _Counting] = {}
+_COUNTING_LOCK = threading.Lock()
+
+
+def _take_counting(task_id: str) -> _Counting | None:
+    with _COUNTING_LOCK:
+        return _COUNTING.pop(task_id, None)
+
+
+def counted(task_id: str) -> None:
+    """The chord counted the answer of Celery task `task_id`: its trial ends (lease, running entry, slot).
+
+    The caller marks the trial counted first (`Results.mark_counted`), so a
+    copy sent meanwhile answers nothing.
+    """
+    if (counting := _take_counting(task_id)) is not None:
+        end_trial(counting.ctx, counting.job, counting.key, counting.heartbeat)
+
+
+def not_counted(task_id: str) -> None:
+    """Celery task `task_id` ended without its count (the result backend failed): stop renewing its lease.
+
+    The running entry stays: once the lease lapses the watchdog sends the
+    trial again, and that copy answers with the stored record.
+    """
+    if (counting := _take_counting(task_id)) is not None:
+        log.warning("%s: its answer was not counted; it is sent again once its lease lapses", counting.key)
+        counting.heartbeat.stop()
+
+
+def end_trial(ctx: WorkerContext, job: str, key: str, heartbeat: Heartbeat | None) -> None:
+    """Stop renewing the trial's lease, then give back its slot, running entry and lease (`Leases.finish`).
+
+    Never raises: a lease not given back lapses by itself (and a running
+    entry left behind makes the watchdog send a copy, which finds the trial
+    answered or runs it).
+    """
+    _stop(ctx, heartbeat)
+    try:
+        ctx.coord.finish(job, key, ctx.owner)
+    except Exception:
+        log.warning("%s: could not give back its lease and slot", key, exc_info=True)
+
+
+def _stop(ctx: WorkerContext, heartbeat: Heartbeat | None) -> None:
+    """Stop renewing, and wait for a renewal under way: none may follow what the caller gives back."""
+    if heartbeat is not None:
+        heartbeat.stop()
+        if heartbeat.is_alive() and heartbeat is not threading.current_thread():
+            heartbeat.join(timeout=ctx.settings.lease_seconds)
 
 
 def backoff(ctx: WorkerContext) -> float:

@@ -23,7 +23,7 @@ from typing import Any
 
 from celery import Celery, Task, shared_task
 from celery.exceptions import Ignore, Reject
-from celery.signals import task_success
+from celery.signals import task_postrun, task_success
 from pydantic import ValidationError
 
 from sciencebench.coordination import connect
@@ -37,7 +37,7 @@ from sciencebench.core.settings import RESULT_EXPIRES_SEC, Settings
 from sciencebench.core.wire import FINALIZE_JOB, PREWARM_IMAGES, RUN_TRIAL
 from sciencebench.worker.admission import verified_paths_of
 from sciencebench.worker.context import WorkerContext, docker_runtime, worker_context
-from sciencebench.worker.dispatch import Answer, Clustered, Duplicate, HandBack, Requeue
+from sciencebench.worker.dispatch import Answer, Clustered, Duplicate, HandBack, Requeue, counted, not_counted
 from sciencebench.worker.trial import handle
 
 log = logging.getLogger(__name__)
@@ -75,9 +75,9 @@ def run_trial(self: Task[Any, Any], trial: dict[str, Any]) -> dict[str, Any]:
     if isinstance(outcome, HandBack):
         raise Ignore()
     if isinstance(outcome, Answer):
-        # Its slot's next trial is woken once the chord has counted this one (`_after_counted`):
-        # a host lost between the record's commit and the count would leave the trial
-        # uncounted until the broker redelivers it, so nothing slow runs in between.
+        # The trial ends (its lease, running entry and slot given back, its slot's next trial
+        # woken) once the chord has counted it (`_after_counted`): a host lost in between
+        # leaves an orphan the watchdog sends again, and the copy answers with the record.
         return outcome.record.model_dump(mode="json")
     assert isinstance(outcome, Duplicate)
     _wake_one_waiting(
@@ -115,14 +115,28 @@ def _wake_one_waiting(app: Celery, ctx: WorkerContext, job: str, label: str) -> 
 def _after_counted(sender: Any = None, result: Any = None, **_: Any) -> None:
     """The chord has counted this trial (Celery sends task_success after the count).
 
-    Remember it, so a copy is ignored; then wake the job's next trial for the freed slot.
+    Remember it, so a copy is ignored; then end the trial (`worker.dispatch.counted`:
+    its lease, running entry and slot given back) and wake the job's next trial for the
+    freed slot.
     """
     if getattr(sender, "name", None) != RUN_TRIAL or not isinstance(result, dict):
         return
     job, key = str(result.get("job_id", "")), TrialKey(result["task_id"], result["attempt"])
     ctx = context()
     ctx.coord.mark_counted(job, str(key))
+    counted(str(sender.request.id))
     _wake_one_waiting(sender.app, ctx, job, key.label)
+
+
+@task_postrun.connect
+def _after_run(sender: Any = None, task_id: str | None = None, **_: Any) -> None:
+    """A trial's task ended: one still waiting for its count was not counted (the result backend failed).
+
+    Its lease is no longer renewed (`worker.dispatch.not_counted`); the
+    watchdog sends it again once the lease lapses.
+    """
+    if getattr(sender, "name", None) == RUN_TRIAL and task_id:
+        not_counted(task_id)
 
 
 @shared_task(name=FINALIZE_JOB)

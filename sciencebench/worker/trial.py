@@ -8,7 +8,9 @@
     slot     one of the job's --n-concurrent slots, or back to the queue
     tries    the stages (`worker.stages`), again while the failure is worth
              another try and --max-retries allows (`worker.tries`)
-    commit   the record, stored only while the lease is still ours
+    commit   the record, stored only while the lease is still ours; the lease and
+             running entry are kept until the chord counts the answer
+             (`Dispatch.answered`)
     publish  the trial directory moved into the job, the record written
              (`worker.publish`)
 
@@ -49,7 +51,7 @@ from sciencebench.core.failures import failure_record, trial_record
 from sciencebench.core.models import TrialRecord, TrialSpec, TrialState, TrialStatus
 from sciencebench.worker.admission import Admitted, admit, verified_paths
 from sciencebench.worker.context import WorkerContext
-from sciencebench.worker.dispatch import Answer, Dispatch, Duplicate, HandBack, Outcome, backoff
+from sciencebench.worker.dispatch import Answer, Dispatch, Duplicate, HandBack, Outcome, backoff, end_trial
 from sciencebench.worker.publish import Staged, stage_dirs, write_record
 from sciencebench.worker.stages import Try, scratch_root
 from sciencebench.worker.tries import HostFault, run_tries
@@ -95,54 +97,96 @@ def _handle(spec: TrialSpec, ctx: WorkerContext, dispatch: Dispatch, started: da
     claim = start.claim
     if claim is not Claim.HELD:
         coord.share_started(job, key)  # fair share: its message arrived
-    if claim is Claim.ANSWERED:
-        # Redelivered after completion: answer once for the chord, then ignore.
-        # While its holder still holds the lease, that holder answers.
-        recorded = coord.get_result(job, key)
-        if recorded is None or coord.is_counted(job, key) or coord.is_leased(job, key):
-            return Duplicate()
-        return Answer(TrialRecord.model_validate_json(recorded))
-    if claim is Claim.HELD:
-        return Duplicate()  # a live copy of this trial runs elsewhere
+    if claim is Claim.ANSWERED or claim is Claim.HELD:
+        return Duplicate()  # the chord counted it, or a live copy holds it (and answers)
+    if claim is Claim.RECORDED:
+        # Its host was lost between the record's commit and the chord's count: answer with the
+        # stored record (holding the lease until the count), never run it again.
+        return _settle(spec, ctx, dispatch, _recorded(spec, ctx))
 
     if start.cancelled:
         cancelled = Cancelled("job cancelled before the trial started")
         record = failure_record(spec, cancelled, Stage.SLOT, worker=ctx.settings.hostname, started=started)
-        try:
-            return _commit(spec, ctx, admitted, record, tries=[])
-        finally:
-            coord.finish(job, key, ctx.owner)
+        return _commit_unran(spec, ctx, admitted, dispatch, record)
     if start.over_budget:
-        return _not_started(spec, ctx, admitted, started)
+        return _not_started(spec, ctx, admitted, dispatch, started)
     if not start.slot:
         if (back := dispatch.wait_for_slot(ctx, spec, cap)) is not None:
             return back
         if not coord.start_within_budget(job, key):  # the budget may have run out meanwhile
-            return _not_started(spec, ctx, admitted, started)
+            return _not_started(spec, ctx, admitted, dispatch, started)
     return _run_claimed(spec, ctx, admitted, dispatch, started)
 
 
-def _not_started(spec: TrialSpec, ctx: WorkerContext, admitted: Admitted, started: datetime) -> Outcome:
+def _recorded(spec: TrialSpec, ctx: WorkerContext) -> Outcome:
+    """The trial's stored record, as the answer of the lease just taken (`Claim.RECORDED`)."""
+    recorded = ctx.coord.get_result(spec.job_key, spec.key)
+    if recorded is None:  # cleared meanwhile (`retry --failed` resends it)
+        return Duplicate()
+    log.warning("%s: its record was stored but not counted; answering with it", spec.label)
+    return Answer(TrialRecord.model_validate_json(recorded), leased=True)
+
+
+def _settle(
+    spec: TrialSpec, ctx: WorkerContext, dispatch: Dispatch, outcome: Outcome,
+    heartbeat: Heartbeat | None = None,
+) -> Outcome:  # fmt: skip
+    """End the claimed trial: a committed answer keeps its lease until counted (`Dispatch.answered`)."""
+    if isinstance(outcome, Answer) and outcome.leased:
+        dispatch.answered(ctx, spec, heartbeat)
+    else:
+        end_trial(ctx, spec.job_key, spec.key, heartbeat)
+    return outcome
+
+
+def _commit_unran(
+    spec: TrialSpec, ctx: WorkerContext, admitted: Admitted, dispatch: Dispatch, record: TrialRecord
+) -> Outcome:
+    """Commit the record of a claimed trial that never ran (cancelled, not started), then settle it."""
+    outcome: Outcome = Duplicate()
+    try:
+        outcome = _commit(spec, ctx, admitted, record, tries=[])
+    finally:
+        _settle(spec, ctx, dispatch, outcome)
+    return outcome
+
+
+def _not_started(
+    spec: TrialSpec, ctx: WorkerContext, admitted: Admitted, dispatch: Dispatch, started: datetime
+) -> Outcome:
     """The job's budget is reached: the claimed trial ends with a record that it never started.
 
-    Not an error and not a reward (`TrialRecord.not_started`); it gives back
-    its lease (and a slot, had it one) at once.
+    Not an error and not a reward (`TrialRecord.not_started`); its slot, had
+    it one, is given back once the answer is counted, as any trial's.
     """
     log.info("%s: not started, the job's budget is reached", spec.label)
     record = trial_record(spec, worker=ctx.settings.hostname, started=started, not_started=BUDGET,
                           stage=Stage.SLOT)  # fmt: skip
-    try:
-        return _commit(spec, ctx, admitted, record, tries=[])
-    finally:
-        ctx.coord.finish(spec.job_key, spec.key, ctx.owner)
+    return _commit_unran(spec, ctx, admitted, dispatch, record)
 
 
 def _run_claimed(
     spec: TrialSpec, ctx: WorkerContext, admitted: Admitted, dispatch: Dispatch, started: datetime
 ) -> Outcome:
-    coord, job, key, host = ctx.coord, spec.job_key, spec.key, ctx.settings.hostname
-    heartbeat = Heartbeat(coord, job, key, ctx.owner, ctx.settings.lease_seconds)
+    heartbeat = Heartbeat(ctx.coord, spec.job_key, spec.key, ctx.owner, ctx.settings.lease_seconds)
     heartbeat.start()
+    outcome: Outcome = Duplicate()
+    try:
+        outcome = _run_leased(spec, ctx, admitted, dispatch, started, heartbeat)
+    finally:
+        root = scratch_root(ctx.settings, spec, ctx.owner)
+        shutil.rmtree(root, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            root.parent.rmdir()  # the job's directory in scratch, once no trial of it runs here
+        _settle(spec, ctx, dispatch, outcome, heartbeat)
+    return outcome
+
+
+def _run_leased(
+    spec: TrialSpec, ctx: WorkerContext, admitted: Admitted, dispatch: Dispatch, started: datetime,
+    heartbeat: Heartbeat,
+) -> Outcome:  # fmt: skip
+    coord, job, key, host = ctx.coord, spec.job_key, spec.key, ctx.settings.hostname
     try:
         coord.run_started(job, key, None, host)  # the running entry came with the claim
         tries = run_tries(spec, ctx, admitted, heartbeat, started)
@@ -168,16 +212,6 @@ def _run_claimed(
         except Exception:
             log.exception("%s: cannot store the record; the chord gets it", spec.label)
             return Answer(record)
-    finally:
-        heartbeat.stop()
-        root = scratch_root(ctx.settings, spec, ctx.owner)
-        shutil.rmtree(root, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            root.parent.rmdir()  # the job's directory in scratch, once no trial of it runs here
-        try:
-            coord.finish(job, key, ctx.owner)
-        except Exception:  # its lease lapses by itself; the watchdog finds nothing to re-send
-            log.warning("%s: could not give back its lease and slot", spec.label, exc_info=True)
 
 
 def _commit(
@@ -216,7 +250,7 @@ def _commit(
     except OSError as exc:
         # The store carries the record; the finalizer and the login node write it when they can.
         log.error("%s: cannot write to the job directory (%s); the record is in the store", spec.label, exc)
-    return Answer(record)
+    return Answer(record, leased=True)
 
 
 def _refused(spec: TrialSpec, ctx: WorkerContext, started: datetime, exc: Exception) -> Outcome:

@@ -83,9 +83,33 @@ def test_a_lease_has_one_owner_until_finished(coord: Coordinator) -> None:
     assert _claim(coord, "j", "001#1", "c", 30) is Claim.CLAIMED
 
 
-def test_a_trial_with_a_result_is_never_claimed_again(coord: Coordinator) -> None:
+def test_a_trial_with_a_counted_result_is_never_claimed_again(coord: Coordinator) -> None:
     assert coord.store_result("j", "001#1", "{}")
+    coord.mark_counted("j", "001#1")
     assert _claim(coord, "j", "001#1", "a", 30) is Claim.ANSWERED
+    assert not coord.is_leased("j", "001#1")
+
+
+def test_a_result_not_counted_is_claimed_to_answer_with_it(coord: Coordinator) -> None:
+    # a commits, then its host is lost before the chord counts the answer: a keeps the lease
+    # and running entry until the count, so a copy waits, then takes both over to answer.
+    entry = _payload().model_copy(update={"owner": "a"})
+    assert coord.start("j", "001#1", "a", TTL, cap=1, running=entry).claim is Claim.CLAIMED
+    assert coord.commit_result("j", "001#1", "a", "{}")
+    assert _claim(coord, "j", "001#1", "b", TTL) is Claim.HELD  # a still answers
+    time.sleep(TTL * 1.5)
+    assert [(j, k) for j, k, _ in coord.orphaned()] == [("j", "001#1")]  # the watchdog sends it again
+    assert coord.take_orphan("j", "001#1")
+    copy = _payload().model_copy(update={"owner": "c"})
+    found = coord.start("j", "001#1", "c", 30, cap=1, running=copy)
+    assert (found.claim, found.slot, found.cancelled) == (Claim.RECORDED, False, False)
+    assert coord.is_leased("j", "001#1")
+    assert not coord.renew("j", "001#1", "a", TTL)  # a is not the holder any more
+    assert _claim(coord, "j", "001#1", "d", 30) is Claim.HELD  # only c answers
+    coord.mark_counted("j", "001#1")
+    assert coord.finish("j", "001#1", "c")
+    assert coord.orphaned() == []
+    assert _claim(coord, "j", "001#1", "d", 30) is Claim.ANSWERED
 
 
 def test_a_lease_expires_unless_renewed(coord: Coordinator) -> None:
@@ -109,6 +133,8 @@ def test_start_claims_then_reads_the_cancel_flag_and_takes_a_slot(coord: Coordin
     cancelled = coord.start("j", "003#1", "c", 30, cap=5)
     assert (cancelled.claim, cancelled.cancelled, cancelled.slot) == (Claim.CLAIMED, True, False)
     assert coord.commit_result("j", "001#1", "a", "{}")
+    assert coord.start("j", "001#1", "d", 30, cap=5).claim is Claim.HELD  # a answers
+    coord.mark_counted("j", "001#1")
     assert coord.start("j", "001#1", "d", 30, cap=5).claim is Claim.ANSWERED
 
 
@@ -287,6 +313,22 @@ def test_finishing_gives_back_slot_running_entry_and_lease(coord: Coordinator) -
     assert coord.orphaned() == []  # no running entry left behind
 
 
+def test_freeing_the_slot_of_a_committed_trial_keeps_its_lease_and_running_entry(coord: Coordinator) -> None:
+    assert coord.start(
+        "j", "001#1", "a", TTL, cap=1, running=_payload().model_copy(update={"owner": "a"})
+    ).slot
+    assert coord.commit_result("j", "001#1", "a", "{}")
+    assert not coord.free_slot("j", "001#1", "b")  # not b's
+    assert not coord.acquire_slot("j", "002#1", 1, 30)
+    assert coord.free_slot("j", "001#1", "a")
+    assert coord.acquire_slot("j", "002#1", 1, 30)  # the run is over: its slot is another's
+    assert coord.is_leased("j", "001#1")  # until the chord counts it
+    time.sleep(TTL * 1.5)
+    assert [k for _, k, _ in coord.orphaned()] == ["001#1"]  # its host lost before the count: sent again
+    assert coord.finish("j", "001#1", "a")  # counted after all (a's entry still names it)
+    assert coord.orphaned() == []
+
+
 def test_a_copy_that_lost_the_trial_frees_nothing_of_its_successor(coord: Coordinator) -> None:
     assert _claim(coord, "j", "001#1", "a", TTL) is Claim.CLAIMED
     coord.set_running("j", "001#1", _payload().model_copy(update={"owner": "a"}))
@@ -296,6 +338,7 @@ def test_a_copy_that_lost_the_trial_frees_nothing_of_its_successor(coord: Coordi
     coord.set_running("j", "001#1", _payload().model_copy(update={"owner": "c"}))
     assert coord.acquire_slot("j", "001#1", 1, 30)
     assert not coord.finish("j", "001#1", "a")  # a comes back late
+    assert not coord.free_slot("j", "001#1", "a")
     assert coord.is_leased("j", "001#1")
     assert not coord.acquire_slot("j", "002#1", 1, 30)  # c keeps its slot
     time.sleep(TTL * 1.5)  # c's host dies too: its trial is still an orphan

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,17 @@ from sciencebench.login.options import SubmitOptions
 from sciencebench.login.runrecord import build_run_record
 from sciencebench.login.submit import Prepared, persist
 from sciencebench.worker.context import WorkerContext
-from sciencebench.worker.dispatch import EMBEDDED, Answer, Clustered, Dispatch, Duplicate, HandBack, Outcome
+from sciencebench.worker.dispatch import (
+    EMBEDDED,
+    Answer,
+    Clustered,
+    Dispatch,
+    Duplicate,
+    HandBack,
+    Outcome,
+    counted,
+    not_counted,
+)
 from sciencebench.worker.pier.process import PierRun
 from sciencebench.worker.trial import handle
 from tests.fixtures.hosts import prepare
@@ -40,6 +51,7 @@ pytestmark = pytest.mark.unit
 
 HOST = "w1@unit"
 LEASE = 2.0
+TASK_ID = "task-1"  # the Celery task id of the trial's message
 
 
 @dataclass
@@ -141,7 +153,7 @@ class World:
         return self.spec.job_key
 
     def clustered(self) -> Clustered:
-        return Clustered(Redispatch(task_id="task-1", trial=self.spec))
+        return Clustered(Redispatch(task_id=TASK_ID, trial=self.spec))
 
     def handle(self, dispatch: Dispatch | None = None) -> Outcome:
         return handle(self.spec, self.ctx, dispatch or self.clustered())
@@ -181,6 +193,13 @@ def world(tmp_path: Path) -> Iterator[World]:
     yield _world(tmp_path, [None])
 
 
+@pytest.fixture(autouse=True)
+def _uncounted() -> Iterator[None]:
+    """A clustered answer keeps its lease renewed until counted: stop that after each test."""
+    yield
+    not_counted(TASK_ID)
+
+
 # --- claim, commit, duplicates -------------------------------------------------------------
 
 
@@ -193,21 +212,38 @@ def test_a_claimed_trial_runs_once_and_its_record_is_committed_and_published(wor
     assert world.stored() == record == world.record_file()
     assert record.trial_dir is not None and (world.paths.job_dir / record.trial_dir / "result.json").is_file()
     assert world.state() is TrialState.DONE
+    # Its lease and running entry are kept until the chord counts the answer, then given back.
+    assert world.coord.is_leased(world.job, world.spec.key)
+    counted(TASK_ID)
     assert not world.coord.is_leased(world.job, world.spec.key)
+    assert world.coord.orphaned() == []
     assert world.runtime.cleaned == [record.trial_dir]
     assert world.pier.runs == 1
 
 
-def test_a_redelivered_answered_trial_answers_once_more_until_counted_then_is_a_duplicate(
-    world: World,
-) -> None:
+def test_an_answer_not_counted_is_answered_again_from_the_store_never_run_again(world: World) -> None:
     first = world.handle()
     assert isinstance(first, Answer)
+    assert isinstance(world.handle(), Duplicate)  # its holder still answers
+    not_counted(TASK_ID)  # the count failed (or the host was lost): the lease lapses
+    time.sleep(LEASE * 1.25)
+    assert [key for _, key, _ in world.coord.orphaned()] == [world.spec.key]  # the watchdog resends it
+    assert world.coord.take_orphan(world.job, world.spec.key)
     again = world.handle()
-    assert isinstance(again, Answer) and again.record == first.record
+    assert isinstance(again, Answer) and again.record == first.record and again.leased
+    assert world.coord.is_leased(world.job, world.spec.key)
     world.coord.mark_counted(world.job, world.spec.key)
+    counted(TASK_ID)
     assert isinstance(world.handle(), Duplicate)
     assert world.pier.runs == 1
+    assert world.coord.orphaned() == []
+
+
+def test_an_embedded_answer_gives_its_lease_back_at_once(world: World) -> None:
+    outcome = world.handle(EMBEDDED)
+    assert isinstance(outcome, Answer) and outcome.leased
+    assert not world.coord.is_leased(world.job, world.spec.key)
+    assert world.coord.orphaned() == []
 
 
 def test_a_trial_a_live_copy_holds_is_a_duplicate_and_nothing_runs(world: World) -> None:

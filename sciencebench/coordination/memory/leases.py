@@ -57,9 +57,10 @@ class MemoryLeases(MemoryBase, Results, Leases, Slots, JobControl, Board):
             return bool(self._get(job_key(job, "counted", key)))
 
     def _claim(self, job: str, key: str, owner: str, ttl_sec: float, parked: str) -> Claim:
-        """As `_START`'s claim over Redis: the lease unless the trial has a result or a live holder."""
+        """As `start.lua`'s claim: the lease unless the chord counted the trial or a live holder has it."""
         with self._lock:
-            if self._get(job_key(job, "result", key)) is not None:
+            recorded = self._get(job_key(job, "result", key)) is not None
+            if recorded and self._get(job_key(job, "counted", key)):
                 return Claim.ANSWERED
             name = job_key(job, "lease", key)
             holder = self._get(name)
@@ -68,7 +69,7 @@ class MemoryLeases(MemoryBase, Results, Leases, Slots, JobControl, Board):
             self._values.setdefault(JOBS_KEY, set()).add(job)
             self._values[name] = owner
             self._expiry[name] = time.monotonic() + ttl_sec
-            return Claim.CLAIMED
+            return Claim.RECORDED if recorded else Claim.CLAIMED
 
     @override
     def park(self, job: str, key: str, token: str, ttl_sec: float) -> bool:
@@ -120,10 +121,10 @@ class MemoryLeases(MemoryBase, Results, Leases, Slots, JobControl, Board):
     ) -> Start:  # fmt: skip
         with self._lock:  # one step, as the script over Redis
             claim = self._claim(job, key, owner, ttl_sec, parked)
+            if claim in (Claim.CLAIMED, Claim.RECORDED) and running is not None:
+                self.set_running(job, key, running)
             if claim is not Claim.CLAIMED:
                 return Start(claim=claim)
-            if running is not None:
-                self.set_running(job, key, running)
             if self.is_cancelled(job):
                 return Start(claim=claim, cancelled=True)
             ledger = self._ledger(job)
@@ -153,14 +154,21 @@ class MemoryLeases(MemoryBase, Results, Leases, Slots, JobControl, Board):
     @override
     def finish(self, job: str, key: str, owner: str) -> bool:
         with self._lock:
-            if not self._rightful(job, key, owner):
+            if not self.free_slot(job, key, owner):
                 return False
-            self._values.get(job_key(job, "slots"), {}).pop(key, None)
             self._values.get(job_key(job, "running"), {}).pop(key, None)
             lease = job_key(job, "lease", key)
             if self._get(lease) == owner:
                 self._values.pop(lease, None)
                 self._expiry.pop(lease, None)
+            return True
+
+    @override
+    def free_slot(self, job: str, key: str, owner: str) -> bool:
+        with self._lock:
+            if not self._rightful(job, key, owner):
+                return False
+            self._values.get(job_key(job, "slots"), {}).pop(key, None)
             return True
 
     @override

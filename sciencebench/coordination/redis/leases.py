@@ -112,7 +112,12 @@ class RedisLeases(RedisBase, Results, Leases):
     @override
     def finish(self, job: str, key: str, owner: str) -> bool:
         """Give back slot, running entry and lease while `owner` is rightful (one script)."""
-        return bool(self.patiently(lambda: self._finish(job, key, [owner, key])))
+        return bool(self.patiently(lambda: self._finish(job, key, [owner, key, "all"])))
+
+    @override
+    def free_slot(self, job: str, key: str, owner: str) -> bool:
+        """Give back the slot while `owner` is rightful; lease and running entry stay (`finish`'s script)."""
+        return bool(self.patiently(lambda: self._finish(job, key, [owner, key, "slot"])))
 
     @override
     def take_orphan(self, job: str, key: str) -> bool:
