@@ -1,7 +1,7 @@
 """The numbers a job reports: at its end (`job_numbers`), and on the way (`Spend`, `finish_in`).
 
 Pure: the inputs are the trial records and the trials as Pier's statistics
-read them (`core.pierjob.PierTrial`), so the finalizer, `summarize` and
+read them (`core.piertrial.PierTrial`), so the finalizer, `summarize` and
 `--local` compute the same numbers, and `summary.json` keeps them (`stats`).
 
     evals        per agent and model (Pier's `stats.evals` keys): mean reward
@@ -30,7 +30,8 @@ from collections.abc import Iterable, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from sciencebench.core.models import TrialRecord
-from sciencebench.core.pierjob import ADHOC, Number, PierTrial, mean_metric, pass_at_k
+from sciencebench.core.pierjob import mean_metric, pass_at_k
+from sciencebench.core.piertrial import ADHOC, Number, PierTrial
 
 
 class EvalNumbers(BaseModel):
