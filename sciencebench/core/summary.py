@@ -211,13 +211,16 @@ def summary_rows(
     return [summary_row(paths, record, with_model) for record in records]
 
 
-def _summary_json(summary: SummaryFile) -> str:
-    """summary.json, one row per line (a big job's file stays quick to write and to read), then `stats`."""
+def _summary_json(summary: SummaryFile, cells: Sequence[dict[str, JsonValue]]) -> str:
+    """summary.json, one row per line (a big job's file stays quick to write and to read), then `stats`.
+
+    `cells` are the rows' (`SummaryRow.cells`), dumped once for both files.
+    """
     head = json.dumps(summary.model_dump(exclude={"rows", "stats"}), indent=2)
-    body = ",\n".join("    " + json.dumps(row.cells()) for row in summary.rows)
+    body = ",\n".join("    " + json.dumps(row) for row in cells)
     numbers = summary.stats.model_dump(mode="json") if summary.stats is not None else None
     stats = json.dumps(numbers, indent=2).replace("\n", "\n  ")
-    rows_json = f"\n{body}\n  ]" if summary.rows else "]"
+    rows_json = f"\n{body}\n  ]" if cells else "]"
     return head[:-2] + ',\n  "rows": [' + rows_json + ',\n  "stats": ' + stats + "\n}\n"
 
 
@@ -253,11 +256,12 @@ def write_summary(job: JobSpec, now: datetime | None = None) -> Summary:
     columns = [*SUMMARY_COLUMNS, MODEL_COLUMN] if with_model else SUMMARY_COLUMNS
     writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
-    writer.writerows(row.cells() for row in rows)
+    cells = [row.cells() for row in rows]
+    writer.writerows(cells)
     files = {
         paths.result_json.name: result.text(),
         paths.config_json.name: config.text(),
-        paths.summary_json.name: _summary_json(summary),
+        paths.summary_json.name: _summary_json(summary, cells),
         paths.summary_csv.name: buffer.getvalue(),
     }
     job_fd = open_job_dir(paths, create=True)  # the job's owner may have put links in it: none is followed
