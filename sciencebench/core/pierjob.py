@@ -114,6 +114,11 @@ def mean_metric(rewards: Sequence[Rewards | None]) -> dict[str, Number]:
     }
 
 
+def eval_metrics(key: str, rewards: Sequence[Rewards | None]) -> list[dict[str, Number]]:
+    """Pier's metrics of one eval, per dataset: `Mean` for "adhoc" and the config's datasets (none here)."""
+    return [mean_metric(rewards)] if key.split("__")[-1] == ADHOC else []
+
+
 def _pass_at_k_for_task(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
@@ -198,6 +203,7 @@ class _EvalTally:
     exception_stats: dict[str, list[str]] = field(default_factory=dict)
 
     def add(self, trial: PierTrial) -> None:
+        """Count one more trial of the eval."""
         self.trials.append(trial)
         if trial.rewards is not None:
             self.n_trials += 1
@@ -208,12 +214,11 @@ class _EvalTally:
             self.n_errors += 1
 
     def stats(self, key: str) -> PierEvalStats:
-        # Pier's metrics are per dataset: `Mean` for "adhoc" and the config's datasets (ours lists none).
-        metrics = [mean_metric([t.rewards for t in self.trials])] if key.split("__")[-1] == ADHOC else []
+        """The eval's `AgentDatasetStats` under its key."""
         return PierEvalStats(
             n_trials=self.n_trials,
             n_errors=self.n_errors,
-            metrics=metrics,
+            metrics=eval_metrics(key, [t.rewards for t in self.trials]),
             pass_at_k=pass_at_k(self.trials),
             reward_stats=self.reward_stats,
             exception_stats=self.exception_stats,
