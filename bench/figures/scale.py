@@ -230,7 +230,7 @@ def finalize(h: Harness, p: Params) -> Outcome:
             "write_summary_s": took,
             "runs": runs,
             "summarize_cli_median_s": median,
-            "n_completed": result["stats"]["n_completed_trials"],
+            "n_completed": result.stats.n_completed_trials,
         }
         label = f"{written // 1000}k" if written >= 1000 else str(written)
         value = statistics.median(took)

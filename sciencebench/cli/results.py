@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Table
@@ -19,6 +18,7 @@ from sciencebench.core.paths import DEFAULT_JOBS_DIR, JobPaths
 
 if TYPE_CHECKING:
     from sciencebench.coordination.records import FinalizerAnswer
+    from sciencebench.core.summary import Summary, SummaryFile
 
 
 def conclude(job: JobSpec, answer: FinalizerAnswer, coord: Coordinator | None = None) -> int:
@@ -69,14 +69,12 @@ def print_budget(job: JobSpec, paths: JobPaths, coord: Coordinator | None = None
     Returns M. The records are read only for a job with a budget or trials not started.
     """
     from sciencebench.coordination.budget import budget_lines
-    from sciencebench.core.summary import NOT_STARTED, load_records
+    from sciencebench.core.summary import NOT_STARTED, SummaryFile, load_records
 
-    rows = json.loads(paths.summary_json.read_text(encoding="utf-8"))["rows"]
+    rows = SummaryFile.read(paths).rows
     ledger = coord.budget(job.job_key) if coord is not None else None
     capped_cost = job.max_cost_usd is not None or (ledger is not None and ledger.max_cost_usd is not None)
-    if not (
-        capped_cost or job.max_tokens is not None or any(r["failure_class"] == NOT_STARTED for r in rows)
-    ):
+    if not (capped_cost or job.max_tokens is not None or any(r.failure_class == NOT_STARTED for r in rows)):
         return 0
     lines, not_started = budget_lines(load_records(paths), capped_cost)
     for line in lines:
@@ -86,23 +84,24 @@ def print_budget(job: JobSpec, paths: JobPaths, coord: Coordinator | None = None
 
 def print_summary(paths: JobPaths) -> None:
     """The job's summary table, its numbers and where its results are."""
-    summary = json.loads(paths.summary_json.read_text(encoding="utf-8"))
-    table = Table(title=f"{paths.job_name}: {summary['trial_count']} trial(s)")
+    from sciencebench.core.summary import SummaryFile
+
+    summary = SummaryFile.read(paths)
+    table = Table(title=f"{paths.job_name}: {summary.trial_count} trial(s)")
     for column in ("task_id", "trial_id", "reward", "failure_class"):
         table.add_column(column)
-    for row in summary["rows"]:
-        table.add_row(*(str(row[c]) for c in ("task_id", "trial_id", "reward", "failure_class")))
+    for row in summary.rows:
+        table.add_row(row.task_id, row.trial_id, str(row.reward), row.failure_class)
     out.print(table)
     out.print("\n".join(_number_lines(summary)), markup=False, highlight=False, soft_wrap=True)
     out.print(f"results: {paths.summary_csv}")
 
 
-def _number_lines(summary: dict[str, Any]) -> list[str]:
+def _number_lines(summary: SummaryFile) -> list[str]:
     """The job's numbers under its table (`core.stats.report_lines`); none from an older summary.json."""
-    from sciencebench.core.stats import JobNumbers, report_lines
+    from sciencebench.core.stats import report_lines
 
-    stats = summary.get("stats")
-    return report_lines(JobNumbers.model_validate(stats)) if isinstance(stats, dict) else []
+    return report_lines(summary.stats) if summary.stats is not None else []
 
 
 SUMMARY_ROWS_SHOWN = 50
@@ -137,35 +136,37 @@ def summarize(jobs_dir: Path, job_name: str, all_rows: bool) -> None:
     if all_rows or len(summary.rows) <= SUMMARY_ROWS_SHOWN:
         print_summary(paths)
     else:
-        _print_counts(paths, summary.result, summary.rows)
+        _print_counts(paths, summary)
     not_started = print_budget(job, paths)
     if not missing:
         forget_agent_env(job)  # the job has ended: its --agent-env values are no longer needed
     _print_missing(missing)
-    if summary.result["stats"]["n_errored_trials"] or missing:
+    if summary.result.stats.n_errored_trials or missing:
         sys.exit(1)
     sys.exit(EXIT_BUDGET if not_started else 0)
 
 
-def _print_counts(paths: JobPaths, result: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+def _print_counts(paths: JobPaths, summary: Summary) -> None:
     """A big job's summary: its counts, each eval's metrics, and the trials that failed (plain lines)."""
-    stats = result["stats"]
+    from sciencebench.core.stats import report_lines
+
+    result, stats = summary.result, summary.result.stats
     lines = [
-        f"{paths.job_name}: {stats['n_completed_trials']} of {result['n_total_trials']} trial(s) recorded, "
-        f"{stats['n_errored_trials']} errored"
+        f"{paths.job_name}: {stats.n_completed_trials} of {result.n_total_trials} trial(s) recorded, "
+        f"{stats.n_errored_trials} errored"
     ]
-    lines += _number_lines(json.loads(paths.summary_json.read_text(encoding="utf-8")))
-    failed = [row for row in rows if row["failure_class"]]
+    lines += report_lines(summary.numbers) if summary.numbers is not None else []
+    failed = [row for row in summary.rows if row.failure_class]
     if failed:
         classes: dict[str, int] = {}
         for row in failed:
-            classes[row["failure_class"]] = classes.get(row["failure_class"], 0) + 1
+            classes[row.failure_class] = classes.get(row.failure_class, 0) + 1
         lines.append(
             f"failed: {len(failed)} trial(s): " + ", ".join(f"{c} {n}" for c, n in sorted(classes.items()))
         )
         for row in failed[:FAILURES_SHOWN]:
-            trial_dir = f"{row['task_id']}__{row['trial_id']}" if row["trial_id"] else "(no trial directory)"
-            lines.append(f"  {row['task_id']}  {row['failure_class']}  {trial_dir}")
+            trial_dir = f"{row.task_id}__{row.trial_id}" if row.trial_id else "(no trial directory)"
+            lines.append(f"  {row.task_id}  {row.failure_class}  {trial_dir}")
         if len(failed) > FAILURES_SHOWN:
             lines.append(f"  and {len(failed) - FAILURES_SHOWN} more (every row: --rows, or summary.csv)")
     lines.append(f"results: {paths.summary_csv}")

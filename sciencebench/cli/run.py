@@ -64,7 +64,7 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
         write_run_record(opts.path, record, prepared.secret_values)
         out.print(f"dry run: {len(prepared.trials)} trial(s) of {len(prepared.selection.task_ids)} "
                   f"task(s); selection sha256 {prepared.selection.sha256}", soft_wrap=True)  # fmt: skip
-        out.print("pier command: " + record["pier_command"], markup=False, soft_wrap=True)
+        out.print("pier command: " + record.pier_command, markup=False, soft_wrap=True)
         out.print(f"run record: {SelectionPaths(opts.path).run_record}")
         _print_expected(settings, prepared.job, prepared.trials, coord)
         if coord is not None and not opts.skip_pull:

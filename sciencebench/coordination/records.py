@@ -112,13 +112,12 @@ def finish_job(
     record_durations(coord, job, paths)  # what the next job of these tasks is ordered by
     record_costs(coord, job, paths)  # what `submit --dry-run` expects the next one to cost
     result = write_summary(job).result
-    stats = result["stats"]
     return FinalizerAnswer(
         job_name=job_name,
         job_id=str(job_id),
         summary_written=True,
-        n_total_trials=result["n_total_trials"],
-        n_completed_trials=stats["n_completed_trials"],
-        n_errored_trials=stats["n_errored_trials"],
+        n_total_trials=result.n_total_trials,
+        n_completed_trials=result.stats.n_completed_trials,
+        n_errored_trials=result.stats.n_errored_trials,
         missing=missing_trials(job, paths),
     )

@@ -1,11 +1,11 @@
 """The numbers a job reports: at its end (`job_numbers`), and on the way (`Spend`, `finish_in`).
 
 Pure: the inputs are the trial records and the trials as Pier's statistics
-read them (`core.pierjob.PierTrial`), so the finalizer, `summarize` and
+read them (`core.piertrial.PierTrial`), so the finalizer, `summarize` and
 `--local` compute the same numbers, and `summary.json` keeps them (`stats`).
 
     evals        per agent and model (Pier's `stats.evals` keys): mean reward
-                 and pass@k exactly as Pier computes them (`core.pierjob.mean_metric`,
+                 and pass@k exactly as Pier computes them (`core.pierjob.eval_metrics`,
                  `core.pierjob.pass_at_k`), over the *scored* trials only:
                  a provider failure or a trial never started (`TrialRecord.scored`
                  False) is not the model's, and is counted apart
@@ -30,7 +30,8 @@ from collections.abc import Iterable, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from sciencebench.core.models import TrialRecord
-from sciencebench.core.pierjob import ADHOC, Number, PierTrial, mean_metric, pass_at_k
+from sciencebench.core.pierjob import eval_metrics, pass_at_k
+from sciencebench.core.piertrial import Number, PierTrial
 
 
 class EvalNumbers(BaseModel):
@@ -126,7 +127,7 @@ class JobNumbers(BaseModel):
 
 def _eval_numbers(key: str, trials: list[PierTrial], n_errors: int) -> EvalNumbers:
     first = trials[0]
-    metrics = mean_metric([t.rewards for t in trials]) if key.split("__")[-1] == ADHOC else {}
+    metrics = next(iter(eval_metrics(key, [t.rewards for t in trials])), {})
     return EvalNumbers(
         key=key,
         agent=first.agent_name,

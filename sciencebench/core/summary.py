@@ -26,10 +26,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pydantic_core
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
 from sciencebench.core.models import JobSpec, TrialRecord
 from sciencebench.core.paths import JobPaths, open_job_dir, write_atomic_at
+from sciencebench.core.pierfiles import IsoTime, PierJobConfig, PierJobResult
 from sciencebench.core.pierjob import job_config, job_result, pier_trials
 from sciencebench.core.stats import JobNumbers, job_numbers
 
@@ -52,13 +53,56 @@ PROVIDER_ERROR = "provider_error"
 NOT_STARTED = "not_started"
 
 
+class SummaryRow(BaseModel):
+    """One trial's row of summary.csv and summary.json: the original runner's columns, then the model's.
+
+    A count or reward is the value `verifier/reward.json` holds, as it is
+    (empty where it has none); `model` is None in a job of one model (no
+    such column) and the trial's model ("" for none) in a job of several.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    task_id: str
+    trial_id: str
+    reward: JsonValue
+    public_passed: JsonValue
+    public_collected: JsonValue
+    private_passed: JsonValue
+    private_collected: JsonValue
+    failure_class: str
+    verifier_dir: str
+    model: str | None = None
+
+    def cells(self) -> dict[str, JsonValue]:
+        """The row by column, in the file's column order."""
+        return self.model_dump(exclude={MODEL_COLUMN} if self.model is None else None)
+
+
+class SummaryFile(BaseModel):
+    """summary.json: when and where, the rows, and the job's numbers (None in a file older than them)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    generated_at: IsoTime
+    jobs_dir: str
+    trial_count: int
+    rows: list[SummaryRow]
+    stats: JobNumbers | None = None
+
+    @classmethod
+    def read(cls, paths: JobPaths) -> SummaryFile:
+        """A job's summary.json. Raises OSError, and ValueError when it is not one."""
+        return cls.model_validate_json(paths.summary_json.read_bytes())
+
+
 @dataclass(frozen=True)
 class Summary:
     """What `write_summary` wrote: Pier's result and config, sciencebench's rows and numbers."""
 
-    result: dict[str, Any]
-    config: dict[str, Any]
-    rows: list[dict[str, Any]]
+    result: PierJobResult
+    config: PierJobConfig
+    rows: list[SummaryRow]
     numbers: JobNumbers | None = None
 
 
@@ -136,7 +180,7 @@ def _count(section: Any, field: str) -> Any:
     return section.get(field, "") if isinstance(section, dict) else ""
 
 
-def summary_row(paths: JobPaths, record: TrialRecord, with_model: bool = False) -> dict[str, Any]:
+def summary_row(paths: JobPaths, record: TrialRecord, with_model: bool = False) -> SummaryRow:
     """One trial's row in the original runner's columns (its `verifier/reward.json` when readable).
 
     `with_model` adds the trial's model (`MODEL_COLUMN`) after them.
@@ -146,34 +190,37 @@ def summary_row(paths: JobPaths, record: TrialRecord, with_model: bool = False) 
     if not isinstance(detail, dict):
         detail = {}
     reward = detail.get("reward", record.reward)
-    return {
-        "task_id": f"task_{record.task_id}",
-        "trial_id": record.trial_dir.split("__", 1)[1] if record.trial_dir else "",
-        "reward": "" if reward is None else reward,
-        "public_passed": _count(detail.get("public"), "passed"),
-        "public_collected": _count(detail.get("public"), "collected"),
-        "private_passed": _count(detail.get("private"), "passed"),
-        "private_collected": _count(detail.get("private"), "collected"),
-        "failure_class": failure_class(record),
-        "verifier_dir": f"{trial_dir}{os.sep}verifier" if trial_dir else "",
-    } | ({MODEL_COLUMN: record.model or ""} if with_model else {})
+    return SummaryRow(
+        task_id=f"task_{record.task_id}",
+        trial_id=record.trial_dir.split("__", 1)[1] if record.trial_dir else "",
+        reward="" if reward is None else reward,
+        public_passed=_count(detail.get("public"), "passed"),
+        public_collected=_count(detail.get("public"), "collected"),
+        private_passed=_count(detail.get("private"), "passed"),
+        private_collected=_count(detail.get("private"), "collected"),
+        failure_class=failure_class(record),
+        verifier_dir=f"{trial_dir}{os.sep}verifier" if trial_dir else "",
+        model=(record.model or "") if with_model else None,
+    )
 
 
 def summary_rows(
     paths: JobPaths, records: Sequence[TrialRecord], with_model: bool = False
-) -> list[dict[str, Any]]:
+) -> list[SummaryRow]:
     """One row per trial, in the original runner's columns (and the model's, `with_model`)."""
     return [summary_row(paths, record, with_model) for record in records]
 
 
-def _summary_json(job: JobSpec, rows: list[dict[str, Any]], now: datetime, numbers: JobNumbers) -> str:
-    """summary.json, one row per line (a big job's file stays quick to write and to read), then `stats`."""
-    head = json.dumps(
-        {"generated_at": now.isoformat(), "jobs_dir": str(job.jobs_dir), "trial_count": len(rows)}, indent=2
-    )
-    body = ",\n".join("    " + json.dumps(row) for row in rows)
-    stats = json.dumps(numbers.model_dump(mode="json"), indent=2).replace("\n", "\n  ")
-    rows_json = f"\n{body}\n  ]" if rows else "]"
+def _summary_json(summary: SummaryFile, cells: Sequence[dict[str, JsonValue]]) -> str:
+    """summary.json, one row per line (a big job's file stays quick to write and to read), then `stats`.
+
+    `cells` are the rows' (`SummaryRow.cells`), dumped once for both files.
+    """
+    head = json.dumps(summary.model_dump(exclude={"rows", "stats"}), indent=2)
+    body = ",\n".join("    " + json.dumps(row) for row in cells)
+    numbers = summary.stats.model_dump(mode="json") if summary.stats is not None else None
+    stats = json.dumps(numbers, indent=2).replace("\n", "\n  ")
+    rows_json = f"\n{body}\n  ]" if cells else "]"
     return head[:-2] + ',\n  "rows": [' + rows_json + ',\n  "stats": ' + stats + "\n}\n"
 
 
@@ -200,17 +247,21 @@ def write_summary(job: JobSpec, now: datetime | None = None) -> Summary:
     result = job_result(job, records, ran, now)
     config = job_config(job)
     # The scored trials only (`TrialRecord.scored`): provider failures and trials never started apart.
-    numbers = job_numbers(records, trials, [row["failure_class"] for row in rows], job.n_concurrent)
+    numbers = job_numbers(records, trials, [row.failure_class for row in rows], job.n_concurrent)
+    summary = SummaryFile(
+        generated_at=now, jobs_dir=str(job.jobs_dir), trial_count=len(rows), rows=rows, stats=numbers
+    )
 
     buffer = io.StringIO()
     columns = [*SUMMARY_COLUMNS, MODEL_COLUMN] if with_model else SUMMARY_COLUMNS
     writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
-    writer.writerows(rows)
+    cells = [row.cells() for row in rows]
+    writer.writerows(cells)
     files = {
-        paths.result_json.name: json.dumps(result, indent=4) + "\n",
-        paths.config_json.name: json.dumps(config, indent=4) + "\n",
-        paths.summary_json.name: _summary_json(job, rows, now, numbers),
+        paths.result_json.name: result.text(),
+        paths.config_json.name: config.text(),
+        paths.summary_json.name: _summary_json(summary, cells),
         paths.summary_csv.name: buffer.getvalue(),
     }
     job_fd = open_job_dir(paths, create=True)  # the job's owner may have put links in it: none is followed

@@ -17,7 +17,6 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -46,7 +45,7 @@ from sciencebench.login.profiles import (
     proxy_variable_problem,
     read_env_file,
 )
-from sciencebench.login.runrecord import write_run_record
+from sciencebench.login.runrecord import RunRecord, write_run_record
 from sciencebench.login.selection import Selection, load_selection
 
 DEFAULT_PIER_BIN = SubmitOptions.model_fields["pier_bin"].default
@@ -262,7 +261,7 @@ def check_visibility_timeout(trials: list[TrialSpec], configured_sec: int) -> No
         )
 
 
-def persist(prepared: Prepared, record: dict[str, Any]) -> Prepared:
+def persist(prepared: Prepared, record: RunRecord) -> Prepared:
     """Write what workers read (the job directory, job.json, the --agent-env file) and the run record.
 
     The job directory is created exclusively: of two submits of one name at
@@ -274,7 +273,7 @@ def persist(prepared: Prepared, record: dict[str, Any]) -> Prepared:
 
 
 @contextmanager
-def persisted(prepared: Prepared, record: dict[str, Any]) -> Iterator[Prepared]:
+def persisted(prepared: Prepared, record: RunRecord) -> Iterator[Prepared]:
     """`persist`, undone again if the block raises (e.g. the broker fails while trials are sent).
 
     Undoing removes the job directory, the --agent-env file and every
@@ -291,7 +290,7 @@ def persisted(prepared: Prepared, record: dict[str, Any]) -> Iterator[Prepared]:
         raise
 
 
-def _write_job(prepared: Prepared, record: dict[str, Any], undo: list[Callable[[], None]]) -> Prepared:
+def _write_job(prepared: Prepared, record: RunRecord, undo: list[Callable[[], None]]) -> Prepared:
     job = prepared.job
     paths = JobPaths(job.jobs_dir, job.job_name)
     try:

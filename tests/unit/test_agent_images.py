@@ -131,10 +131,10 @@ def test_codex_runs_its_baked_image_and_the_record_names_it(tmp_path: Path) -> N
     }
     assert "version=0.169.0" in argv
     record = build_run_record(job, prepared.trials[0], "redis://localhost:6379/0", prepared.secret_values)
-    assert record["agent_images"]["002"] == {
+    assert record.agent_images["002"].model_dump() == {
         "base_image": DEFAULT_AGENT_IMAGE, "agent": "codex", "version": "0.169.0", "image": BAKED_CODEX,
     }  # fmt: skip
-    assert KEY not in json.dumps(record)
+    assert KEY not in record.text()
 
 
 def test_a_missing_baked_image_is_one_line_naming_the_command(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from sciencebench.core.paths import JobPaths, write_atomic
 from sciencebench.login.dispatch import dispatch
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.plan import order, schedule
+from sciencebench.login.runrecord import RunRecord, build_run_record
 from sciencebench.login.submit import Prepared, persist
 from sciencebench.worker.stages import CANCELLED
 from tests.fixtures.hosts import prepare
@@ -41,6 +42,10 @@ def _prepare(tmp_path: Path, ids: list[str] = IDS, **opts: Any) -> Prepared:
         make_selection(path, ids)  # every task: the same timeouts (uninformative)
     opts.setdefault("job_name", "h")
     return prepare(SubmitOptions(path=path, jobs_dir=tmp_path / "jobs", **opts))
+
+
+def _run_record(prepared: Prepared) -> RunRecord:
+    return build_run_record(prepared.job, prepared.trials[0], "redis://x", [])
 
 
 def _keys(trials: list[TrialSpec]) -> list[str]:
@@ -173,7 +178,7 @@ def test_an_unreadable_history_leaves_the_own_estimates(tmp_path: Path) -> None:
 
 def test_a_first_run_is_sent_in_the_other_agents_order(tmp_path: Path) -> None:
     prepared = _prepare(tmp_path, n_concurrent=1)
-    job = persist(prepared, {}).job
+    job = persist(prepared, _run_record(prepared)).job
     other = job.model_copy(update={"agent": job.agent.model_copy(update={"agent": "oracle"})})
     coord = MemoryCoordinator()
     keys = history.job_history_keys(other)
@@ -229,7 +234,7 @@ def test_history_is_per_task_hash_and_agent(tmp_path: Path) -> None:
 
 def test_the_finalizer_records_what_trials_measured(tmp_path: Path) -> None:
     prepared = _prepare(tmp_path, n_attempts=2)
-    job = persist(prepared, {}).job
+    job = persist(prepared, _run_record(prepared)).job
     paths = JobPaths(job.jobs_dir, job.job_name)
     _write_record(job, "001", 1, 3.0)
     _write_record(job, "001", 2, 5.0)
@@ -279,7 +284,7 @@ def test_history_keeps_no_secret(tmp_path: Path) -> None:
     env_file.write_text(f"OPENAI_API_KEY={CANARY}-env\nMODEL=gpt-5\n")
     prepared = _prepare(tmp_path, agent="codex", env_file=env_file, agent_env=[f"X_TOKEN={CANARY}-agent-env"],
                         agent_kwargs=[f"reasoning_effort={CANARY}-kwarg"])  # fmt: skip
-    job = persist(prepared, {}).job
+    job = persist(prepared, _run_record(prepared)).job
     paths = JobPaths(job.jobs_dir, job.job_name)
     for task_id in IDS:
         _write_record(job, task_id, 1, 2.0, exception_message=CANARY, worker=CANARY)
@@ -314,7 +319,7 @@ def _sent(app: Celery) -> list[str]:
 
 def test_dispatch_orders_by_history_and_holds_later_attempts(tmp_path: Path) -> None:
     prepared = _prepare(tmp_path, n_attempts=2, n_concurrent=2)
-    job = persist(prepared, {}).job
+    job = persist(prepared, _run_record(prepared)).job
     coord = MemoryCoordinator()
     keys = history.job_history_keys(job)
     coord.add_durations("earlier", {keys[t]: [s] for t, s in zip(IDS, [1.0, 40.0, 3.0, 20.0], strict=True)})
@@ -331,7 +336,7 @@ def test_dispatch_orders_by_history_and_holds_later_attempts(tmp_path: Path) -> 
 
 def test_dispatch_sends_everything_with_one_attempt(tmp_path: Path) -> None:
     prepared = _prepare(tmp_path, n_concurrent=1)
-    job: JobSpec = persist(prepared, {}).job
+    job: JobSpec = persist(prepared, _run_record(prepared)).job
     coord = MemoryCoordinator()
     keys = history.job_history_keys(job)
     coord.add_durations("earlier", {keys["003"]: [9.0], keys["001"]: [1.0]})
@@ -343,7 +348,7 @@ def test_dispatch_sends_everything_with_one_attempt(tmp_path: Path) -> None:
 
 def test_the_watchdog_sends_held_trials_nobody_else_will(tmp_path: Path) -> None:
     prepared = _prepare(tmp_path, n_attempts=3, n_concurrent=2)
-    job = persist(prepared, {}).job
+    job = persist(prepared, _run_record(prepared)).job
     coord = MemoryCoordinator()
     app = Celery(broker="memory://", backend="cache+memory://")
     dispatch(app, coord, job, prepared.trials)

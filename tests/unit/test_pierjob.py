@@ -29,14 +29,8 @@ from pier.utils.pass_at_k import compute_pass_at_k_by_evals
 
 from sciencebench.core.models import JobSpec, TrialRecord
 from sciencebench.core.pier_argv import render_agent_config, render_argv
-from sciencebench.core.pierjob import (
-    job_config,
-    job_stats,
-    mean_metric,
-    parse_trial_result,
-    pass_at_k,
-    pier_trials,
-)
+from sciencebench.core.pierjob import job_config, job_stats, mean_metric, pass_at_k, pier_trials
+from sciencebench.core.piertrial import parse_trial_result
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.submit import Prepared
 from tests.fixtures.hosts import prepare
@@ -54,7 +48,7 @@ def ours(results: list[TrialResult], *, n_total: int, n_retries: int) -> dict[st
     trials = [parse_trial_result(r.model_dump_json()) for r in results]
     assert None not in trials
     stats = job_stats([t for t in trials if t is not None], n_total_trials=n_total, n_retries=n_retries)
-    loaded: dict[str, Any] = json.loads(json.dumps(stats))
+    loaded: dict[str, Any] = json.loads(stats.text())
     return loaded
 
 
@@ -269,7 +263,7 @@ def test_trials_without_a_usable_result_count_from_their_records(tmp_path: Path)
                      exception="Cancelled"),
         trial_result("task_004__ddddddd", "task_004", agent="nop", rewards={"reward": 1.0}),
     ]  # fmt: skip
-    stats = json.loads(json.dumps(job_stats(trials, n_total_trials=8, n_retries=0)))
+    stats = json.loads(job_stats(trials, n_total_trials=8, n_retries=0).text())
     expected = pier_final_stats(expected_results, n_total=8, n_retries=0)
     expected.n_cancelled_trials = 1  # sciencebench's Cancelled
     same(stats, expected)
@@ -340,20 +334,18 @@ def test_config_json_is_what_pier_run_builds(tmp_path: Path) -> None:
             tasks=[{"path": str(job.selection_path / f"task_{t}")} for t in job.task_ids],
         )
         built["retry"]["max_retries"] = job.max_retries
-        ours_config = job_config(job)
+        ours_config = json.loads(job_config(job).text())
         assert _normalized(ours_config) == _normalized(built)
         assert ours_config == _normalized(ours_config)  # every field Pier writes, nothing else
         assert CANARY not in json.dumps(ours_config)
-    assert job_config(jobs[1])["agents"][0]["kwargs"] == {
+    assert job_config(jobs[1]).agents[0].kwargs == {
         "n": 3,
         "flag": True,
         "name": "plain",
         "list": [1, 2],
     }
-    assert job_config(jobs[1])["agents"][0]["env"] == {"HF_TOKEN": "${HF_TOKEN}"}
-    assert job_config(jobs[2])["environment"]["kwargs"] == {
-        "inference_urls": ["https://gw.example.edu:4000/v1"]
-    }
+    assert job_config(jobs[1]).agents[0].env == {"HF_TOKEN": "${HF_TOKEN}"}
+    assert job_config(jobs[2]).environment.kwargs == {"inference_urls": ["https://gw.example.edu:4000/v1"]}
 
 
 def test_the_workers_config_file_gives_pier_the_agents_the_record_shows(tmp_path: Path) -> None:

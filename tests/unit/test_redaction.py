@@ -204,16 +204,16 @@ def test_no_secret_reaches_batch_run_json(
         assert not (Path(scratch) / "jobs").exists()
 
     decoded = "\x00".join(_strings(json.loads(text)))
-    record_text = "\x00".join(_strings(record))
+    record_text = "\x00".join(_strings(record.model_dump(mode="json")))
     for secret in secrets:
         for form in {secret, quote(secret, safe="")}:
             assert form not in text
             assert form not in decoded
             assert form not in record_text
     # The record still says what ran: names, not values.
-    assert record["task_ids"] == ["002", "005"]
+    assert record.task_ids == ["002", "005"]
     if agent == "codex":
-        assert record["provider"]["credential_env"] == "OPENAI_API_KEY"
-        assert record["gateway_authorities"] == ["gw.example.edu:4000"]
-    assert record["broker"] == "redis://broker.example:6379/0"
-    assert "--ae" in record["pier_command"]
+        assert record.provider is not None and record.provider.credential_env == "OPENAI_API_KEY"
+        assert record.gateway_authorities == ["gw.example.edu:4000"]
+    assert record.broker == "redis://broker.example:6379/0"
+    assert "--ae" in record.pier_command

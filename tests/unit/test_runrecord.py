@@ -16,9 +16,10 @@ import sciencebench
 from sciencebench.core.errors import ProfileError
 from sciencebench.core.gateways import public_url
 from sciencebench.core.harnesses import REGISTRY
+from sciencebench.core.models import JobSpec, TrialSpec
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.redaction import REDACTED
-from sciencebench.login.runrecord import build_run_record, write_run_record
+from sciencebench.login.runrecord import RunRecord, build_run_record, write_run_record
 from sciencebench.login.submit import Prepared
 from tests.fixtures.hosts import prepare
 from tests.fixtures.selection import DEFAULT_AGENT_IMAGE, DEFAULT_VERIFIER_IMAGE, make_selection
@@ -67,7 +68,10 @@ def _prepare(tmp_path: Path, *, env_text: str | None = None, **kw: Any) -> Prepa
 
 
 def _record(prepared: Prepared, broker: str = "redis://localhost:6379/0") -> dict[str, Any]:
-    return build_run_record(prepared.job, prepared.trials[0], broker, prepared.secret_values)
+    """The record as batch-run.json holds it."""
+    record = build_run_record(prepared.job, prepared.trials[0], broker, prepared.secret_values)
+    loaded: dict[str, Any] = json.loads(record.text())
+    return loaded
 
 
 def test_record_has_every_key_of_the_original(tmp_path: Path) -> None:
@@ -191,13 +195,51 @@ def test_public_url(url: str, expected: str) -> None:
 
 
 def test_write_run_record_masks_and_replaces(tmp_path: Path) -> None:
-    record = {"task_ids": ["002"], "note": f"leaked {CANARY} here"}
-    write_run_record(tmp_path, record, [CANARY])
+    record = build_run_record(*_first(_prepare(tmp_path)), "redis://localhost:6379/0", [])
+    leaked = record.model_copy(update={"models": [f"leaked {CANARY} here"]})
+    write_run_record(tmp_path, leaked, [CANARY])
     written = json.loads((tmp_path / "batch-run.json").read_text())
-    assert written == {"task_ids": ["002"], "note": f"leaked {REDACTED} here"}
-    write_run_record(tmp_path, {"task_ids": ["005"]}, [])
-    assert json.loads((tmp_path / "batch-run.json").read_text()) == {"task_ids": ["005"]}
-    assert [p.name for p in tmp_path.iterdir()] == ["batch-run.json"]  # no temporary left behind
+    assert written["models"] == [f"leaked {REDACTED} here"]
+    write_run_record(tmp_path, record, [])
+    assert json.loads((tmp_path / "batch-run.json").read_text()) == json.loads(record.text())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["batch-run.json", "sel"]  # no temporary left
+
+
+def _first(prepared: Prepared) -> tuple[JobSpec, TrialSpec]:
+    return prepared.job, prepared.trials[0]
+
+
+@pytest.mark.parametrize("secret", ['sk-"quoted"-canary', "sk-back\\slash-canary", "sk-caf\u00e9-canary"])
+def test_a_secret_json_escapes_is_masked_too(tmp_path: Path, secret: str) -> None:
+    # A quote, a backslash or a non-ASCII letter is escaped in the file: masked in that form as well.
+    record = build_run_record(*_first(_prepare(tmp_path)), "redis://localhost:6379/0", [])
+    leaked = record.model_copy(update={"pier_command": f"pier run --ae KEY={secret}"})
+    write_run_record(tmp_path, leaked, [secret])
+    text = (tmp_path / "batch-run.json").read_text()
+    assert secret not in json.loads(text)["pier_command"]
+    assert json.dumps(secret)[1:-1] not in text
+    assert json.loads(text)["pier_command"] == f"pier run --ae KEY={REDACTED}"
+
+
+def test_every_field_of_the_record_is_masked(tmp_path: Path) -> None:
+    # A secret that reached any field, however deep, is masked in the file.
+    prepared = _prepare(tmp_path, agent="codex", env_text=f"OPENAI_API_KEY={CANARY}\n")
+    record = build_run_record(*_first(prepared), "redis://localhost:6379/0", [])
+    texts = [name for name, info in RunRecord.model_fields.items() if info.annotation in (str, "str")]
+    assert "pier_command" in texts and "broker" in texts
+    for name in texts:
+        leaked = record.model_copy(update={name: f"x{CANARY}y"})
+        write_run_record(tmp_path, leaked, [CANARY])
+        text = (tmp_path / "batch-run.json").read_text()
+        assert CANARY not in text, name
+        assert json.loads(text)[name] == f"x{REDACTED}y", name
+    assert record.provider is not None
+    deep = record.model_copy(update={
+        "provider": record.provider.model_copy(update={"base_url": f"https://{CANARY}.example/v1"}),
+        "image_refs": [f"registry/{CANARY}@sha256:" + "0" * 64],
+    })  # fmt: skip
+    write_run_record(tmp_path, deep, [CANARY])
+    assert CANARY not in (tmp_path / "batch-run.json").read_text()
 
 
 # --- the record key by key against the original's, on the benchmark's released tasks -----------

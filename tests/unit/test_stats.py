@@ -20,7 +20,7 @@ from pier.models.trial.result import TrialResult
 from sciencebench import cli
 from sciencebench.core.models import TrialRecord
 from sciencebench.core.paths import JobPaths
-from sciencebench.core.pierjob import parse_trial_result
+from sciencebench.core.piertrial import parse_trial_result
 from sciencebench.core.stats import (
     JobNumbers,
     Spend,

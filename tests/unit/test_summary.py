@@ -171,7 +171,7 @@ def test_result_json_is_piers_job_result(finished_job: tuple[JobSpec, JobPaths])
     job, paths = finished_job
     returned = write_summary(job, now=NOW).result
     result = json.loads(paths.result_json.read_text())
-    assert result == json.loads(json.dumps(returned))
+    assert result == json.loads(returned.text())
     assert JobResult.model_validate(result).id == job.job_id
     assert result["id"] == str(job.job_id)
     assert result["n_total_trials"] == 4
@@ -207,7 +207,7 @@ def test_result_json_is_piers_job_result(finished_job: tuple[JobSpec, JobPaths])
 
 def test_config_json_is_piers_job_config(finished_job: tuple[JobSpec, JobPaths]) -> None:
     job, paths = finished_job
-    config = write_summary(job, now=NOW).config
+    config = json.loads(write_summary(job, now=NOW).config.text())
     assert json.loads(paths.config_json.read_text()) == config
     loaded = JobConfig.model_validate(config)
     assert loaded.job_name == job.job_name and loaded.jobs_dir == job.jobs_dir
@@ -223,7 +223,7 @@ def test_result_json_eval_key_names_the_model(tmp_path: Path) -> None:
     job, paths = _job(tmp_path, ["002"], models=["openai/gpt-5"])
     _record(paths, "002", rewards={"reward": 1.0})
     result = write_summary(job, now=NOW).result
-    assert list(result["stats"]["evals"]) == ["nop__gpt-5__adhoc"]  # Pier's model name has no provider
+    assert list(result.stats.evals) == ["nop__gpt-5__adhoc"]  # Pier's model name has no provider
 
 
 def test_partial_job_has_pending_trials_and_no_finish(tmp_path: Path) -> None:
@@ -231,20 +231,21 @@ def test_partial_job_has_pending_trials_and_no_finish(tmp_path: Path) -> None:
     _record(paths, "002", 1, rewards={"reward": 1.0})
     _record(paths, "005", 2, exception_type="Cancelled")
     result = write_summary(job, now=NOW).result
-    assert result["n_total_trials"] == 4
-    assert result["stats"]["n_pending_trials"] == 2
-    assert result["stats"]["n_cancelled_trials"] == 1
-    assert result["finished_at"] is None
-    JobResult.model_validate(result)
+    assert result.n_total_trials == 4
+    assert result.stats.n_pending_trials == 2
+    assert result.stats.n_cancelled_trials == 1
+    assert result.finished_at is None
+    JobResult.model_validate_json(result.text())
 
 
 def test_empty_job(tmp_path: Path) -> None:
     job, paths = _job(tmp_path, ["002"])
     result = write_summary(job, now=NOW).result
-    assert result["stats"]["n_completed_trials"] == 0
-    assert result["stats"]["evals"] == {}
-    assert result["started_at"] == job.created_at.isoformat()
-    JobResult.model_validate(result)
+    assert result.stats.n_completed_trials == 0
+    assert result.stats.evals == {}
+    assert result.started_at == job.created_at
+    assert json.loads(result.text())["started_at"] == job.created_at.isoformat()
+    JobResult.model_validate_json(result.text())
     assert paths.summary_csv.read_text() == COLUMNS + "\n"
     assert json.loads(paths.summary_json.read_text())["trial_count"] == 0
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sciencebench.core.paths import write_atomic
-from sciencebench.core.pierjob import NO_TOKENS, Tokens, parse_trial_result
+from sciencebench.core.piertrial import NO_TOKENS, Tokens, parse_trial_result
 
 # Pier names trial directories `<task dir name[:32]>__<7 random chars>`.
 TRIAL_DIR = re.compile(r"^(task_\d{3,})__([A-Za-z0-9]+)$")
