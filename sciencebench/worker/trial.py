@@ -102,7 +102,7 @@ def _handle(spec: TrialSpec, ctx: WorkerContext, dispatch: Dispatch, started: da
     if claim is Claim.RECORDED:
         # Its host was lost between the record's commit and the chord's count: answer with the
         # stored record (holding the lease until the count), never run it again.
-        return _settle(spec, ctx, dispatch, _recorded(spec, ctx))
+        return _settle(spec, ctx, dispatch, _recorded(spec, ctx, started))
 
     if start.cancelled:
         cancelled = Cancelled("job cancelled before the trial started")
@@ -118,13 +118,25 @@ def _handle(spec: TrialSpec, ctx: WorkerContext, dispatch: Dispatch, started: da
     return _run_claimed(spec, ctx, admitted, dispatch, started)
 
 
-def _recorded(spec: TrialSpec, ctx: WorkerContext) -> Outcome:
-    """The trial's stored record, as the answer of the lease just taken (`Claim.RECORDED`)."""
+def _recorded(spec: TrialSpec, ctx: WorkerContext, started: datetime) -> Outcome:
+    """The trial's stored record, as the answer of the lease just taken (`Claim.RECORDED`).
+
+    A stored record this worker cannot read (written by another version) is
+    answered with a record saying so: the lease and running entry are then
+    given back at the count like any answer's, never left for the watchdog
+    to send the trial again and again.
+    """
     recorded = ctx.coord.get_result(spec.job_key, spec.key)
     if recorded is None:  # cleared meanwhile (`retry --failed` resends it)
         return Duplicate()
     log.warning("%s: its record was stored but not counted; answering with it", spec.label)
-    return Answer(TrialRecord.model_validate_json(recorded), leased=True)
+    try:
+        return Answer(TrialRecord.model_validate_json(recorded), leased=True)
+    except ValueError as exc:
+        log.error("%s: its stored record cannot be read: %s", spec.label, exc)
+        unreadable = ValueError(f"its stored record cannot be read: {exc}")
+        record = failure_record(spec, unreadable, Stage.WORKER, worker=ctx.settings.hostname, started=started)
+        return Answer(record, leased=True)
 
 
 def _settle(

@@ -239,6 +239,18 @@ def test_an_answer_not_counted_is_answered_again_from_the_store_never_run_again(
     assert world.coord.orphaned() == []
 
 
+def test_a_stored_record_that_cannot_be_read_is_answered_with_why_and_never_sent_again(world: World) -> None:
+    assert world.coord.store_result(world.job, world.spec.key, '{"written": "by another version"}')
+    answer = world.handle()  # claimed as recorded: not counted, no lease
+    assert isinstance(answer, Answer) and answer.leased and answer.record.exception_type == "ValueError"
+    assert "cannot be read" in (answer.record.exception_message or "")
+    world.coord.mark_counted(world.job, world.spec.key)
+    counted(TASK_ID)
+    assert world.coord.orphaned() == []  # nothing left for the watchdog to send again
+    assert isinstance(world.handle(), Duplicate)
+    assert world.pier.runs == 0
+
+
 def test_an_embedded_answer_gives_its_lease_back_at_once(world: World) -> None:
     outcome = world.handle(EMBEDDED)
     assert isinstance(outcome, Answer) and outcome.leased
