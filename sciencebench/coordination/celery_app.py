@@ -60,6 +60,10 @@ def create_app(settings: Settings | None = None, include: Sequence[str] = ()) ->
         worker_prefetch_multiplier=1,
         broker_transport_options=transport_options,
         result_backend_transport_options=transport_options,
+        # A result stored while the broker restarts (Redis loading its AOF) is retried, not turned into
+        # the task's failure: that failure would be counted towards the job's chord and end it in error.
+        result_backend_always_retry=True,
+        result_backend_max_retries=40,
         visibility_timeout=settings.visibility_timeout_sec,
         result_expires=RESULT_EXPIRES_SEC,
         result_extended=True,

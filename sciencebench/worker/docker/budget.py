@@ -168,6 +168,10 @@ class ImageBudget:
         leftovers = build_leftovers(client)
         want = sum(incoming.values())
         used = sum(image.size for image in present) + leftovers.size
+        # Pulls other trials of this host have under way count as theirs already: two trials making
+        # room one after the other must not both see the room the first one's pull will take.
+        skip = {image.digest for image in present} | mine | {image_digest(ref) for ref in incoming}
+        used += self._pulling_elsewhere(skip)
         if used + want <= self.budget:
             return
         used -= self._prune_build_leftovers(client, leftovers, used + want - self.budget)
@@ -191,6 +195,38 @@ class ImageBudget:
                 "task images of running trials (%s) exceed the image budget of %s",
                 format_size(used + want), format_size(self.budget),
             )  # fmt: skip
+
+    def _pulling_elsewhere(self, skip: set[str]) -> int:
+        """Bytes of the images (sizes known from earlier pulls) another process of this host is pulling now.
+
+        A pull holds its image's pull lock (`<state>/locks/<digest hex>.lock`)
+        from before its room is made until the image is in place; a lock
+        that cannot be taken at once is such a pull. `skip`: digests present
+        or the caller's own.
+        """
+        sizes: dict[str, int] = {}
+        for entry in _log_entries(self._log_path):
+            if "event" not in entry and entry.get("digest") and entry.get("size"):
+                sizes[str(entry["digest"])] = int(str(entry["size"]))
+        pulling = 0
+        for digest, size in sizes.items():
+            if digest in skip:
+                continue
+            try:
+                fd = os.open(
+                    self._state / "locks" / f"{digest.split(':', 1)[1]}.lock", os.O_RDWR | os.O_CLOEXEC
+                )
+            except OSError:
+                continue  # never pulled through this state dir's locks: nobody pulls it now
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise
+                pulling += size
+            finally:
+                os.close(fd)  # closing drops a lock this call took
+        return pulling
 
     def task_images(self, client: docker.DockerClient) -> list[TaskImage]:
         """The task images this host pulled (its pull log) that the engine still has (one listing)."""
