@@ -7,6 +7,7 @@ placeholder; finally every known secret value still present is masked.
 
 from __future__ import annotations
 
+import json
 import re
 
 from sciencebench.login.profiles import is_sensitive_key
@@ -40,7 +41,20 @@ def redact_argv(argv: list[str], secrets: list[str] | None = None) -> list[str]:
 
 
 def mask_secrets(text: str, secrets: list[str]) -> str:
-    """Replace every occurrence of each (non-trivial) secret value in text."""
-    for secret in sorted((s for s in secrets if len(s) >= 4), key=len, reverse=True):
-        text = text.replace(secret, REDACTED)
+    """Replace every occurrence of each (non-trivial) secret value in text, as written or JSON-escaped.
+
+    A secret with a quote, a backslash or a control character is written
+    differently inside a JSON string, and differently again inside a JSON
+    string held in a JSON string (an `--ek` value in a record): each of
+    those forms is masked too.
+    """
+    forms = {form for s in secrets if len(s) >= 4 for form in _escaped_forms(s)}
+    for form in sorted(forms, key=len, reverse=True):
+        text = text.replace(form, REDACTED)
     return text
+
+
+def _escaped_forms(secret: str) -> list[str]:
+    """The secret as written, JSON-escaped once and twice (the same text when it needs no escaping)."""
+    once = json.dumps(secret)[1:-1]
+    return [secret, once, json.dumps(once)[1:-1]]

@@ -124,5 +124,4 @@ def build_run_record(job: JobSpec, first_trial: TrialSpec, broker_url: str, secr
 
 def write_run_record(path: Path, record: RunRecord, secrets: list[str]) -> None:
     """Write the record atomically, masking any secret that slipped through (as written, or JSON-escaped)."""
-    escaped = [json.dumps(secret)[1:-1] for secret in secrets]
-    write_atomic(SelectionPaths(path).run_record, mask_secrets(record.text(), [*secrets, *escaped]))
+    write_atomic(SelectionPaths(path).run_record, mask_secrets(record.text(), secrets))

@@ -103,6 +103,16 @@ def test_mask_secrets_longest_first_and_ignores_trivial_values() -> None:
     assert mask_secrets("abcd", ["abcd"]) == REDACTED
 
 
+def test_mask_secrets_masks_a_secret_json_escaped_once_and_twice() -> None:
+    secret = 'sk-"quoted"\\back'
+    once = json.dumps(secret)  # the secret as a JSON string
+    twice = json.dumps(json.dumps({"api_key": secret}))  # a JSON value held in a JSON string
+    for text in (once, twice):
+        masked = mask_secrets(text, [secret])
+        assert "quoted" not in masked and "back" not in masked, masked
+        assert REDACTED in masked
+
+
 # --- properties ---------------------------------------------------------------------
 
 # Secrets start with a marker that occurs nowhere else, so finding one in the
