@@ -92,7 +92,7 @@ def measure(h: Harness, p: Params) -> Outcome:
 
 
 # The worker's own timed stages of a try (`worker.stages.run_try`), in order; `harness` is split below.
-WORKER_STAGES = ("snapshot", "workspace", "secrets", "review", "preflight", "pull", "cleanup")
+WORKER_STAGES = ("snapshot", "workspace", "secrets", "review", "preflight", "pull")
 
 
 def stage_shares(h: Harness, job: str, runs: list[dict[str, Any]], overhead_s: float) -> dict[str, float]:
@@ -103,8 +103,8 @@ def stage_shares(h: Harness, job: str, runs: list[dict[str, Any]], overhead_s: f
     reading); `admission_claim`: the rest of the record's span (admission,
     host check, claim, slot, scratch set-up; `started_at` to `finished_at`);
     `commit_and_dispatch`: what is left of the overhead outside that span
-    (the record committed and published, the chord's answer, the message's
-    way from the broker to a worker process).
+    (the record committed and published, the last try's cleanup after it,
+    the chord's answer, the message's way from the broker to a worker process).
     """
     records = [json.loads(path.read_text()) for path in sorted(h.trials_dir(job).glob("*.json"))]
     if not records:

@@ -9,8 +9,14 @@
     pull       pinned images present, pulled by digest at most once per host
     harness    one Pier process in a private scratch job directory, with a
                clean environment (`process.pier_environment`)
-    cleanup    the trial's containers, networks and derived images removed
     collect    Pier's result read, patch boundary checked
+
+What Pier's compose projects left (containers, networks, derived images) is
+removed by `clean_up`: a try that failed, before the next try; the last one
+once its record is committed (`worker.trial`), so a host lost in between
+runs the trial again only if it was lost before the record was stored, and
+the four engine listings of a cleanup are no longer in that window. A try
+that raises is cleaned up here before its error goes up.
 
 A stage fails by raising its TrialError; `worker.trial` turns that into the
 try's record and decides on another try. Nothing is moved into the job
@@ -27,7 +33,7 @@ import stat
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -72,6 +78,7 @@ class Try:
     pier_dir: Path | None
     retryable: bool
     retry_after_sec: float | None = None  # a provider failure's Retry-After, when a log showed one
+    leftovers: tuple[str, ...] = ()  # Pier's trial directories whose compose projects `clean_up` removes
 
 
 def scratch_root(settings: Settings, spec: TrialSpec, owner: str) -> Path:
@@ -202,23 +209,30 @@ def run_try(
             should_stop=lambda: heartbeat.should_stop, zygote_env=zygote_env,
         ))  # fmt: skip
     trial_dirs = find_trial_dirs(scratch / pier_job)
-    redact_pier_files(scratch / pier_job, trial_dirs)
-    name_the_selection(trial_dirs, snapshot.path, spec.task_dir)
-    timed("cleanup", lambda: _cleanup(ctx.runtime, trial_dirs))
-    if run.cancelled:
-        cancelled = Cancelled("job cancelled while the trial ran")
-        record = failure_record(
-            spec, cancelled, Stage.HARNESS, worker=ctx.settings.hostname, started=started, timings_sec=timings
-        )
-        return Try(record=record, pier_dir=trial_dirs[-1] if trial_dirs else None, retryable=False)
-    if run.timed_out:
-        raise HarnessTimeoutError(f"Pier exceeded {timeout_sec:.0f}s and was stopped")
-    if not trial_dirs:
-        tail = run.log_tail.strip().splitlines()[-1:] or ["no output"]
-        raise HarnessError(
-            f"Pier exited {run.exit_code} without a trial directory: {tail[0][:300]}{_disk_full(paths)}"
-        )
-    return _collect(spec, ctx, trial_dirs[-1], started, timings, authority=gateway_authority(job))
+    leftovers = tuple(trial_dir.name for trial_dir in trial_dirs)
+    try:
+        redact_pier_files(scratch / pier_job, trial_dirs)
+        name_the_selection(trial_dirs, snapshot.path, spec.task_dir)
+        if run.cancelled:
+            cancelled = Cancelled("job cancelled while the trial ran")
+            record = failure_record(
+                spec, cancelled, Stage.HARNESS, worker=ctx.settings.hostname, started=started,
+                timings_sec=timings,
+            )  # fmt: skip
+            pier_dir = trial_dirs[-1] if trial_dirs else None
+            return Try(record=record, pier_dir=pier_dir, retryable=False, leftovers=leftovers)
+        if run.timed_out:
+            raise HarnessTimeoutError(f"Pier exceeded {timeout_sec:.0f}s and was stopped")
+        if not trial_dirs:
+            tail = run.log_tail.strip().splitlines()[-1:] or ["no output"]
+            raise HarnessError(
+                f"Pier exited {run.exit_code} without a trial directory: {tail[0][:300]}{_disk_full(paths)}"
+            )
+        outcome = _collect(spec, ctx, trial_dirs[-1], started, timings, authority=gateway_authority(job))
+    except BaseException:
+        clean_up(ctx.runtime, leftovers)
+        raise
+    return replace(outcome, leftovers=leftovers)
 
 
 def _check_declared(spec: TrialSpec, snapshot: TaskSnapshot, secrets: dict[str, str]) -> None:
@@ -254,9 +268,16 @@ def _disk_full(paths: JobPaths) -> str:
     return f" (No space left on device in {paths.job_dir})" if stats.f_bavail == 0 else ""
 
 
-def _cleanup(runtime: HostRuntime, trial_dirs: list[Path]) -> None:
-    for trial_dir in trial_dirs:
-        runtime.cleanup_trial(trial_dir.name)
+def clean_up(runtime: HostRuntime, leftovers: tuple[str, ...]) -> None:
+    """Remove what the compose projects of these trial directories left on the host (best effort)."""
+    for name in leftovers:
+        runtime.cleanup_trial(name)
+
+
+def cleaned(runtime: HostRuntime, attempt: Try) -> Try:
+    """The try, its leftovers removed (`clean_up`)."""
+    clean_up(runtime, attempt.leftovers)
+    return replace(attempt, leftovers=())
 
 
 def _collect(

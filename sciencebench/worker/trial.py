@@ -13,6 +13,9 @@
              (`Dispatch.answered`)
     publish  the trial directory moved into the job, the record written
              (`worker.publish`)
+    clean up what the last try's compose projects left on the host removed
+             (`stages.clean_up`), after the commit: a host lost in between
+             leaves leftovers its next start sweeps, not a trial run again
 
 `handle` never raises. Its `Outcome` (`worker.dispatch`) says what the
 Celery task answers: a record (failed or not, so the chord always fires),
@@ -53,7 +56,7 @@ from sciencebench.worker.admission import Admitted, admit, verified_paths
 from sciencebench.worker.context import WorkerContext
 from sciencebench.worker.dispatch import Answer, Dispatch, Duplicate, HandBack, Outcome, backoff, end_trial
 from sciencebench.worker.publish import Staged, stage_dirs, write_record
-from sciencebench.worker.stages import Try, scratch_root
+from sciencebench.worker.stages import Try, clean_up, scratch_root
 from sciencebench.worker.tries import HostFault, run_tries
 
 log = logging.getLogger(__name__)
@@ -198,14 +201,27 @@ def _run_leased(
     spec: TrialSpec, ctx: WorkerContext, admitted: Admitted, dispatch: Dispatch, started: datetime,
     heartbeat: Heartbeat,
 ) -> Outcome:  # fmt: skip
+    # The host's image budget evicts none of the trial's images until its last try is cleaned up.
+    with ctx.runtime.images_held(spec.image_refs):
+        return _run_held(spec, ctx, admitted, dispatch, started, heartbeat)
+
+
+def _run_held(
+    spec: TrialSpec, ctx: WorkerContext, admitted: Admitted, dispatch: Dispatch, started: datetime,
+    heartbeat: Heartbeat,
+) -> Outcome:  # fmt: skip
+    """The tries, then the commit; the last try is cleaned up after its commit (`stages.clean_up`)."""
     coord, job, key, host = ctx.coord, spec.job_key, spec.key, ctx.settings.hostname
     try:
         coord.run_started(job, key, None, host)  # the running entry came with the claim
         tries = run_tries(spec, ctx, admitted, heartbeat, started)
-        if heartbeat.lost.is_set():
-            log.warning("%s: lease lost while it ran; its result is discarded", spec.label)
-            return Duplicate()
-        return _commit(spec, ctx, admitted, tries[-1].record, tries)
+        try:
+            if heartbeat.lost.is_set():
+                log.warning("%s: lease lost while it ran; its result is discarded", spec.label)
+                return Duplicate()
+            return _commit(spec, ctx, admitted, tries[-1].record, tries)
+        finally:
+            clean_up(ctx.runtime, tries[-1].leftovers)
     except HostFault as fault:
         if dispatch.hands_back:
             return HandBack(f"host unfit after a failed try: {fault}", park_sec=backoff(ctx), host_fault=True)

@@ -21,7 +21,7 @@ from sciencebench.core.settings import Settings
 from sciencebench.worker.admission import Admitted
 from sciencebench.worker.context import WorkerContext
 from sciencebench.worker.pier.provider import gateway_authority
-from sciencebench.worker.stages import Try, run_try
+from sciencebench.worker.stages import Try, cleaned, run_try
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +35,15 @@ def run_tries(
     is run again after a back-off (`provider_backoff`) up to the job's
     --provider-retries, apart from --max-retries; each try waits for a slot
     of its gateway's cluster-wide limit (`coordination.gateways`) first.
+    Each try but the last is cleaned up before the next one; the last one's
+    `leftovers` are the caller's to remove once its record is committed.
     """
     job = admitted.job
     tries: list[Try] = []
     reruns = 0  # tries run again because of the provider
     while True:
+        if tries:  # another try: what the last one left goes first
+            tries[-1] = cleaned(ctx.runtime, tries[-1])
         number = len(tries) + 1
         slot = _gateway_slot(spec, ctx, job)
         if slot is not None and not slot.wait(lambda: heartbeat.should_stop):
@@ -68,7 +72,7 @@ def run_tries(
                 break
             continue
         if attempt.record.errored:
-            _raise_if_host_unfit(ctx)
+            _raise_if_host_unfit(ctx, tries)
         if not attempt.retryable or number - reruns > job.max_retries:
             break
         delay = min(2.0 ** (number - reruns), 60.0)
@@ -82,7 +86,7 @@ def run_tries(
             "earlier_tries": [_summary_of(t.record) for t in tries[:-1]],
         }
     )
-    tries[-1] = Try(record=final, pier_dir=tries[-1].pier_dir, retryable=False)
+    tries[-1] = Try(record=final, pier_dir=tries[-1].pier_dir, retryable=False, leftovers=tries[-1].leftovers)
     return tries
 
 
@@ -95,12 +99,10 @@ def _one_try(
     number: int,
 ) -> Try:
     """One try's stages; a stage's failure becomes the try's record (NoRoomError goes up)."""
-    try:
-        # The host's image budget evicts none of the trial's images while a try needs them.
-        with ctx.runtime.images_held(spec.image_refs):
-            return run_try(
-                spec, admitted.job, ctx, admitted.paths, heartbeat, started, number, admitted.owner_uid
-            )
+    try:  # the trial's images are held (`worker.trial`): the host's image budget evicts none of them
+        return run_try(
+            spec, admitted.job, ctx, admitted.paths, heartbeat, started, number, admitted.owner_uid
+        )
     except NoRoomError:
         raise  # not this trial's failure: it goes back to the queue
     except TrialError as exc:
@@ -165,10 +167,12 @@ class HostFault(PreflightError):
     """A try failed and this host is unhealthy now: the failure is the host's, not the job's."""
 
 
-def _raise_if_host_unfit(ctx: WorkerContext) -> None:
+def _raise_if_host_unfit(ctx: WorkerContext, tries: list[Try]) -> None:
+    """HostFault when the host is unhealthy now (the last try's leftovers removed first)."""
     try:
         ctx.runtime.check_host(fresh=True)
     except PreflightError as exc:
+        tries[-1] = cleaned(ctx.runtime, tries[-1])
         raise HostFault(str(exc)) from None
 
 

@@ -61,6 +61,7 @@ class FakeRuntime:
     unhealthy: str | None = None
     no_room: bool = False
     cleaned: list[str] = field(default_factory=list)
+    on_cleanup: Callable[[str], None] | None = None  # called at each cleanup, before it counts
 
     def check_host(self, fresh: bool = False) -> object:
         if self.unhealthy:
@@ -84,6 +85,8 @@ class FakeRuntime:
         return contextlib.nullcontext()
 
     def cleanup_trial(self, trial_name: str) -> None:
+        if self.on_cleanup is not None:
+            self.on_cleanup(trial_name)
         self.cleaned.append(trial_name)
 
 
@@ -219,6 +222,26 @@ def test_a_claimed_trial_runs_once_and_its_record_is_committed_and_published(wor
     assert world.coord.orphaned() == []
     assert world.runtime.cleaned == [record.trial_dir]
     assert world.pier.runs == 1
+
+
+def test_the_record_is_committed_before_the_trial_is_cleaned_up(world: World) -> None:
+    # A host lost between Pier's end and the commit runs the trial again elsewhere: the cleanup
+    # (four engine listings) is no longer inside that window.
+    at_cleanup: list[TrialRecord | None] = []
+    world.runtime.on_cleanup = lambda name: at_cleanup.append(world.stored())
+    outcome = world.handle()
+    assert isinstance(outcome, Answer)
+    assert at_cleanup == [outcome.record] and world.runtime.cleaned == [outcome.record.trial_dir]
+
+
+def test_a_failed_try_is_cleaned_up_before_the_next_try_runs(tmp_path: Path) -> None:
+    world = _world(tmp_path, ["RuntimeError", None], max_retries=1)
+    runs_at_cleanup: list[int] = []
+    world.runtime.on_cleanup = lambda name: runs_at_cleanup.append(world.pier.runs)
+    outcome = world.handle()
+    assert isinstance(outcome, Answer) and outcome.record.tries == 2
+    assert runs_at_cleanup == [1, 2]  # the first try's leftovers went before the second try started
+    assert len(set(world.runtime.cleaned)) == 2
 
 
 def test_an_answer_not_counted_is_answered_again_from_the_store_never_run_again(world: World) -> None:
@@ -428,6 +451,16 @@ def test_a_provider_failure_is_run_again_apart_from_max_retries(tmp_path: Path) 
     assert [t.provider_status for t in outcome.record.earlier_tries] == ["429", "429"]
     assert world.pier.runs == 3
     assert sum(world.slept) == pytest.approx(1.0 + 2.0)  # the provider back-off doubles
+
+
+def test_a_provider_that_never_recovers_is_tried_four_times_by_default(tmp_path: Path) -> None:
+    failure = {"exception": "NonZeroAgentExitCodeError"}
+    world = _world(tmp_path, [failure] * 5)  # --provider-retries left at its default
+    outcome = world.handle()
+    assert isinstance(outcome, Answer)
+    assert outcome.record.tries == 4 and world.pier.runs == 4  # the first try and 3 reruns
+    assert outcome.record.provider_status == "429"
+    assert [t.provider_status for t in outcome.record.earlier_tries] == ["429"] * 3
 
 
 def test_a_host_found_unhealthy_after_a_failed_try_hands_the_trial_back(tmp_path: Path) -> None:
