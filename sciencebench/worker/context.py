@@ -52,7 +52,7 @@ class HostRuntime(Protocol):
         ...
 
     def images_held(self, refs: list[str]) -> AbstractContextManager[None]:
-        """Hold while a try needs these images: the host's image budget never evicts them."""
+        """Hold from a trial's claim to its last cleanup: the host's image budget evicts none of these."""
         ...
 
     def live_trial(self, task_dir_name: str) -> AbstractContextManager[None]:

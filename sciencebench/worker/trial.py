@@ -36,6 +36,7 @@ import contextlib
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from sciencebench.coordination.budget import BUDGET
@@ -201,18 +202,23 @@ def _run_leased(
     spec: TrialSpec, ctx: WorkerContext, admitted: Admitted, dispatch: Dispatch, started: datetime,
     heartbeat: Heartbeat,
 ) -> Outcome:  # fmt: skip
-    # The host's image budget evicts none of the trial's images until its last try is cleaned up.
-    with ctx.runtime.images_held(spec.image_refs):
-        return _run_held(spec, ctx, admitted, dispatch, started, heartbeat)
+    # The host's image budget evicts none of the trial's images until its last try is cleaned up;
+    # the hold is taken among the trial's stages (a failure to take it is the trial's record).
+    holds = contextlib.ExitStack()
+    try:
+        return _run_held(spec, ctx, admitted, dispatch, started, heartbeat, holds)
+    finally:
+        _after_commit(spec, "its images could not be released", holds.close)
 
 
 def _run_held(
     spec: TrialSpec, ctx: WorkerContext, admitted: Admitted, dispatch: Dispatch, started: datetime,
-    heartbeat: Heartbeat,
+    heartbeat: Heartbeat, holds: contextlib.ExitStack,
 ) -> Outcome:  # fmt: skip
     """The tries, then the commit; the last try is cleaned up after its commit (`stages.clean_up`)."""
     coord, job, key, host = ctx.coord, spec.job_key, spec.key, ctx.settings.hostname
     try:
+        holds.enter_context(ctx.runtime.images_held(spec.image_refs))
         coord.run_started(job, key, None, host)  # the running entry came with the claim
         tries = run_tries(spec, ctx, admitted, heartbeat, started)
         try:
@@ -221,7 +227,8 @@ def _run_held(
                 return Duplicate()
             return _commit(spec, ctx, admitted, tries[-1].record, tries)
         finally:
-            clean_up(ctx.runtime, tries[-1].leftovers)
+            _after_commit(spec, "its leftovers could not be removed",
+                          lambda: clean_up(ctx.runtime, tries[-1].leftovers))  # fmt: skip
     except HostFault as fault:
         if dispatch.hands_back:
             return HandBack(f"host unfit after a failed try: {fault}", park_sec=backoff(ctx), host_fault=True)
@@ -240,6 +247,18 @@ def _run_held(
         except Exception:
             log.exception("%s: cannot store the record; the chord gets it", spec.label)
             return Answer(record)
+
+
+def _after_commit(spec: TrialSpec, what: str, step: Callable[[], object]) -> None:
+    """Run a best-effort step that follows the commit: whatever it raises is logged, the answer stands.
+
+    Its leftovers are swept at the host's next start; an image hold's lock
+    goes with its descriptor.
+    """
+    try:
+        step()
+    except Exception:
+        log.warning("%s: %s", spec.label, what, exc_info=True)
 
 
 def _commit(

@@ -35,15 +35,13 @@ def run_tries(
     is run again after a back-off (`provider_backoff`) up to the job's
     --provider-retries, apart from --max-retries; each try waits for a slot
     of its gateway's cluster-wide limit (`coordination.gateways`) first.
-    Each try but the last is cleaned up before the next one; the last one's
+    Each try but the last is cleaned up before its back-off; the last one's
     `leftovers` are the caller's to remove once its record is committed.
     """
     job = admitted.job
     tries: list[Try] = []
     reruns = 0  # tries run again because of the provider
     while True:
-        if tries:  # another try: what the last one left goes first
-            tries[-1] = cleaned(ctx.runtime, tries[-1])
         number = len(tries) + 1
         slot = _gateway_slot(spec, ctx, job)
         if slot is not None and not slot.wait(lambda: heartbeat.should_stop):
@@ -67,6 +65,7 @@ def run_tries(
             delay = provider_backoff(ctx.settings, reruns, attempt.retry_after_sec)
             log.warning("%s: try %d failed on its provider (%s); rerun %d of %d in %.0fs", spec.label, number,
                         attempt.record.provider_status, reruns, job.provider_retries, delay)  # fmt: skip
+            tries[-1] = cleaned(ctx.runtime, attempt)  # nothing of it waits out the back-off
             _sleep(ctx, delay, heartbeat)
             if heartbeat.should_stop:
                 break
@@ -78,6 +77,7 @@ def run_tries(
         delay = min(2.0 ** (number - reruns), 60.0)
         log.warning("%s: try %d failed (%s); try %d of %d in %.0fs", spec.label, number,
                     attempt.record.exception_type, number + 1, job.max_retries + 1, delay)  # fmt: skip
+        tries[-1] = cleaned(ctx.runtime, attempt)
         ctx.sleep(delay)
     final = tries[-1].record.model_copy(
         update={

@@ -62,6 +62,7 @@ class FakeRuntime:
     no_room: bool = False
     cleaned: list[str] = field(default_factory=list)
     on_cleanup: Callable[[str], None] | None = None  # called at each cleanup, before it counts
+    release_fails: bool = False
 
     def check_host(self, fresh: bool = False) -> object:
         if self.unhealthy:
@@ -79,7 +80,13 @@ class FakeRuntime:
             raise NoRoomError("the image budget is full")
 
     def images_held(self, refs: list[str]) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
+        return self.hold()
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        yield
+        if self.release_fails:  # settling the image budget after the trial: the engine timed out
+            raise OSError("read timed out")
 
     def live_trial(self, task_dir_name: str) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
@@ -232,6 +239,26 @@ def test_the_record_is_committed_before_the_trial_is_cleaned_up(world: World) ->
     outcome = world.handle()
     assert isinstance(outcome, Answer)
     assert at_cleanup == [outcome.record] and world.runtime.cleaned == [outcome.record.trial_dir]
+
+
+@pytest.mark.parametrize("after_commit", ["cleanup raises", "image hold release raises"])
+def test_nothing_after_the_commit_takes_the_answer_away(world: World, after_commit: str) -> None:
+    # The record is stored: a cleanup or an image-budget settle that fails after it must not turn
+    # the answer into a duplicate the chord never counts.
+    if after_commit == "cleanup raises":
+
+        def fail(name: str) -> None:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+
+        world.runtime.on_cleanup = fail
+    else:
+        world.runtime.release_fails = True
+    outcome = world.handle()
+    assert isinstance(outcome, Answer) and outcome.leased, outcome
+    assert outcome.record.exception_type is None and world.stored() == outcome.record
+    assert world.coord.is_leased(world.job, world.spec.key)  # kept until the chord counts it
+    counted(TASK_ID)
+    assert world.coord.orphaned() == []
 
 
 def test_a_failed_try_is_cleaned_up_before_the_next_try_runs(tmp_path: Path) -> None:
