@@ -12,8 +12,8 @@
     collect    Pier's result read, patch boundary checked
 
 What Pier's compose projects left (containers, networks, derived images) is
-removed by `clean_up`: a try that failed, before the next try; the last one
-once its record is committed (`worker.trial`), so a host lost in between
+removed by `clean_up`: a try run again, before its back-off (`worker.tries`);
+the last one once its record is committed (`worker.trial`), so a host lost in between
 runs the trial again only if it was lost before the record was stored, and
 the four engine listings of a cleanup are no longer in that window. A try
 that raises is cleaned up here before its error goes up.
