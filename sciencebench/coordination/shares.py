@@ -220,7 +220,8 @@ def _fill_locked(
             table = coord.share_table()[0]
         share = table.get(job)
         # Without `--placement` the shared queue: the first free host takes the trial.
-        choice = placed.choose(payload.trial.image_refs) if share is not None and share.placement else None
+        placing = share is not None and share.placement
+        choice = placed.choose(payload.trial.image_refs, store.estimate(job, payload)) if placing else None
         if choice is None or not choice.until:
             coord.share_sent(job, payload.trial.key)  # it takes a slot: counted until it starts
         queue = place(app, coord, store, placed, payload, choice, lease_seconds) if choice else None
