@@ -13,13 +13,14 @@ scaled down to 16-128 MB) and the tasks' durations are heavy-tailed
 submitted first, job B (user bob, 1 attempt: 8 trials) `B_DELAY_SEC` later,
 both with `--n-concurrent 8` (the cluster's slots).
 
-The same campaign runs twice on fresh Engines: placed (sciencebench as it
-is) and unplaced (`bench.unplaced`: fair share on, every trial to the shared
-queue). Per half: makespan (A's submit to the last trial's end) over the
-bound max(longest pull + its trial, (all trials' durations + one pull of
-each image) / slots), a pull's time being the fastest measured pull of that
-image in this run; the images each host pulled (its pull log); job B's wait
-(its submit to its first trial's start, the start of the fake Pier).
+The same campaign runs twice on fresh Engines: placed (both jobs submitted
+with `--placement`) and unplaced (the same submits without it: fair share
+on, every trial to the shared queue). Per half: makespan (A's submit to the
+last trial's end) over the bound max(longest pull + its trial, (all trials'
+durations + one pull of each image) / slots), a pull's time being the
+fastest measured pull of that image in this run; the images each host
+pulled (its pull log); job B's wait (its submit to its first trial's start,
+the start of the fake Pier).
 """
 
 from __future__ import annotations
@@ -68,17 +69,6 @@ def durations() -> dict[str, float]:
     }
 
 
-class CampaignWorker(Worker):
-    """A worker host of the campaign; `unplaced` runs it through `bench.unplaced` (placement off)."""
-
-    unplaced = False
-
-    def argv(self) -> list[str]:
-        """The fixture's command line, or the same through `python -m bench.unplaced`."""
-        argv = super().argv()
-        return [sys.executable, "-m", "bench.unplaced", *argv[1:]] if self.unplaced else argv
-
-
 @dataclass
 class Half:
     """One half of the campaign: its work directory, Engines, workers and what its fake Pier logged."""
@@ -104,10 +94,11 @@ def _env(h: Harness, half: str, engine: Engine | None = None, user: str | None =
 
 
 def _submit(h: Harness, half: str, path: Path, job: str) -> subprocess.Popen[bytes]:
-    cli = [sys.executable, "-m", "bench.unplaced"] if half == "unplaced" else [str(VENV_BIN / "sciencebench")]
-    argv = [*cli, "submit", "--path", str(path), "--agent", "nop", "--jobs-dir", str(h.work / half / "jobs"),
-            "--job-name", job, "--wait", "--n-attempts", str(ATTEMPTS[job]),
-            "--n-concurrent", str(HOSTS * SLOTS), *(["--placement"] if half == "placed" else [])]  # fmt: skip
+    # The unplaced half is the same submit without `--placement`: every trial to the shared queue.
+    argv = [str(VENV_BIN / "sciencebench"), "submit", "--path", str(path), "--agent", "nop",
+            "--jobs-dir", str(h.work / half / "jobs"), "--job-name", job, "--wait",
+            "--n-attempts", str(ATTEMPTS[job]), "--n-concurrent", str(HOSTS * SLOTS),
+            *(["--placement"] if half == "placed" else [])]  # fmt: skip
     out = (h.work / half / f"{job}.submit.log").open("wb")
     return subprocess.Popen(argv, env=_env(h, half, user=USERS[job]), cwd=REPO, stdout=out,
                             stderr=subprocess.STDOUT)  # fmt: skip
@@ -126,9 +117,8 @@ def run_half(h: Harness, half: str, path: Path, engines: list[Engine]) -> dict[s
     workers: list[Worker] = []
     try:
         for engine in engines:
-            worker = CampaignWorker(f"{half[:1]}{engine.name}", _env(h, half, engine), work, SLOTS,
-                                    ["--pier-bin", str(FAKE_PIER)], serves=h.work)  # fmt: skip
-            worker.unplaced = half == "unplaced"
+            worker = Worker(f"{half[:1]}{engine.name}", _env(h, half, engine), work, SLOTS,
+                            ["--pier-bin", str(FAKE_PIER)], serves=h.work)  # fmt: skip
             workers.append(worker.start())
         for worker in workers:
             worker.wait_ready(timeout=180)

@@ -48,8 +48,8 @@ Figures (names as in results.json):
    the scripted gateway (needs scripts/agent-artifacts.sh).
 10. campaign_{placed,unplaced}_{makespan_over_bound,pulls,b_wait_s}: two
    users' jobs on 4 simulated hosts, each its own Docker Engine and image
-   store, 8 task images of 16-128 MB, heavy-tailed durations; placed (as
-   sciencebench is) and unplaced (`bench.unplaced`) in one run
+   store, 8 task images of 16-128 MB, heavy-tailed durations; placed
+   (`submit --placement`) and unplaced (without it) in one run
    (bench/campaign.py). Full run only (about 3 minutes), or `--only 10`.
 
 Makespans and walls start when the submit starts (`prepare`, as `sciencebench

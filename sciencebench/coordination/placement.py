@@ -51,21 +51,19 @@ import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from pydantic import BaseModel
 
-from sciencebench.coordination import scripts
 from sciencebench.coordination.history import stored_seconds
-from sciencebench.coordination.keys import HOLDS_KEY, PULLING_KEY, ROUTED_KEY, job_key
-from sciencebench.coordination.protocol import PREFIX, Coordinator
+from sciencebench.coordination.protocol import Coordinator
 from sciencebench.core.images import repo_digest_name
 from sciencebench.core.keys import TrialKey
-from sciencebench.core.models import Redispatch, TrialState
+from sciencebench.core.models import Redispatch
 
 if TYPE_CHECKING:
     from sciencebench.coordination.memory import MemoryCoordinator
-    from sciencebench.coordination.redis import RedisCoordinator
+    from sciencebench.coordination.memory.placement import MemoryPlacementStore
 
 
 # The bound on a trial's wait for a host that holds its images: the pull it saves (the free host's,
@@ -283,7 +281,11 @@ class Placement:
 
 
 class PlacementStore(ABC):
-    """What placement keeps in the store (see the module docstring)."""
+    """What placement keeps in the store (see the module docstring).
+
+    Over Redis `coordination.redis.placement.RedisPlacementStore`, in one
+    process `coordination.memory.placement.MemoryPlacementStore`.
+    """
 
     @abstractmethod
     def report(self, host: str, held: HostImages) -> None:
@@ -375,171 +377,6 @@ def host_lines(items: Iterable[tuple[str, str, float, float]]) -> dict[str, Host
     }  # fmt: skip
 
 
-class RedisPlacementStore(PlacementStore):
-    """`PlacementStore` over the cluster's Redis (through the coordinator's client and outage handling)."""
-
-    def __init__(self, coord: RedisCoordinator) -> None:
-        self._coord = coord
-        self._loads = scripts.Registered(coord.client, scripts.PLACE_LOADS)
-        self._report = scripts.Registered(coord.client, scripts.PLACE_REPORT)
-        self._lines = scripts.Registered(coord.client, scripts.PLACE_LINES)
-
-    def report(self, host: str, held: HostImages) -> None:
-        """The host's report and its pulling marks of what it holds now, in one script."""
-        args = [host, held.model_dump_json(), *held.images]
-        self._coord.patiently(lambda: self._report("", "", args))
-
-    def forget(self, host: str) -> None:
-        """`HDEL` of its report."""
-        self._coord.patiently(lambda: self._coord.client.hdel(HOLDS_KEY, host))
-
-    def holdings(self) -> dict[str, HostImages]:
-        """`HGETALL` of the reports (a report this version cannot read counts as holding nothing)."""
-        raw: dict[Any, Any] = self._coord.patiently(lambda: self._coord.client.hgetall(HOLDS_KEY))
-        return {str(host): _host_images(str(value)) for host, value in raw.items()}
-
-    def route(self, job: str, key: str, routed: Routed) -> None:
-        """`HSET` of the trial's route."""
-        value = routed.model_dump_json()
-        self._coord.patiently(lambda: self._coord.client.hset(ROUTED_KEY, f"{job}/{key}", value))
-
-    def loads(self, now: float) -> dict[str, HostLoad]:
-        """One script over the jobs' running entries and the routes (stale routes are dropped)."""
-        flat = self._coord.patiently(lambda: self._loads("", "", [repr(now), f"{PREFIX}:"]))
-        return {
-            str(flat[i]): HostLoad(
-                running=int(flat[i + 1]), routed=int(flat[i + 2]), waiting=int(flat[i + 3])
-            )
-            for i in range(0, len(flat), 4)
-        }
-
-    def lines(self, now: float) -> dict[str, HostLine]:
-        """One script over the jobs' running entries, their states, earlier attempts' records and routes."""
-        args: list[str | int] = [repr(now), f"{PREFIX}:", MEASURED_ATTEMPTS]
-        flat = self._coord.patiently(lambda: self._lines("", "", args))
-        return host_lines(
-            (str(flat[i]), str(flat[i + 1]), float(flat[i + 2]), float(flat[i + 3]))
-            for i in range(0, len(flat), 4)
-        )
-
-    def estimate(self, job: str, payload: Redispatch) -> float:
-        """`MGET` of the records of the trial's earlier attempts."""
-        keys = [job_key(job, "result", key) for key in earlier_keys(payload.trial.key)]
-        records: list[Any] = self._coord.patiently(lambda: self._coord.client.mget(keys)) if keys else []
-        return expected_of(payload, (None if r is None else str(r) for r in records))
-
-    def mark_pulling(self, host: str, images: Iterable[str], at: float) -> None:
-        """`HSET` of a mark per image."""
-        value = Pulling(host=host, at=at).model_dump_json()
-        mapping: dict[Any, Any] = dict.fromkeys(images, value)
-        if mapping:
-            self._coord.patiently(lambda: self._coord.client.hset(PULLING_KEY, mapping=mapping))
-
-    def pulling(self, now: float) -> dict[str, Pulling]:
-        """`HGETALL` of the marks; `HDEL` of the stale ones."""
-        client = self._coord.client
-        raw: dict[Any, Any] = self._coord.patiently(lambda: client.hgetall(PULLING_KEY))
-        marks = {str(image): Pulling.model_validate_json(str(value)) for image, value in raw.items()}
-        if stale := [image for image, mark in marks.items() if now - mark.at >= PULLING_TTL_SEC]:
-            self._coord.patiently(lambda: client.hdel(PULLING_KEY, *stale))
-        return {image: mark for image, mark in marks.items() if image not in stale}
-
-
-def _host_images(value: str) -> HostImages:
-    try:
-        return HostImages.model_validate_json(value)
-    except ValueError:
-        return HostImages()
-
-
-class MemoryPlacementStore(PlacementStore):
-    """The same in one process (the embedded mode's coordinator)."""
-
-    def __init__(self, coord: MemoryCoordinator) -> None:
-        self._coord = coord
-        self._lock = threading.Lock()
-        self._holds: dict[str, HostImages] = {}
-        self._routed: dict[tuple[str, str], Routed] = {}
-        self._pulling: dict[str, Pulling] = {}
-
-    def report(self, host: str, held: HostImages) -> None:
-        """Replace the host's report; drop its pulling marks of what it holds."""
-        with self._lock:
-            self._holds[host] = held
-            for image in held.images:
-                if image in self._pulling and self._pulling[image].host == host:
-                    del self._pulling[image]
-
-    def forget(self, host: str) -> None:
-        """Drop the host's report."""
-        with self._lock:
-            self._holds.pop(host, None)
-
-    def holdings(self) -> dict[str, HostImages]:
-        """Every report."""
-        with self._lock:
-            return dict(self._holds)
-
-    def route(self, job: str, key: str, routed: Routed) -> None:
-        """Remember the route."""
-        with self._lock:
-            self._routed[(job, key)] = routed
-
-    def loads(self, now: float) -> dict[str, HostLoad]:
-        """As over Redis, from the coordinator's running entries and fair-share sent sets."""
-        counts: dict[str, list[int]] = {}
-        for job in self._coord.live_jobs():
-            for payload in self._coord.running_entries(job).values():
-                if payload.host:
-                    counts.setdefault(payload.host, [0, 0, 0])[0] += 1
-        with self._lock:
-            for (job, key), routed in list(self._routed.items()):
-                running = self._coord.running_entries(job).get(key)
-                if running is None or running.host:  # started (it counts where it runs), or over
-                    del self._routed[(job, key)]
-                elif routed.until > now:
-                    entry = counts.setdefault(routed.host, [0, 0, 0])
-                    entry[1] += 1
-                    entry[2] += 1 if routed.waits else 0
-        return {host: HostLoad(*entry) for host, entry in counts.items()}
-
-    def lines(self, now: float) -> dict[str, HostLine]:
-        """As over Redis, from the coordinator's running entries, states, records and the routes."""
-        items: list[tuple[str, str, float, float]] = []
-        for job in self._coord.live_jobs():
-            states = self._coord.states(job)
-            for key, payload in self._coord.running_entries(job).items():
-                seconds = self.estimate(job, payload)
-                if payload.host:
-                    status = states.get(key)
-                    running = status is not None and status.state == TrialState.RUNNING
-                    started = min(status.at, now) if status is not None and running else now
-                    items.append((payload.host, "end", max(started + seconds - now, 0.0), 0.0))
-                    continue
-                with self._lock:
-                    routed = self._routed.get((job, key))
-                if routed is not None and routed.until > now:
-                    items.append((routed.host, "line", seconds, routed.at))
-        return host_lines(items)
-
-    def estimate(self, job: str, payload: Redispatch) -> float:
-        """From the coordinator's records of the trial's earlier attempts."""
-        return expected_of(payload, (self._coord.get_result(job, k) for k in earlier_keys(payload.trial.key)))
-
-    def mark_pulling(self, host: str, images: Iterable[str], at: float) -> None:
-        """A mark per image."""
-        with self._lock:
-            for image in images:
-                self._pulling[image] = Pulling(host=host, at=at)
-
-    def pulling(self, now: float) -> dict[str, Pulling]:
-        """Every mark still fresh (the stale ones are dropped)."""
-        with self._lock:
-            for image in [i for i, mark in self._pulling.items() if now - mark.at >= PULLING_TTL_SEC]:
-                del self._pulling[image]
-            return dict(self._pulling)
-
-
 _MEMORY: weakref.WeakKeyDictionary[MemoryCoordinator, MemoryPlacementStore] = weakref.WeakKeyDictionary()
 _MEMORY_LOCK = threading.Lock()
 
@@ -547,7 +384,9 @@ _MEMORY_LOCK = threading.Lock()
 def placement_store(coord: Coordinator) -> PlacementStore:
     """The placement state kept in `coord`'s store (Redis, or the embedded mode's memory)."""
     from sciencebench.coordination.memory import MemoryCoordinator
+    from sciencebench.coordination.memory.placement import MemoryPlacementStore
     from sciencebench.coordination.redis import RedisCoordinator
+    from sciencebench.coordination.redis.placement import RedisPlacementStore
 
     if isinstance(coord, RedisCoordinator):
         return RedisPlacementStore(coord)

@@ -200,13 +200,16 @@ def _fill_locked(
     from sciencebench.coordination.watchdog import send_again
 
     store = placement_store(coord)
-    placed = cluster_view(coord, store, lease_seconds)
     table = coord.share_table()[0]
+    # The hosts' images, loads and pulling marks are read only when a job here asked for placement.
+    wanted = any(share.placement for share in table.values())
+    placed = cluster_view(coord, store, lease_seconds) if wanted else None
     sent = 0
-    # Each turn fills a free slot or a place in a busy host's line: this many turns at most.
-    turns = capacity + sum(host.slots for host in placed.hosts.values())
-    for _ in range(limit if limit is not None else turns):
-        if placed.hosts and placed.free <= 0:
+    # Each turn fills a free slot or a place in a busy host's line: this many turns at most (without
+    # a view, the hosts' slots are `capacity`: no trial waits in a line).
+    lines = sum(host.slots for host in placed.hosts.values()) if placed is not None else capacity
+    for _ in range(limit if limit is not None else capacity + lines):
+        if placed is not None and placed.hosts and placed.free <= 0:
             break
         job = coord.choose_share(capacity)
         if job is None:
@@ -220,11 +223,16 @@ def _fill_locked(
             table = coord.share_table()[0]
         share = table.get(job)
         # Without `--placement` the shared queue: the first free host takes the trial.
-        placing = share is not None and share.placement
-        choice = placed.choose(payload.trial.image_refs, store.estimate(job, payload)) if placing else None
+        choice = None
+        if share is not None and share.placement:
+            if placed is None:  # a job with placement registered since this fill began
+                placed = cluster_view(coord, store, lease_seconds)
+            choice = placed.choose(payload.trial.image_refs, store.estimate(job, payload))
         if choice is None or not choice.until:
             coord.share_sent(job, payload.trial.key)  # it takes a slot: counted until it starts
-        queue = place(app, coord, store, placed, payload, choice, lease_seconds) if choice else None
+        queue = (
+            place(app, coord, store, placed, payload, choice, lease_seconds) if choice and placed else None
+        )
         send_again(app, coord, payload, queue=queue)
         sent += 1
     return sent

@@ -3,9 +3,10 @@
 No host directory is mounted into a trial container (no log mounts,
 `capabilities.mounted` false, so Pier copies logs, rewards and artifacts
 explicitly), and every copy goes through the Engine's archive API and
-`network.transfer`: nothing a container wrote (a link, a device) is ever
-followed or created on the host, and what was refused is written to the
-trial's `transfer-refusals.json`.
+`network.transfer` (`network.extract`, `network.tarbuild`): nothing a
+container wrote (a link, a device) is ever followed or created on the host,
+and what was refused is written to the trial's `transfer-refusals.json`
+(`network.refusals`).
 """
 
 from __future__ import annotations
@@ -29,18 +30,16 @@ from pier.environments.docker.docker import _sanitize_docker_compose_project_nam
 
 from sciencebench.network.errors import TransferRefused
 from sciencebench.network.execenv import SecretSafeExecEnvironment
+from sciencebench.network.extract import extract, extract_file
+from sciencebench.network.refusals import record_refusals
+from sciencebench.network.tarbuild import build_tar, directory_headers
 from sciencebench.network.transfer import (
     ChunkReader,
     Refusal,
     Transfer,
-    build_tar,
-    directory_headers,
-    extract,
-    extract_file,
     open_dir,
     open_trial_dir,
     posix_parts,
-    record_refusals,
     trial_relative,
 )
 from sciencebench.worker.docker.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL

@@ -52,6 +52,7 @@ from sciencebench.core.settings import raw_setting
 from sciencebench.network.compose import PROXY_SERVICE, ProxyFiles, policy_compose
 from sciencebench.network.egress import EgressPlan, plan_egress
 from sciencebench.network.errors import PolicyViolation, TransferRefused
+from sciencebench.network.extract import extract_file
 from sciencebench.network.inspection import (
     INSPECT_TIMEOUT_SEC,
     collect_snapshot,
@@ -60,7 +61,7 @@ from sciencebench.network.inspection import (
 )
 from sciencebench.network.policycompose import PolicyComposeEnvironment
 from sciencebench.network.squid import PROXY_PORT, passwd_line, render_squid_conf
-from sciencebench.network.transfer import ChunkReader, extract_file, open_dir, open_trial_dir
+from sciencebench.network.transfer import ChunkReader, open_dir, open_trial_dir
 from sciencebench.worker.docker.hostlocks import owner_id
 from sciencebench.worker.docker.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -138,6 +140,44 @@ def test_a_hosts_line_is_the_expected_seconds_of_the_trials_routed_to_it(coord: 
     assert store.lines(now=100.0)["h2"].line == (7.5, 7.5)
     assert store.lines(now=250.0) == {}  # their parks lapsed: on their way to the shared queue
     assert store.estimate("j", _payload("003", 2)) == 1.0  # nothing measured task 003: its timeouts
+
+
+def _counted(read: Callable[..., Any], name: str, reads: list[str]) -> Callable[..., Any]:
+    def counted(self: object, *args: object) -> Any:
+        reads.append(name)
+        return read(self, *args)
+
+    return counted
+
+
+def test_a_fill_with_no_placement_job_reads_no_hosts_images(
+    coord: Coordinator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without `--placement` a trial goes to the shared queue: fill builds no cluster view for it."""
+    from celery import Celery
+
+    store_class = type(placement_store(coord))
+    reads: list[str] = []
+    for name in ("holdings", "loads", "pulling", "lines"):
+        monkeypatch.setattr(store_class, name, _counted(getattr(store_class, name), name, reads))
+    app = Celery(broker="memory://", backend="cache+memory://", set_as_current=False)
+    app.conf.task_default_queue = f"fill-{uuid.uuid4().hex[:8]}"  # the memory broker is one per process
+    coord.describe_host("h1", HostKit(slots=2))
+    coord.beat("h1")
+    coord.register_share("j", Share(user="u", cap=8, name="j", at=1.0))
+    held = [Held(payload=_payload(task, 1, (_ref("a"),)), expected_sec=1.0) for task in ("001", "002")]
+    coord.hold("j", held, [], window=1)
+    assert fill(app, coord, lease_seconds=30) == 2
+    assert reads == []
+    with app.connection_for_read() as conn:
+        queue = conn.SimpleQueue(app.conf.task_default_queue)
+        assert queue.qsize() == 2  # both on the shared queue
+        queue.close()
+    # A job with placement on: the same fill reads the hosts' reports, loads and pulling marks.
+    coord.register_share("k", Share(user="u", cap=8, name="k", at=2.0, placement=True))
+    coord.hold("k", [Held(payload=_payload("003", 1, (_ref("b"),)), expected_sec=1.0)], [], window=1)
+    assert fill(app, coord, lease_seconds=30) == 0  # h1's two slots are taken
+    assert sorted(reads) == ["holdings", "lines", "loads", "pulling"]
 
 
 # --- fill over Redis and Celery: which host's queue each trial is sent to -------------------------

@@ -32,6 +32,7 @@ from sciencebench.core.errors import NoRoomError, PreflightError, PullError
 from sciencebench.core.settings import STATE_DIR_ENV
 from sciencebench.worker import preflight
 from sciencebench.worker.docker import budget, cleanup, engine, hostlocks, images, labels
+from sciencebench.worker.docker.imageholds import hold_images
 from sciencebench.worker.pier import naming
 from tests.fixtures.engines import private_engine
 from tests.fixtures.registry import Published, present
@@ -296,11 +297,11 @@ def test_budget_evicts_the_least_recently_used_free_image(
     small, middle, large = (published.unique(f"budget-{n}m-{_uid()}", size=n * MIB) for n in (4, 8, 12))
     puller = images.ImagePuller(image_budget=21 * MIB)  # fits the two larger ones, not all three
     for ref in (small, middle):  # two trials, one after the other
-        with budget.hold_images([ref], state):
+        with hold_images([ref], state):
             puller.ensure([ref], PLATFORM, skip_pull=False)
     assert present(client, small) and present(client, middle)
 
-    with budget.hold_images([large], state):
+    with hold_images([large], state):
         puller.ensure([large], PLATFORM, skip_pull=False)
         # `small` was used least recently and nothing holds it: it went, and only it.
         assert not present(client, small)
@@ -313,7 +314,7 @@ def test_budget_evicts_the_least_recently_used_free_image(
     assert "task images" in puller.budget.summary(client) and "1 evicted" in puller.budget.summary(client)
 
     # Needed again: pulled again (its size known from the log now), evicting the least recent, `middle`.
-    with budget.hold_images([small], state):
+    with hold_images([small], state):
         puller.ensure([small], PLATFORM, skip_pull=False)
     assert present(client, small) and not present(client, middle) and present(client, large)
     assert images.pull_counts(state)[small.split("@")[1]] == 2
@@ -324,19 +325,19 @@ def test_budget_never_evicts_an_image_a_trial_holds(
 ) -> None:
     client = own_engine
     first, second, third = (published.unique(f"held-{n}-{_uid()}", size=8 * MIB) for n in range(3))
-    with budget.hold_images([first], state), budget.hold_images([second], state):  # two running trials
+    with hold_images([first], state), hold_images([second], state):  # two running trials
         images.ImagePuller(image_budget=20 * MIB).ensure([first, second], PLATFORM, skip_pull=False)
-        with budget.hold_images([third], state):
+        with hold_images([third], state):
             # Its size is unknown before its first pull here: it runs, over the budget by its own image.
             images.ImagePuller(image_budget=20 * MIB).ensure([third], PLATFORM, skip_pull=False)
         assert present(client, first) and present(client, second) and present(client, third)
         client.images.remove(third)
-        with budget.hold_images([third], state), pytest.raises(NoRoomError, match="exceed its image budget"):
+        with hold_images([third], state), pytest.raises(NoRoomError, match="exceed its image budget"):
             # Now its size is known: it cannot fit beside the two held images, so it goes back to the queue.
             images.ImagePuller(image_budget=20 * MIB).ensure([third], PLATFORM, skip_pull=False)
         assert present(client, first) and present(client, second) and not present(client, third)
     # The trials ended: now the third fits by evicting the least recently used.
-    with budget.hold_images([third], state):
+    with hold_images([third], state):
         images.ImagePuller(image_budget=20 * MIB).ensure([third], PLATFORM, skip_pull=False)
     assert present(client, third) and present(client, first) != present(client, second)
     assert len([e for e in budget.read_evictions(images.pull_log_path(state)) if e.event == "evicted"]) == 1
@@ -349,7 +350,7 @@ def test_budget_leaves_images_it_did_not_pull_alone(
     other = published.unique(f"other-{_uid()}", size=2 * MIB)
     client.images.pull(other.split("@")[0], tag=other.split("@")[1])  # present, not in the pull log
     big = published.unique(f"alone-{_uid()}", size=6 * MIB)
-    with budget.hold_images([big], state):
+    with hold_images([big], state):
         images.ImagePuller(image_budget=1 * MIB).ensure([big], PLATFORM, skip_pull=False)  # over: runs anyway
     assert present(client, other) and present(client, big)
     assert budget.read_evictions(images.pull_log_path(state)) == []

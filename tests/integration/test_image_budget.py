@@ -26,7 +26,7 @@ import docker
 import pytest
 
 from sciencebench.core.images import repo_digests_contain
-from sciencebench.worker.docker import budget, images
+from sciencebench.worker.docker import budget, imageholds, images
 from sciencebench.worker.docker.hostlocks import host_lock
 from tests.fixtures.engines import Engine, EngineFactory
 from tests.fixtures.registry import Published
@@ -88,7 +88,7 @@ class Sampler(threading.Thread):
     def _held(self, engine: Engine) -> set[str]:
         locked, held = _flocked_shared(), set()
         for ref in self.refs:
-            path = engine.state_dir / budget.IMAGES_DIR / f"{ref.split('@sha256:')[1]}.lock"
+            path = engine.state_dir / imageholds.IMAGES_DIR / f"{ref.split('@sha256:')[1]}.lock"
             with contextlib.suppress(FileNotFoundError):
                 info = path.stat()
                 if (os.major(info.st_dev), os.minor(info.st_dev), info.st_ino) in locked:

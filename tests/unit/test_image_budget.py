@@ -13,7 +13,7 @@ import pytest
 from sciencebench.core.errors import SettingsError
 from sciencebench.core.settings import Settings
 from sciencebench.core.sizes import format_size, parse_size
-from sciencebench.worker.docker import budget
+from sciencebench.worker.docker import budget, imageholds
 
 pytestmark = pytest.mark.unit
 
@@ -59,21 +59,21 @@ def _exclusive_possible(path: Path) -> bool:
 
 
 def test_a_held_image_cannot_be_taken_for_eviction_and_is_free_after(tmp_path: Path) -> None:
-    lock = tmp_path / budget.IMAGES_DIR / f"{DIGEST.split(':')[1]}.lock"
-    with budget.hold_images([REF, REF], tmp_path):
+    lock = tmp_path / imageholds.IMAGES_DIR / f"{DIGEST.split(':')[1]}.lock"
+    with imageholds.hold_images([REF, REF], tmp_path):
         assert lock.is_file()
         assert not _exclusive_possible(lock)  # what an eviction in another process tries
-        with budget.hold_images([REF], tmp_path):  # another trial of the host needs it too: shared
+        with imageholds.hold_images([REF], tmp_path):  # another trial of the host needs it too: shared
             assert not _exclusive_possible(lock)
     assert _exclusive_possible(lock)
 
 
 def test_holding_stamps_the_last_use(tmp_path: Path) -> None:
-    lock = tmp_path / budget.IMAGES_DIR / f"{DIGEST.split(':')[1]}.lock"
-    with budget.hold_images([REF], tmp_path):
+    lock = tmp_path / imageholds.IMAGES_DIR / f"{DIGEST.split(':')[1]}.lock"
+    with imageholds.hold_images([REF], tmp_path):
         pass
     os.utime(lock, (1_000, 1_000))
-    with budget.hold_images([REF], tmp_path):
+    with imageholds.hold_images([REF], tmp_path):
         pass
     assert lock.stat().st_mtime > 1_000_000
 

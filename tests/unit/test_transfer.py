@@ -1,4 +1,4 @@
-"""The strict extractor and tar builder of `network.transfer`, over tars built here (no Engine).
+"""The strict extractor and tar builder (`network.extract`, `network.tarbuild`), over tars made here.
 
 Each hostile member (a link, a hard link, a device, a FIFO, `..`, an
 absolute name, a setuid bit, an over-large file, a link already on the host
@@ -24,16 +24,10 @@ from pier.environments.docker.docker import DockerEnvironment
 
 from sciencebench.network.environment import IsolatedDockerEnvironment
 from sciencebench.network.errors import TransferRefused
-from sciencebench.network.transfer import (
-    ChunkReader,
-    Refusal,
-    build_tar,
-    extract,
-    extract_file,
-    open_dir,
-    record_refusals,
-    trial_relative,
-)
+from sciencebench.network.extract import extract, extract_file
+from sciencebench.network.refusals import record_refusals
+from sciencebench.network.tarbuild import build_tar
+from sciencebench.network.transfer import ChunkReader, Refusal, open_dir, trial_relative
 from sciencebench.worker.pier.layout import TRANSFER_REFUSALS as TRANSFER_REFUSALS_NAME
 from sciencebench.worker.pier.layout import TRANSFER_REFUSED, read_transfer_refusals, read_trial_outcome
 

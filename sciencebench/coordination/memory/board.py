@@ -66,7 +66,7 @@ class MemoryBoard(MemoryBase, JobControl, Board, Shares):
         with self._lock:
             self._values.get(job_key(job, "share", "sent"), set()).discard(key)
 
-    # --- what placement reads (`coordination.placement.MemoryPlacementStore`), as its script over Redis
+    # --- what placement reads (`memory.placement.MemoryPlacementStore`), as its script over Redis
 
     def live_jobs(self) -> set[str]:
         """The jobs with live state (`sciencebench:jobs`)."""

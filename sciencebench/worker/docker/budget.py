@@ -5,8 +5,9 @@
                                         host needs the image; its mtime is the
                                         image's last use by a trial
 
-`hold_images` takes those shared locks for a trial before its images are
-made present and keeps them until its Pier run and cleanup are over.
+`worker.docker.imageholds.hold_images` takes those shared locks for a trial
+before its images are made present and keeps them until its Pier run and
+cleanup are over.
 `ImageBudget.make_room` runs before a pull (and again after it) under one
 host-wide lock. What the budget counts is what this host's trials leave on
 its Engine: the task images this host pulled (its pull log) and what Pier's
@@ -53,57 +54,15 @@ from sciencebench.core.images import image_digest, repo_digest_name, repo_digest
 from sciencebench.core.sizes import format_size
 from sciencebench.worker.docker.engine import ENGINE_ERRORS, one_line
 from sciencebench.worker.docker.hostlocks import host_lock, open_state_file
+from sciencebench.worker.docker.imageholds import image_lock_path, release_holds, take_holds
 
 log = logging.getLogger(__name__)
 
-IMAGES_DIR = "images"
 EVICTION_LOCK = "evict.lock"
 # How long a pull waits for another process's eviction round (one round removes a few images).
 EVICTION_WAIT_SEC = 600.0
 # What compose labels the images it builds with: a dangling image with it is a leftover of a build.
 COMPOSE_PROJECT_LABEL = "com.docker.compose.project"
-
-
-def _lock_path(state: Path, digest: str) -> Path:
-    return state / IMAGES_DIR / f"{digest.split(':', 1)[1]}.lock"
-
-
-@contextlib.contextmanager
-def hold_images(refs: Iterable[str], state: Path) -> Iterator[None]:
-    """Mark `refs` as needed by a trial of this host until the block ends (or its holder dies).
-
-    A shared flock per image: an eviction in any process of the host skips a
-    held image, and the hold waits while an eviction removes the image (it is
-    then pulled again). Entering and leaving both count as the image's last use.
-    Raises WorkspaceError when the state directory cannot be written.
-    """
-    fds = _take_holds(refs, state)
-    try:
-        yield
-    finally:
-        _release_holds(fds)
-
-
-def _take_holds(refs: Iterable[str], state: Path) -> list[int]:
-    fds: list[int] = []
-    try:
-        for digest in sorted({image_digest(ref) for ref in refs}):
-            fd = open_state_file(_lock_path(state, digest), os.O_RDWR | os.O_CREAT)
-            fds.append(fd)
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            os.utime(fd)
-    except BaseException:
-        _release_holds(fds)
-        raise
-    return fds
-
-
-def _release_holds(fds: list[int]) -> None:
-    while fds:
-        fd = fds.pop()
-        with contextlib.suppress(OSError):
-            os.utime(fd)
-        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -183,24 +142,24 @@ class ImageBudget:
         host ever sees the images of an ended trial as still needed. A settle
         that fails (the engine gone) is logged: the trial's end stands.
         """
-        fds = _take_holds(refs, self._state)
+        fds = take_holds(refs, self._state)
         try:
             yield
         finally:
             if self.budget <= 0:
-                _release_holds(fds)
+                release_holds(fds)
             else:
                 self._release_and_settle(fds, client)
 
     def _release_and_settle(self, fds: list[int], client: Callable[[], docker.DockerClient]) -> None:
         try:
             with host_lock(self._state / "locks" / EVICTION_LOCK, EVICTION_WAIT_SEC, "evicting images"):
-                _release_holds(fds)
+                release_holds(fds)
                 self._make_room(client(), {}, set(), strict=False)
         except (PullError, WorkspaceError) as exc:
             log.warning("could not settle the image budget after a trial: %s", exc)
         finally:
-            _release_holds(fds)
+            release_holds(fds)
 
     def _make_room(
         self, client: docker.DockerClient, incoming: dict[str, int], mine: set[str], strict: bool
@@ -248,7 +207,7 @@ class ImageBudget:
                 continue
             digest = pulled[ref]
             try:
-                last_used = _lock_path(self._state, digest).stat().st_mtime
+                last_used = image_lock_path(self._state, digest).stat().st_mtime
             except FileNotFoundError:
                 last_used = 0.0
             images.append(TaskImage(ref, digest, int(attrs.get("Size") or 0), last_used))
@@ -283,7 +242,7 @@ class ImageBudget:
 
     def _evict(self, client: docker.DockerClient, image: TaskImage) -> bool:
         """Remove `image` unless a live trial holds it (or a container still uses it)."""
-        fd = open_state_file(_lock_path(self._state, image.digest), os.O_RDWR | os.O_CREAT)
+        fd = open_state_file(image_lock_path(self._state, image.digest), os.O_RDWR | os.O_CREAT)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -2,7 +2,7 @@
 
 Only the pinned task images the host's trials used (its pull log, and the
 image-use locks a trial takes on each of its images, pulled here or found
-present: `worker.docker.budget.hold_images`) and that its Engine still has
+present: `worker.docker.imageholds.hold_images`) and that its Engine still has
 are reported, with their sizes, and the throughput of its recent pulls;
 nothing else the Engine holds (the proxy image, an operator's images). The
 host keeper reports at start, within a quarter lease of each pull, eviction
@@ -22,8 +22,8 @@ from sciencebench.coordination.placement import HostImages, PlacementStore
 from sciencebench.core.errors import PreflightError, PullError
 from sciencebench.core.images import image_digest, normalize_repository
 from sciencebench.core.sizes import format_size
-from sciencebench.worker.docker.budget import IMAGES_DIR
 from sciencebench.worker.docker.engine import ENGINE_ERRORS, connect, one_line
+from sciencebench.worker.docker.imageholds import IMAGES_DIR
 from sciencebench.worker.docker.images import pull_log_path, read_pull_log
 
 log = logging.getLogger(__name__)

@@ -176,7 +176,7 @@ class ImagePuller:
         return self._pulls
 
     def hold(self, refs: list[str]) -> AbstractContextManager[None]:
-        """Hold `refs` for a trial of this host (`budget.hold_images`); at its end, settle the budget.
+        """Hold `refs` for a trial of this host (`imageholds.hold_images`); at its end, settle the budget.
 
         Nothing this host's budget evicts is held; when the trial ends, what
         only it kept over the budget is evicted in the same eviction round.

@@ -17,7 +17,7 @@ from sciencebench.core.pierjob import NO_TOKENS, Tokens, parse_trial_result
 # Pier names trial directories `<task dir name[:32]>__<7 random chars>`.
 TRIAL_DIR = re.compile(r"^(task_\d{3,})__([A-Za-z0-9]+)$")
 STAGES = ("environment_setup", "agent_setup", "agent_execution", "verifier")
-# What the policy environment refused to copy from a container (`network.transfer.record_refusals`).
+# What the policy environment refused to copy from a container (`network.refusals.record_refusals`).
 TRANSFER_REFUSALS = "transfer-refusals.json"
 # The exception type a trial's record gets when something was refused and Pier recorded no exception.
 TRANSFER_REFUSED = "TransferRefused"
@@ -75,7 +75,7 @@ def read_transfer_refusals(trial_dir: Path) -> tuple[str, ...]:
     Empty when the file is absent, not a regular file, or unreadable. It is
     opened relative to the trial directory, following no link (neither the
     trial directory nor the file), and checked on the descriptor it is read
-    from, as `network.transfer` writes it.
+    from, as `network.refusals` writes it.
     """
     try:
         data = json.loads(_read_no_follow(trial_dir, TRANSFER_REFUSALS) or b"null")
