@@ -7,17 +7,28 @@ the throughput its pulls measured (`HostImages`, from its pull log and its
 Engine: at start, after each pull or eviction, and every lease period). A
 trial takes a free slot of the host missing the fewest bytes of its images,
 counting images a host holds and those it is pulling (placement marks an
-image as pulling on the host it sent the image's first trial to). When every
-host that holds them is busy, the trial is sent to wait on that host's own
-queue, at most `wait_bound` seconds (the time the free host would need to
-pull what it lacks, with a floor and a cap: waiting longer than a pull is
-never better than pulling), and fill goes on with the next trial for the
-free slot. The bound alone limits a wait (a long line on one host sends
-its last trials elsewhere once their bound passes). Once the bound has passed the trial's
-parked lease lapses and the watchdog sends it to the shared queue, where
-any host takes it; a host that pauses or dies meanwhile loses nothing: its
-routed trials come back the same way (their running entry and parked lease,
-as every held trial taken from the store).
+image as pulling on the host it sent the image's first trial to). A busy
+host that holds more of them is worth waiting for only while waiting is
+quicker than pulling: when the time until its next slot frees
+(`HostView.frees_in`: its running trials' expected ends, then the trials
+already on their way to it) plus its own pull of what it lacks is less than
+the free host's pull (missing bytes over the hosts' measured pull
+throughput), the trial is sent to wait on that host's own queue, and fill
+goes on with the next trial for the free slot; otherwise the free host
+takes it and pulls. A trial's expected duration is what fill's
+longest-first order knows in the store: the measured seconds of an earlier
+attempt of its task in the job (its record's `measured_sec`), else its
+timeouts (`TrialSpec.expected_sec`); a running trial's expected end is its
+start (its `running` state) plus that, never before now. A wait lasts at
+most `wait_bound` seconds: the pull it saves, capped, with no floor (the
+estimate said the host frees sooner than that; waiting longer than the
+pull it saves is never better than pulling, so past it the trial pulls
+elsewhere). The bound alone limits a wait (a long line on one host sends
+its last trials elsewhere once their bound passes). Once the bound has
+passed the trial's parked lease lapses and the watchdog sends it to the
+shared queue, where any host takes it; a host that pauses or dies meanwhile
+loses nothing: its routed trials come back the same way (their running
+entry and parked lease, as every held trial taken from the store).
 
 A trial is routed to `<default queue>.host.<host>` (`host_queue`), which
 every worker consumes beside the shared default queue, and stops consuming
@@ -32,6 +43,8 @@ Keys (Redis):
 
 from __future__ import annotations
 
+import heapq
+import json
 import statistics
 import threading
 import weakref
@@ -42,18 +55,24 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from pydantic import BaseModel
 
+from sciencebench.coordination.history import stored_seconds
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.core.images import repo_digest_name
+from sciencebench.core.keys import TrialKey
+from sciencebench.core.models import Redispatch
 
 if TYPE_CHECKING:
     from sciencebench.coordination.memory import MemoryCoordinator
     from sciencebench.coordination.memory.placement import MemoryPlacementStore
 
 
-# The bound on a trial's wait for a host that holds its images: the time the free host would take to
-# pull what it lacks, at the pull throughput the hosts measured, kept within these.
-WAIT_FLOOR_SEC = 30.0
+# The bound on a trial's wait for a host that holds its images: the pull it saves (the free host's,
+# at the pull throughput the hosts measured), at most this. No floor: a wait is chosen only when the
+# holder is expected to free sooner than that pull, and a longer wait could only lose to the pull.
+# The cap: beyond it the cluster has changed too much for the estimate to mean much.
 WAIT_CAP_SEC = 900.0
+# How many earlier attempts of a task the store reads for its measured seconds (the first record found).
+MEASURED_ATTEMPTS = 4
 # A throughput to assume before any host has measured one, and a size for an image no host reported.
 DEFAULT_BYTES_PER_SEC = 50e6
 DEFAULT_IMAGE_BYTES = 1 << 30
@@ -108,6 +127,18 @@ class HostLoad(NamedTuple):
     waiting: int = 0
 
 
+class HostLine(NamedTuple):
+    """A host's trials in time: when its running trials end, and how long those on their way run.
+
+    `ends`: seconds until each running trial is expected to end (0: due or
+    overdue); `line`: the expected seconds of each trial sent to it and not
+    started, in the order they were sent.
+    """
+
+    ends: tuple[float, ...] = ()
+    line: tuple[float, ...] = ()
+
+
 @dataclass
 class HostView:
     """One live, unpaused host as placement sees it during one fill."""
@@ -118,6 +149,8 @@ class HostView:
     waiting: int = 0  # sent to wait for one of its slots
     images: dict[str, int] = field(default_factory=dict)
     pulling: set[str] = field(default_factory=set)
+    ends: list[float] = field(default_factory=list)  # `HostLine.ends`
+    line: list[float] = field(default_factory=list)  # `HostLine.line`, and what this fill sent it
 
     @property
     def free(self) -> int:
@@ -128,6 +161,19 @@ class HostView:
         """Whether it holds `image` or is pulling it."""
         return image in self.images or image in self.pulling
 
+    def frees_in(self) -> float:
+        """Seconds until a slot frees for one more trial, as its trials are expected to run.
+
+        Each slot frees at its running trial's expected end (a slot with no
+        known trial: now); each trial of its line takes the first slot to
+        free, for its expected seconds.
+        """
+        slots = sorted(self.ends)[: self.slots] + [0.0] * max(self.slots - len(self.ends), 0)
+        heapq.heapify(slots)
+        for seconds in self.line:
+            heapq.heappush(slots, heapq.heappop(slots) + seconds)
+        return slots[0] if slots else float("inf")
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -136,12 +182,17 @@ class Choice:
     host: str
     until: float = 0.0
     pulls: tuple[str, ...] = ()  # the images the host lacks and will pull for it
+    expected: float = 0.0  # the trial's expected seconds: it holds a slot of the host that long
+
+
+def pull_seconds(missing_bytes: int, bytes_per_sec: float) -> float:
+    """The time a host needs to pull `missing_bytes` at the measured throughput (else a default)."""
+    return missing_bytes / (bytes_per_sec if bytes_per_sec > 0 else DEFAULT_BYTES_PER_SEC)
 
 
 def wait_bound(missing_bytes: int, bytes_per_sec: float) -> float:
-    """Seconds a trial may wait for a host holding its images: the pull it saves, within floor and cap."""
-    rate = bytes_per_sec if bytes_per_sec > 0 else DEFAULT_BYTES_PER_SEC
-    return min(max(missing_bytes / rate, WAIT_FLOOR_SEC), WAIT_CAP_SEC)
+    """Seconds a trial may wait for a host holding its images: the pull it saves, at most the cap."""
+    return min(pull_seconds(missing_bytes, bytes_per_sec), WAIT_CAP_SEC)
 
 
 @dataclass
@@ -177,12 +228,12 @@ class Placement:
         """Bytes of `images` that `host` neither holds nor is pulling."""
         return sum(self.size(image) for image in images if not host.has(image))
 
-    def choose(self, refs: list[str]) -> Choice | None:
-        """The host for a trial with image refs `refs`; None when no host has a free slot.
+    def choose(self, refs: list[str], expected: float = 0.0) -> Choice | None:
+        """The host for a trial with image refs `refs` (expected to run `expected` s); None: no free slot.
 
         The free host missing the fewest bytes of them, unless a busy host
-        misses fewer: then wait there
-        (until `now + wait_bound` of the bytes the free host would pull).
+        is ready sooner than that host's pull (`holder`): then wait there,
+        until `now + wait_bound` of the bytes waiting saves.
         Ties: more free slots, then fewer stored bytes, then the name.
         """
         free = [host for host in self.hosts.values() if host.free > 0]
@@ -195,14 +246,29 @@ class Placement:
 
         best = min(free, key=rank)
         lacking = self.missing(best, images)
-        better = [
-            host for host in self.hosts.values() if host.free <= 0 and self.missing(host, images) < lacking
-        ]
-        if better:
-            holder = min(better, key=lambda h: (self.missing(h, images), h.waiting / h.slots, h.name))
+        holder = self.holder(images, lacking)
+        if holder is not None:
             until = self.now + wait_bound(lacking - self.missing(holder, images), self.bytes_per_sec)
-            return Choice(host=holder.name, until=until)
-        return Choice(host=best.name, pulls=tuple(image for image in images if not best.has(image)))
+            return Choice(host=holder.name, until=until, expected=expected)
+        pulls = tuple(image for image in images if not best.has(image))
+        return Choice(host=best.name, pulls=pulls, expected=expected)
+
+    def holder(self, images: list[str], lacking: int) -> HostView | None:
+        """The busy host worth waiting for, if any: the one ready soonest, if sooner than a pull.
+
+        Of the busy hosts missing fewer bytes than `lacking` (the free
+        host's), the one whose next free slot (`HostView.frees_in`) plus its
+        own pull comes first (ties: the shorter line, then the name), if that
+        comes before the free host's pull of `lacking`.
+        """
+        pull = pull_seconds(lacking, self.bytes_per_sec)
+        ready = {
+            host.name: host.frees_in() + pull_seconds(missing, self.bytes_per_sec)
+            for host in self.hosts.values()
+            if host.free <= 0 and (missing := self.missing(host, images)) < lacking
+        }
+        soonest = min(ready, key=lambda name: (ready[name], self.hosts[name].waiting, name), default=None)
+        return self.hosts[soonest] if soonest is not None and ready[soonest] < pull else None
 
     def take(self, choice: Choice) -> None:
         """Count the trial on its host: a slot (or a place in its line) and the images it pulls."""
@@ -210,6 +276,7 @@ class Placement:
         host.busy += 1
         if choice.until:
             host.waiting += 1
+        host.line.append(choice.expected)
         host.pulling.update(choice.pulls)
 
 
@@ -248,12 +315,66 @@ class PlacementStore(ABC):
         """
 
     @abstractmethod
+    def lines(self, now: float) -> dict[str, HostLine]:
+        """Per host, its trials in time (`HostLine`), each by its expected seconds (`expected_of`).
+
+        The running ones' ends (from their `running` state's time, else now)
+        and those routed to it and not started (a route counts as in `loads`).
+        """
+
+    @abstractmethod
+    def estimate(self, job: str, payload: Redispatch) -> float:
+        """A trial's expected seconds (`expected_of`), from the records of its task's earlier attempts."""
+
+    @abstractmethod
     def mark_pulling(self, host: str, images: Iterable[str], at: float) -> None:
         """The host was sent these images' first trial (or a pre-pull): it is pulling them."""
 
     @abstractmethod
     def pulling(self, now: float) -> dict[str, Pulling]:
         """Every image marked as pulling, and where; marks older than `PULLING_TTL_SEC` are dropped."""
+
+
+def earlier_keys(key: str) -> list[str]:
+    """The trial keys of the attempts before `key` whose records may measure its task (the first few)."""
+    try:
+        task, attempt = TrialKey.parse(key)
+    except ValueError:
+        return []
+    return [str(TrialKey(task, n)) for n in range(1, min(attempt, MEASURED_ATTEMPTS + 1))]
+
+
+def expected_of(payload: Redispatch, records: Iterable[str | None]) -> float:
+    """A trial's expected seconds: an earlier attempt's measured seconds, else its timeouts.
+
+    The first of `records` (its task's earlier attempts', in order) that
+    measured the task (`measured_sec`), else `TrialSpec.expected_sec`: what
+    fill's longest-first order knows of it in the store.
+    """
+    for record in records:
+        try:
+            value = json.loads(record) if record is not None else None
+        except ValueError:
+            continue
+        if isinstance(value, dict) and (seconds := stored_seconds(value)) is not None:
+            return seconds
+    return payload.trial.expected_sec
+
+
+def host_lines(items: Iterable[tuple[str, str, float, float]]) -> dict[str, HostLine]:
+    """`HostLine`s from (host, "end" | "line", seconds, when routed) items; a line in routing order."""
+    ends: dict[str, list[float]] = {}
+    line: dict[str, list[tuple[float, float]]] = {}
+    for host, kind, seconds, at in items:
+        if kind == "end":
+            ends.setdefault(host, []).append(seconds)
+        else:
+            line.setdefault(host, []).append((at, seconds))
+    return {
+        host: HostLine(ends=tuple(sorted(ends.get(host, []))),
+                       line=tuple(seconds for _, seconds in sorted(line.get(host, []))))
+        for host in ends.keys() | line.keys()
+    }  # fmt: skip
 
 
 _MEMORY: weakref.WeakKeyDictionary[MemoryCoordinator, MemoryPlacementStore] = weakref.WeakKeyDictionary()
@@ -280,6 +401,7 @@ def cluster_view(coord: Coordinator, store: PlacementStore, lease_seconds: float
     """The live, unpaused hosts that report slots, with their loads, holdings and pulling marks."""
     now = coord.now()
     holdings, loads, marks = store.holdings(), store.loads(now), store.pulling(now)
+    lines = store.lines(now)
     hosts: dict[str, HostView] = {}
     for name, status in coord.hosts().items():
         if (
@@ -290,9 +412,10 @@ def cluster_view(coord: Coordinator, store: PlacementStore, lease_seconds: float
         ):
             continue
         load = loads.get(name, HostLoad())
-        held = holdings.get(name, HostImages())
+        held, line = holdings.get(name, HostImages()), lines.get(name, HostLine())
         hosts[name] = HostView(name=name, slots=status.kit.slots, busy=load.running + load.routed,
-                               waiting=load.waiting, images=dict(held.images))  # fmt: skip
+                               waiting=load.waiting, images=dict(held.images), ends=list(line.ends),
+                               line=list(line.line))  # fmt: skip
     for image, mark in marks.items():
         if mark.host in hosts:
             hosts[mark.host].pulling.add(image)

@@ -120,9 +120,11 @@ START_WITHIN_BUDGET = Script("start_within_budget", _BUDGET, uses=("budget_reach
 SHARE_CHOOSE = Script("share_choose", ("shares", "weights"))
 PLACE_LOADS = Script("place_loads", ("jobs", "routed"))
 PLACE_REPORT = Script("place_report", ("holds", "pulling"))
+PLACE_LINES = Script("place_lines", ("jobs", "routed"), uses=("measured",))
 
 ALL = (PARK, RENEW, COMMIT, FINISH, WAIT, TAKE_ORPHAN, SLOT, START, NEXT_WAITING, RELEASE_HELD,
-       ADD_DURATIONS, SET_BUDGET, START_WITHIN_BUDGET, SHARE_CHOOSE, PLACE_LOADS, PLACE_REPORT)  # fmt: skip
+       ADD_DURATIONS, SET_BUDGET, START_WITHIN_BUDGET, SHARE_CHOOSE, PLACE_LOADS, PLACE_REPORT,
+       PLACE_LINES)  # fmt: skip
 
 
 class Registered:

@@ -227,7 +227,7 @@ def _fill_locked(
         if share is not None and share.placement:
             if placed is None:  # a job with placement registered since this fill began
                 placed = cluster_view(coord, store, lease_seconds)
-            choice = placed.choose(payload.trial.image_refs)
+            choice = placed.choose(payload.trial.image_refs, store.estimate(job, payload))
         if choice is None or not choice.until:
             coord.share_sent(job, payload.trial.key)  # it takes a slot: counted until it starts
         queue = (

@@ -11,11 +11,13 @@ from typing import Any
 import pytest
 import redis
 
+from sciencebench.coordination.models import Claim
 from sciencebench.coordination.placement import (
     PULLING_TTL_SEC,
     HostImages,
     HostLoad,
     Routed,
+    cluster_view,
     host_queue,
     pinned,
     placement_store,
@@ -28,6 +30,7 @@ from tests.coordination import test_conformance
 from tests.fixtures.services import RedisServer
 
 JOB_ID = uuid.UUID("00000000-0000-4000-8000-000000000002")
+JOB = str(JOB_ID)  # the job key of the trials `_payload` makes (where fill parks and routes them)
 GB = 1 << 30
 coord = test_conformance.coord  # the conformance suite's fixture: each case runs on both implementations
 
@@ -83,6 +86,62 @@ def test_a_hosts_load_is_its_running_trials_and_those_routed_to_it_not_started(c
     assert "h1" not in store.loads(now=100.0)
 
 
+def _running_holder(coord: Coordinator, measured_sec: float, image_bytes: int) -> None:
+    """h1 (1 slot) holds image a and has just started 001#2, whose task 001#1 measured; h2 (1 slot) is free.
+
+    Both pull at 100 MB/s: h2 would pull a in `image_bytes / 100e6` s.
+    """
+    store = placement_store(coord)
+    for host in ("h1", "h2"):
+        coord.describe_host(host, HostKit(slots=1))
+        coord.beat(host)
+    store.report("h1", HostImages(images={pinned([_ref("a")])[0]: image_bytes}, bytes_per_sec=100e6))
+    store.report("h2", HostImages(bytes_per_sec=100e6))
+    assert coord.store_result("j", "001#1", json.dumps({"measured_sec": measured_sec}))
+    running = _payload("001", 2, (_ref("a"),), host="h1")
+    assert coord.start("j", "001#2", "owner-h1", 60, cap=8, running=running).claim == Claim.CLAIMED
+    coord.run_started("j", "001#2", None, "h1")
+
+
+def test_a_trial_pulls_on_a_free_host_rather_than_wait_longer_for_the_holder(coord: Coordinator) -> None:
+    """The holder's slot frees in about 20 s (its trial's task measured 20 s); the pull takes 1 s."""
+    _running_holder(coord, measured_sec=20.0, image_bytes=100_000_000)
+    placed = cluster_view(coord, placement_store(coord), lease_seconds=30)
+    [end] = placed.hosts["h1"].ends
+    assert 19.0 < end <= 20.0  # from its start (its `running` state) and its task's measured seconds
+    choice = placed.choose([_ref("a")], expected=20.0)
+    assert choice is not None and (choice.host, choice.until, choice.pulls) == (
+        "h2",
+        0.0,
+        tuple(pinned([_ref("a")])),
+    )
+
+
+def test_a_trial_waits_for_the_holder_when_it_frees_sooner_than_the_pull(coord: Coordinator) -> None:
+    """The holder's slot frees in about 5 s; the pull takes 60 s: wait there, at most the 60 s saved."""
+    _running_holder(coord, measured_sec=5.0, image_bytes=6_000_000_000)
+    placed = cluster_view(coord, placement_store(coord), lease_seconds=30)
+    choice = placed.choose([_ref("a")], expected=5.0)
+    assert choice is not None and (choice.host, choice.pulls) == ("h1", ())
+    assert choice.until - placed.now == pytest.approx(60.0)
+    placed.take(choice)  # it waits in h1's line: the next trial of a would start there in about 10 s
+    assert 9.0 < placed.hosts["h1"].frees_in() <= 10.0
+
+
+def test_a_hosts_line_is_the_expected_seconds_of_the_trials_routed_to_it(coord: Coordinator) -> None:
+    store = placement_store(coord)
+    coord.hold("j", [Held(payload=_payload("002", a), expected_sec=1.0) for a in (1, 2, 3)], [], window=1)
+    for _ in range(3):
+        assert coord.next_waiting("j", 30) is not None  # guarded: running entries no host claimed
+    assert coord.store_result("j", "002#1", json.dumps({"measured_sec": 7.5}))
+    store.route("j", "002#3", Routed(host="h2", at=91.0, until=200.0, waits=True))
+    store.route("j", "002#2", Routed(host="h2", at=90.0, until=200.0))
+    # Both by their task's measured seconds, in the order they were routed; 002#1 has no route.
+    assert store.lines(now=100.0)["h2"].line == (7.5, 7.5)
+    assert store.lines(now=250.0) == {}  # their parks lapsed: on their way to the shared queue
+    assert store.estimate("j", _payload("003", 2)) == 1.0  # nothing measured task 003: its timeouts
+
+
 def _counted(read: Callable[..., Any], name: str, reads: list[str]) -> Callable[..., Any]:
     def counted(self: object, *args: object) -> Any:
         reads.append(name)
@@ -99,7 +158,7 @@ def test_a_fill_with_no_placement_job_reads_no_hosts_images(
 
     store_class = type(placement_store(coord))
     reads: list[str] = []
-    for name in ("holdings", "loads", "pulling"):
+    for name in ("holdings", "loads", "pulling", "lines"):
         monkeypatch.setattr(store_class, name, _counted(getattr(store_class, name), name, reads))
     app = Celery(broker="memory://", backend="cache+memory://", set_as_current=False)
     app.conf.task_default_queue = f"fill-{uuid.uuid4().hex[:8]}"  # the memory broker is one per process
@@ -118,7 +177,7 @@ def test_a_fill_with_no_placement_job_reads_no_hosts_images(
     coord.register_share("k", Share(user="u", cap=8, name="k", at=2.0, placement=True))
     coord.hold("k", [Held(payload=_payload("003", 1, (_ref("b"),)), expected_sec=1.0)], [], window=1)
     assert fill(app, coord, lease_seconds=30) == 0  # h1's two slots are taken
-    assert sorted(reads) == ["holdings", "loads", "pulling"]
+    assert sorted(reads) == ["holdings", "lines", "loads", "pulling"]
 
 
 # --- fill over Redis and Celery: which host's queue each trial is sent to -------------------------
@@ -140,29 +199,31 @@ def test_fill_sends_each_trial_to_the_queue_of_a_host_holding_its_images(redis_s
         coord.beat(host)
     store.report("h1", HostImages(images={pinned([a])[0]: GB}, bytes_per_sec=100e6))
     store.report("h2", HostImages(images={pinned([b])[0]: 6 * GB}, bytes_per_sec=100e6))
-    coord.register_share("j", Share(user="u", cap=8, name="j", at=1.0, placement=True))
+    coord.register_share(JOB, Share(user="u", cap=8, name="j", at=1.0, placement=True))
     held = [("001", 1, a), ("001", 2, a), ("001", 3, a), ("002", 1, b), ("003", 1, c)]
-    coord.hold("j", [Held(payload=_payload(t, n, (ref,)), expected_sec=10.0 - i) for i, (t, n, ref) in
+    coord.hold(JOB, [Held(payload=_payload(t, n, (ref,)), expected_sec=10.0 - i) for i, (t, n, ref) in
                      enumerate(held)], [], window=1)  # fmt: skip
     try:
         assert fill(app, coord, lease_seconds=30) == 5
         queued = {host: _queued(client, host_queue("celery", host)) for host in ("h1", "h2")}
-        # a's trials go to h1 (two slots, then one waits there: a 1 GiB pull would take less than the
-        # floor); b's to h2; c (nobody has it) to the host with a free slot left.
+        # a's trials go to h1 (two slots, then one waits there: its slots free in about 10 s, as its two
+        # trials are expected to run, before h2 could pull a's 1 GiB in 10.7 s); b's to h2; c (nobody
+        # has it) to the host with a free slot left.
         assert queued == {"h1": ["001#1", "001#2", "001#3"], "h2": ["002#1", "003#1"]}
         assert _queued(client, "celery") == []
         routes = [Routed.model_validate_json(v) for v in client.hvals("sciencebench:place:routed")]
         assert sorted((r.host, r.waits) for r in routes) == [("h1", False), ("h1", False), ("h1", True),
                                                             ("h2", False), ("h2", False)]  # fmt: skip
-        assert coord.share_load("j").sent == 4  # the waiting one takes no slot: fair share leaves it out
-        # The waiting trial's parked lease lapses when its wait ends: then the watchdog sends it anywhere.
-        lease = client.pttl("sciencebench:j:lease:001#3")
-        assert 25_000 < lease <= 30_000, lease
-        assert client.get("sciencebench:j:lease:001#3") == parking_token("celery-001-3")
+        assert coord.share_load(JOB).sent == 4  # the waiting one takes no slot: fair share leaves it out
+        # The waiting trial's parked lease lapses when its wait ends (the 10.7 s pull it saves): then the
+        # watchdog sends it anywhere.
+        lease = client.pttl(f"sciencebench:{JOB}:lease:001#3")
+        assert 10_000 < lease <= GB / 100e6 * 1000, lease
+        assert client.get(f"sciencebench:{JOB}:lease:001#3") == parking_token("celery-001-3")
         assert set(store.pulling(coord.now())) == {pinned([c])[0]}  # h2 pulls c for its trial
-        coord.hold("j", [Held(payload=_payload("004", 1, (a,)), expected_sec=1.0)], [], window=1)
+        coord.hold(JOB, [Held(payload=_payload("004", 1, (a,)), expected_sec=1.0)], [], window=1)
         assert fill(app, coord, lease_seconds=30) == 0  # no host has a free slot: it stays in the store
-        assert coord.share_load("j").waiting == 1
+        assert coord.share_load(JOB).waiting == 1
     finally:
         coord.close()
         client.close()

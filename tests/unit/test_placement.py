@@ -7,7 +7,6 @@ import pytest
 from sciencebench.coordination.placement import (
     DEFAULT_IMAGE_BYTES,
     WAIT_CAP_SEC,
-    WAIT_FLOOR_SEC,
     HostView,
     Placement,
     pinned,
@@ -66,9 +65,9 @@ def test_a_trial_waits_for_a_busy_holder_for_the_pull_it_saves_and_the_slot_goes
 
 def test_trials_wait_for_a_busy_holder_each_up_to_its_bound_and_a_free_slot_is_never_taken() -> None:
     placed = _cluster(HostView("h1", slots=1, busy=1, images={PA: GB}), HostView("h2", slots=1))
-    for _ in range(3):
-        waits = placed.choose([A])
-        assert waits is not None and waits.host == "h1" and waits.until == 1000.0 + WAIT_FLOOR_SEC
+    for _ in range(3):  # h1's trial ends now, and each of these is expected to take 2 s: the third
+        waits = placed.choose([A], expected=2.0)  # starts in 4 s, still before h2's 10.7 s pull
+        assert waits is not None and waits.host == "h1" and waits.until == 1000.0 + GB / 100e6
         placed.take(waits)
     assert (placed.free, placed.waiting) == (1, 3)  # h2's slot is left for a trial it suits better
     pulls = placed.choose([B])
@@ -87,8 +86,27 @@ def test_a_host_pulling_an_image_counts_as_holding_it() -> None:
     assert choice is not None and choice.host == "h1" and choice.until > 0
 
 
-def test_the_wait_is_the_saved_pull_between_a_floor_and_a_cap() -> None:
-    assert wait_bound(0, 100e6) == WAIT_FLOOR_SEC
+def test_a_trial_waits_only_while_the_holder_frees_sooner_than_the_pull_it_saves() -> None:
+    """Frees in 20 s, the pull takes 1 s: pull now. Frees in 5 s, the pull takes 60 s: wait, at most the
+    60 s saved. The holder's line counts: once it is 65 s long, the next trial pulls instead."""
+
+    def holder(ends: list[float], image: int) -> Placement:
+        return _cluster(HostView("h1", 1, busy=1, images={PA: image}, ends=ends), HostView("h2", 1))
+
+    choice = holder([20.0], 100_000_000).choose([A], expected=20.0)
+    assert choice is not None and (choice.host, choice.until, choice.pulls) == ("h2", 0.0, (PA,))
+    placed = holder([5.0], 6_000_000_000)
+    for frees_in in (35.0, 65.0):  # each waiting trial takes the slot for its 30 s
+        choice = placed.choose([A], expected=30.0)
+        assert choice is not None and choice.host == "h1" and choice.until == pytest.approx(1000.0 + 60.0)
+        placed.take(choice)
+        assert placed.hosts["h1"].frees_in() == frees_in
+    choice = placed.choose([A], expected=30.0)
+    assert choice is not None and (choice.host, choice.pulls) == ("h2", (PA,))  # 65 s > the 60 s pull
+
+
+def test_the_wait_is_the_saved_pull_up_to_a_cap() -> None:
+    assert wait_bound(0, 100e6) == 0.0
     assert wait_bound(10 * GB, 100e6) == pytest.approx(10 * GB / 100e6)
     assert wait_bound(1000 * GB, 100e6) == WAIT_CAP_SEC
     assert wait_bound(10 * GB, 0.0) == pytest.approx(10 * GB / 50e6)  # no measured pull yet: a default

@@ -9,14 +9,20 @@ from typing import TYPE_CHECKING
 from sciencebench.coordination.placement import (
     PULLING_TTL_SEC,
     HostImages,
+    HostLine,
     HostLoad,
     PlacementStore,
     Pulling,
     Routed,
+    earlier_keys,
+    expected_of,
+    host_lines,
 )
+from sciencebench.core.models import TrialState
 
 if TYPE_CHECKING:
     from sciencebench.coordination.memory import MemoryCoordinator
+    from sciencebench.core.models import Redispatch
 
 __all__ = ["MemoryPlacementStore"]
 
@@ -71,6 +77,29 @@ class MemoryPlacementStore(PlacementStore):
                     entry[1] += 1
                     entry[2] += 1 if routed.waits else 0
         return {host: HostLoad(*entry) for host, entry in counts.items()}
+
+    def lines(self, now: float) -> dict[str, HostLine]:
+        """As over Redis, from the coordinator's running entries, states, records and the routes."""
+        items: list[tuple[str, str, float, float]] = []
+        for job in self._coord.live_jobs():
+            states = self._coord.states(job)
+            for key, payload in self._coord.running_entries(job).items():
+                seconds = self.estimate(job, payload)
+                if payload.host:
+                    status = states.get(key)
+                    running = status is not None and status.state == TrialState.RUNNING
+                    started = min(status.at, now) if status is not None and running else now
+                    items.append((payload.host, "end", max(started + seconds - now, 0.0), 0.0))
+                    continue
+                with self._lock:
+                    routed = self._routed.get((job, key))
+                if routed is not None and routed.until > now:
+                    items.append((routed.host, "line", seconds, routed.at))
+        return host_lines(items)
+
+    def estimate(self, job: str, payload: Redispatch) -> float:
+        """From the coordinator's records of the trial's earlier attempts."""
+        return expected_of(payload, (self._coord.get_result(job, k) for k in earlier_keys(payload.trial.key)))
 
     def mark_pulling(self, host: str, images: Iterable[str], at: float) -> None:
         """A mark per image."""

@@ -6,19 +6,25 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from sciencebench.coordination import scripts
-from sciencebench.coordination.keys import HOLDS_KEY, PULLING_KEY, ROUTED_KEY
+from sciencebench.coordination.keys import HOLDS_KEY, PULLING_KEY, ROUTED_KEY, job_key
 from sciencebench.coordination.placement import (
+    MEASURED_ATTEMPTS,
     PULLING_TTL_SEC,
     HostImages,
+    HostLine,
     HostLoad,
     PlacementStore,
     Pulling,
     Routed,
+    earlier_keys,
+    expected_of,
+    host_lines,
 )
 from sciencebench.coordination.protocol import PREFIX
 
 if TYPE_CHECKING:
     from sciencebench.coordination.redis import RedisCoordinator
+    from sciencebench.core.models import Redispatch
 
 __all__ = ["RedisPlacementStore"]
 
@@ -30,6 +36,7 @@ class RedisPlacementStore(PlacementStore):
         self._coord = coord
         self._loads = scripts.Registered(coord.client, scripts.PLACE_LOADS)
         self._report = scripts.Registered(coord.client, scripts.PLACE_REPORT)
+        self._lines = scripts.Registered(coord.client, scripts.PLACE_LINES)
 
     def report(self, host: str, held: HostImages) -> None:
         """The host's report and its pulling marks of what it holds now, in one script."""
@@ -59,6 +66,21 @@ class RedisPlacementStore(PlacementStore):
             )
             for i in range(0, len(flat), 4)
         }
+
+    def lines(self, now: float) -> dict[str, HostLine]:
+        """One script over the jobs' running entries, their states, earlier attempts' records and routes."""
+        args: list[str | int] = [repr(now), f"{PREFIX}:", MEASURED_ATTEMPTS]
+        flat = self._coord.patiently(lambda: self._lines("", "", args))
+        return host_lines(
+            (str(flat[i]), str(flat[i + 1]), float(flat[i + 2]), float(flat[i + 3]))
+            for i in range(0, len(flat), 4)
+        )
+
+    def estimate(self, job: str, payload: Redispatch) -> float:
+        """`MGET` of the records of the trial's earlier attempts."""
+        keys = [job_key(job, "result", key) for key in earlier_keys(payload.trial.key)]
+        records: list[Any] = self._coord.patiently(lambda: self._coord.client.mget(keys)) if keys else []
+        return expected_of(payload, (None if r is None else str(r) for r in records))
 
     def mark_pulling(self, host: str, images: Iterable[str], at: float) -> None:
         """`HSET` of a mark per image."""
