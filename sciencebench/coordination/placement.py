@@ -8,27 +8,37 @@ Engine: at start, after each pull or eviction, and every lease period). A
 trial takes a free slot of the host missing the fewest bytes of its images,
 counting images a host holds and those it is pulling (placement marks an
 image as pulling on the host it sent the image's first trial to). A busy
-host that holds more of them is worth waiting for only while waiting is
-quicker than pulling: when the time until its next slot frees
-(`HostView.frees_in`: its running trials' expected ends, then the trials
-already on their way to it) plus its own pull of what it lacks is less than
-the free host's pull (missing bytes over the hosts' measured pull
-throughput), the trial is sent to wait on that host's own queue, and fill
-goes on with the next trial for the free slot; otherwise the free host
-takes it and pulls. A trial's expected duration is what fill's
-longest-first order knows in the store: the measured seconds of an earlier
-attempt of its task in the job (its record's `measured_sec`), else its
-timeouts (`TrialSpec.expected_sec`); a running trial's expected end is its
-start (its `running` state) plus that, never before now. A wait lasts at
-most `wait_bound` seconds: the pull it saves, capped, with no floor (the
-estimate said the host frees sooner than that; waiting longer than the
-pull it saves is never better than pulling, so past it the trial pulls
-elsewhere). The bound alone limits a wait (a long line on one host sends
-its last trials elsewhere once their bound passes). Once the bound has
-passed the trial's parked lease lapses and the watchdog sends it to the
-shared queue, where any host takes it; a host that pauses or dies meanwhile
-loses nothing: its routed trials come back the same way (their running
-entry and parked lease, as every held trial taken from the store).
+host that holds more of them is worth waiting for unless it is known to
+stay busy longer than the wait is worth: when the time until its next slot
+frees (`HostView.frees_in`: its running trials' expected ends, then the
+trials already on their way to it) plus its own pull of what it lacks comes
+before the free host's pull (missing bytes over the hosts' measured pull
+throughput) or before `WAIT_FLOOR_SEC`, whichever is later, the trial is
+sent to wait on that host's own queue, and fill goes on with the next trial
+for the free slot; otherwise the free host takes it and pulls. A trial's
+expected duration is what the store has measured of its task in the job:
+an earlier attempt's record (`measured_sec`); a running trial's expected
+end is its start (its `running` state) plus that, never before now. A
+running trial nothing measured is expected to run as long again as it has
+run so far (`remaining`): trial durations are heavy-tailed, and the longer
+a trial has run the longer it is likely to go on, so a fresh trial's host
+is worth waiting for and one whose trial has already run long is not (its
+timeouts are only an upper bound: counting them would make every holder
+look busy for an hour, and a job's first trials would pull every image on
+every host). A trial sent to a host and not started whose task nothing
+measured holds its slot, as counted, for `WAIT_FLOOR_SEC` (`line_seconds`:
+so a host of unmeasured trials takes about one waiting trial per slot). A
+wait lasts at most `wait_bound` seconds: the pull it saves, at least the
+floor, at most the cap. The floor is the price of a second copy: a duplicate pull costs more than its seconds (another host's disk
+and budget, the registry's bandwidth that every host shares, and a pull
+measured alone is slower when many hosts pull at once), so a holder that
+frees within a short trial's time is waited for even when a pull would
+be a little quicker. The bound alone limits a wait (a long line on one
+host sends its last trials elsewhere once their bound passes). Once the
+bound has passed the trial's parked lease lapses and the watchdog sends it
+to the shared queue, where any host takes it; a host that pauses or dies
+meanwhile loses nothing: its routed trials come back the same way (their
+running entry and parked lease, as every held trial taken from the store).
 
 A trial is routed to `<default queue>.host.<host>` (`host_queue`), which
 every worker consumes beside the shared default queue, and stops consuming
@@ -67,9 +77,11 @@ if TYPE_CHECKING:
 
 
 # The bound on a trial's wait for a host that holds its images: the pull it saves (the free host's,
-# at the pull throughput the hosts measured), at most this. No floor: a wait is chosen only when the
-# holder is expected to free sooner than that pull, and a longer wait could only lose to the pull.
-# The cap: beyond it the cluster has changed too much for the estimate to mean much.
+# at the pull throughput the hosts measured), at least the floor (what a second copy of the image
+# costs beyond its pull's seconds, see the module docstring), at most the cap (beyond it the cluster
+# has changed too much for the estimate to mean much). A holder is waited for only when it is
+# expected to be ready within that bound.
+WAIT_FLOOR_SEC = 10.0
 WAIT_CAP_SEC = 900.0
 # How many earlier attempts of a task the store reads for its measured seconds (the first record found).
 MEASURED_ATTEMPTS = 4
@@ -191,8 +203,8 @@ def pull_seconds(missing_bytes: int, bytes_per_sec: float) -> float:
 
 
 def wait_bound(missing_bytes: int, bytes_per_sec: float) -> float:
-    """Seconds a trial may wait for a host holding its images: the pull it saves, at most the cap."""
-    return min(pull_seconds(missing_bytes, bytes_per_sec), WAIT_CAP_SEC)
+    """Seconds a trial may wait for a host holding its images: the pull it saves, between floor and cap."""
+    return min(max(pull_seconds(missing_bytes, bytes_per_sec), WAIT_FLOOR_SEC), WAIT_CAP_SEC)
 
 
 @dataclass
@@ -228,14 +240,16 @@ class Placement:
         """Bytes of `images` that `host` neither holds nor is pulling."""
         return sum(self.size(image) for image in images if not host.has(image))
 
-    def choose(self, refs: list[str], expected: float = 0.0) -> Choice | None:
-        """The host for a trial with image refs `refs` (expected to run `expected` s); None: no free slot.
+    def choose(self, refs: list[str], measured: float | None = None) -> Choice | None:
+        """The host for a trial with image refs `refs` (its task measured `measured` s); None: no free slot.
 
         The free host missing the fewest bytes of them, unless a busy host
-        is ready sooner than that host's pull (`holder`): then wait there,
-        until `now + wait_bound` of the bytes waiting saves.
+        is ready within the wait's worth (`holder`): then wait there, until
+        `now + wait_bound` of the bytes waiting saves. Either way the trial
+        counts in its host's line for `line_seconds(measured)`.
         Ties: more free slots, then fewer stored bytes, then the name.
         """
+        expected = line_seconds(measured)
         free = [host for host in self.hosts.values() if host.free > 0]
         if not free:
             return None
@@ -254,14 +268,15 @@ class Placement:
         return Choice(host=best.name, pulls=pulls, expected=expected)
 
     def holder(self, images: list[str], lacking: int) -> HostView | None:
-        """The busy host worth waiting for, if any: the one ready soonest, if sooner than a pull.
+        """The busy host worth waiting for, if any: the one ready soonest, if within the wait's worth.
 
         Of the busy hosts missing fewer bytes than `lacking` (the free
         host's), the one whose next free slot (`HostView.frees_in`) plus its
         own pull comes first (ties: the shorter line, then the name), if that
-        comes before the free host's pull of `lacking`.
+        comes before the free host's pull of `lacking` or `WAIT_FLOOR_SEC`,
+        whichever is later.
         """
-        pull = pull_seconds(lacking, self.bytes_per_sec)
+        pull = max(pull_seconds(lacking, self.bytes_per_sec), WAIT_FLOOR_SEC)
         ready = {
             host.name: host.frees_in() + pull_seconds(missing, self.bytes_per_sec)
             for host in self.hosts.values()
@@ -316,15 +331,16 @@ class PlacementStore(ABC):
 
     @abstractmethod
     def lines(self, now: float) -> dict[str, HostLine]:
-        """Per host, its trials in time (`HostLine`), each by its expected seconds (`expected_of`).
+        """Per host, its trials in time (`HostLine`), each by what its task measured (`expected_of`).
 
-        The running ones' ends (from their `running` state's time, else now)
-        and those routed to it and not started (a route counts as in `loads`).
+        The running ones' ends (`remaining`, from their `running` state's
+        time, else now) and those routed to it and not started
+        (`line_seconds`; a route counts as in `loads`).
         """
 
     @abstractmethod
-    def estimate(self, job: str, payload: Redispatch) -> float:
-        """A trial's expected seconds (`expected_of`), from the records of its task's earlier attempts."""
+    def estimate(self, job: str, payload: Redispatch) -> float | None:
+        """A trial's measured seconds (`expected_of`), from the records of its task's earlier attempts."""
 
     @abstractmethod
     def mark_pulling(self, host: str, images: Iterable[str], at: float) -> None:
@@ -344,12 +360,27 @@ def earlier_keys(key: str) -> list[str]:
     return [str(TrialKey(task, n)) for n in range(1, min(attempt, MEASURED_ATTEMPTS + 1))]
 
 
-def expected_of(payload: Redispatch, records: Iterable[str | None]) -> float:
-    """A trial's expected seconds: an earlier attempt's measured seconds, else its timeouts.
+def remaining(measured: float | None, started: float, now: float) -> float:
+    """Seconds until a trial that started at `started` is expected to end (0: due or overdue).
 
-    The first of `records` (its task's earlier attempts', in order) that
-    measured the task (`measured_sec`), else `TrialSpec.expected_sec`: what
-    fill's longest-first order knows of it in the store.
+    Its task's measured seconds from its start; a trial nothing measured is
+    expected to go on as long as it has run so far.
+    """
+    if measured is None:
+        return max(now - started, 0.0)
+    return max(started + measured - now, 0.0)
+
+
+def line_seconds(measured: float | None) -> float:
+    """Seconds a trial sent to a host and not started is counted to hold a slot there."""
+    return WAIT_FLOOR_SEC if measured is None else measured
+
+
+def expected_of(records: Iterable[str | None]) -> float | None:
+    """A trial's measured seconds: the first of `records` (its task's earlier attempts') that has them.
+
+    None when none does (see the module docstring for how placement counts
+    such a trial).
     """
     for record in records:
         try:
@@ -358,7 +389,7 @@ def expected_of(payload: Redispatch, records: Iterable[str | None]) -> float:
             continue
         if isinstance(value, dict) and (seconds := stored_seconds(value)) is not None:
             return seconds
-    return payload.trial.expected_sec
+    return None
 
 
 def host_lines(items: Iterable[tuple[str, str, float, float]]) -> dict[str, HostLine]:

@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 # The longest a paused host waits between two health checks.
 MAX_HEALTH_BACKOFF_SEC = 60.0
+# How often a host looks for a change in the task images it holds (two `stat`s when nothing changed).
+HOLDINGS_CHECK_SEC = 1.0
 
 
 def worker_settings(settings: Settings, **overrides: Any) -> Settings:
@@ -108,6 +110,10 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
             name="sciencebench-host",
             daemon=True,
         ).start()
+        threading.Thread(
+            target=watch_holdings, args=(coord, settings, stop, holdings), name="sciencebench-holdings",
+            daemon=True,
+        ).start()  # fmt: skip
 
     @worker_shutdown.connect(weak=False)
     def _on_shutdown(sender: Any = None, **_: Any) -> None:
@@ -157,6 +163,28 @@ def _report_images(coord: Coordinator, settings: Settings, held: str = "") -> No
         coord.report_images(settings.hostname, line)
 
 
+def watch_holdings(
+    coord: Coordinator, settings: Settings, stop: threading.Event, holdings: HoldingsReporter
+) -> None:
+    """Report the task images the host holds within `HOLDINGS_CHECK_SEC` of a change, and every lease.
+
+    A change is a pull, an eviction or a first use of an image (`HoldingsReporter.tick` sees it from
+    two `stat`s; only then does it list the Engine's images). Placement sends an image's next trials
+    by these reports: a host whose pull is not yet reported counts only as pulling the image (its
+    size unknown), so the sooner the report, the sooner the cluster knows what a second pull costs.
+    """
+    force_every = max(int(settings.lease_seconds / HOLDINGS_CHECK_SEC), 1)
+    ticks = 0
+    while not stop.wait(HOLDINGS_CHECK_SEC):
+        ticks += 1
+        try:
+            # Forced every lease period: again after a broker that lost its data.
+            if holdings.tick(force=ticks % force_every == 0):
+                _report_images(coord, settings, holdings.line)
+        except Exception:  # the broker may be restarting; try again later
+            log.warning("host keeper: could not report the task images this host holds", exc_info=True)
+
+
 def keep_host(
     app: Celery,
     coord: Coordinator,
@@ -174,8 +202,8 @@ def keep_host(
     be lost while the broker reconnects, so the wanted state is sent again
     every lease period (Celery ignores a repeat). The trial queues are the
     shared one and the host's own (`coordination.placement.host_queue`).
-    `holdings` reports the task images the host holds when its pull log
-    changed, and every lease period.
+    `holdings`: its last report's words for `status`, sent again with the
+    budget's line (`watch_holdings` reports the images themselves).
     """
     hostname = settings.hostname
     queues = (app.conf.task_default_queue, host_queue(app.conf.task_default_queue, hostname))
@@ -188,8 +216,7 @@ def keep_host(
             coord.beat(hostname)
             if ticks % reaffirm_every == 0:  # again after a broker that lost its data
                 coord.describe_host(hostname, host_kit(settings, slots))
-            held = holdings is not None and holdings.tick(force=ticks % reaffirm_every == 0)
-            if held or (settings.image_budget and (ticks == 1 or ticks % reaffirm_every == 0)):
+            if settings.image_budget and (ticks == 1 or ticks % reaffirm_every == 0):
                 _report_images(coord, settings, holdings.line if holdings is not None else "")
             status = coord.hosts().get(hostname)
             if status is None or not status.paused:

@@ -14,6 +14,7 @@ import redis
 from sciencebench.coordination.models import Claim
 from sciencebench.coordination.placement import (
     PULLING_TTL_SEC,
+    WAIT_FLOOR_SEC,
     HostImages,
     HostLoad,
     Routed,
@@ -109,7 +110,7 @@ def test_a_trial_pulls_on_a_free_host_rather_than_wait_longer_for_the_holder(coo
     placed = cluster_view(coord, placement_store(coord), lease_seconds=30)
     [end] = placed.hosts["h1"].ends
     assert 19.0 < end <= 20.0  # from its start (its `running` state) and its task's measured seconds
-    choice = placed.choose([_ref("a")], expected=20.0)
+    choice = placed.choose([_ref("a")], measured=20.0)
     assert choice is not None and (choice.host, choice.until, choice.pulls) == (
         "h2",
         0.0,
@@ -121,7 +122,7 @@ def test_a_trial_waits_for_the_holder_when_it_frees_sooner_than_the_pull(coord: 
     """The holder's slot frees in about 5 s; the pull takes 60 s: wait there, at most the 60 s saved."""
     _running_holder(coord, measured_sec=5.0, image_bytes=6_000_000_000)
     placed = cluster_view(coord, placement_store(coord), lease_seconds=30)
-    choice = placed.choose([_ref("a")], expected=5.0)
+    choice = placed.choose([_ref("a")], measured=5.0)
     assert choice is not None and (choice.host, choice.pulls) == ("h1", ())
     assert choice.until - placed.now == pytest.approx(60.0)
     placed.take(choice)  # it waits in h1's line: the next trial of a would start there in about 10 s
@@ -139,7 +140,26 @@ def test_a_hosts_line_is_the_expected_seconds_of_the_trials_routed_to_it(coord: 
     # Both by their task's measured seconds, in the order they were routed; 002#1 has no route.
     assert store.lines(now=100.0)["h2"].line == (7.5, 7.5)
     assert store.lines(now=250.0) == {}  # their parks lapsed: on their way to the shared queue
-    assert store.estimate("j", _payload("003", 2)) == 1.0  # nothing measured task 003: its timeouts
+    assert store.estimate("j", _payload("003", 2)) is None  # nothing measured task 003
+
+
+def test_an_unmeasured_trial_runs_as_long_again_as_it_has_and_waits_in_line_for_the_floor(
+    coord: Coordinator,
+) -> None:
+    """Nothing measured task 001: its running trial, 8 s old, is expected to go on 8 s more; a trial of it
+    routed to the host and not started counts `WAIT_FLOOR_SEC` in the host's line."""
+    coord.describe_host("h1", HostKit(slots=1))
+    coord.beat("h1")
+    running = _payload("001", 1, (_ref("a"),), host="h1")
+    assert coord.start("j", "001#1", "owner-h1", 60, cap=8, running=running).claim == Claim.CLAIMED
+    coord.run_started("j", "001#1", None, "h1")
+    coord.hold("j", [Held(payload=_payload("001", 2), expected_sec=1.0)], [], window=1)
+    assert coord.next_waiting("j", 30) is not None
+    store = placement_store(coord)
+    store.route("j", "001#2", Routed(host="h1", at=coord.now(), until=coord.now() + 60, waits=True))
+    later = coord.now() + 8.0
+    line = store.lines(now=later)["h1"]
+    assert line.ends == (pytest.approx(8.0, abs=0.5),) and line.line == (WAIT_FLOOR_SEC,)
 
 
 def _counted(read: Callable[..., Any], name: str, reads: list[str]) -> Callable[..., Any]:
@@ -206,9 +226,9 @@ def test_fill_sends_each_trial_to_the_queue_of_a_host_holding_its_images(redis_s
     try:
         assert fill(app, coord, lease_seconds=30) == 5
         queued = {host: _queued(client, host_queue("celery", host)) for host in ("h1", "h2")}
-        # a's trials go to h1 (two slots, then one waits there: its slots free in about 10 s, as its two
-        # trials are expected to run, before h2 could pull a's 1 GiB in 10.7 s); b's to h2; c (nobody
-        # has it) to the host with a free slot left.
+        # a's trials go to h1 (two slots, then one waits there: nothing measured its two trials, so they
+        # may end any moment, before h2 could pull a's 1 GiB in 10.7 s); b's to h2; c (nobody has it) to
+        # the host with a free slot left.
         assert queued == {"h1": ["001#1", "001#2", "001#3"], "h2": ["002#1", "003#1"]}
         assert _queued(client, "celery") == []
         routes = [Routed.model_validate_json(v) for v in client.hvals("sciencebench:place:routed")]

@@ -7,9 +7,11 @@ import pytest
 from sciencebench.coordination.placement import (
     DEFAULT_IMAGE_BYTES,
     WAIT_CAP_SEC,
+    WAIT_FLOOR_SEC,
     HostView,
     Placement,
     pinned,
+    remaining,
     wait_bound,
 )
 from sciencebench.login.prewarm import spread
@@ -66,7 +68,7 @@ def test_a_trial_waits_for_a_busy_holder_for_the_pull_it_saves_and_the_slot_goes
 def test_trials_wait_for_a_busy_holder_each_up_to_its_bound_and_a_free_slot_is_never_taken() -> None:
     placed = _cluster(HostView("h1", slots=1, busy=1, images={PA: GB}), HostView("h2", slots=1))
     for _ in range(3):  # h1's trial ends now, and each of these is expected to take 2 s: the third
-        waits = placed.choose([A], expected=2.0)  # starts in 4 s, still before h2's 10.7 s pull
+        waits = placed.choose([A], measured=2.0)  # starts in 4 s, still before h2's 10.7 s pull
         assert waits is not None and waits.host == "h1" and waits.until == 1000.0 + GB / 100e6
         placed.take(waits)
     assert (placed.free, placed.waiting) == (1, 3)  # h2's slot is left for a trial it suits better
@@ -93,20 +95,53 @@ def test_a_trial_waits_only_while_the_holder_frees_sooner_than_the_pull_it_saves
     def holder(ends: list[float], image: int) -> Placement:
         return _cluster(HostView("h1", 1, busy=1, images={PA: image}, ends=ends), HostView("h2", 1))
 
-    choice = holder([20.0], 100_000_000).choose([A], expected=20.0)
+    choice = holder([20.0], 100_000_000).choose([A], measured=20.0)
     assert choice is not None and (choice.host, choice.until, choice.pulls) == ("h2", 0.0, (PA,))
     placed = holder([5.0], 6_000_000_000)
     for frees_in in (35.0, 65.0):  # each waiting trial takes the slot for its 30 s
-        choice = placed.choose([A], expected=30.0)
+        choice = placed.choose([A], measured=30.0)
         assert choice is not None and choice.host == "h1" and choice.until == pytest.approx(1000.0 + 60.0)
         placed.take(choice)
         assert placed.hosts["h1"].frees_in() == frees_in
-    choice = placed.choose([A], expected=30.0)
+    choice = placed.choose([A], measured=30.0)
     assert choice is not None and (choice.host, choice.pulls) == ("h2", (PA,))  # 65 s > the 60 s pull
 
 
-def test_the_wait_is_the_saved_pull_up_to_a_cap() -> None:
-    assert wait_bound(0, 100e6) == 0.0
+def test_a_holder_that_frees_within_the_floor_is_waited_for_though_a_pull_is_quicker() -> None:
+    """A second copy costs more than its pull's seconds: a 0.1 s pull loses to a holder free in 3 s."""
+    placed = _cluster(HostView("h1", 1, busy=1, images={PA: 10_000_000}, ends=[3.0]), HostView("h2", 1))
+    choice = placed.choose([A], measured=3.0)
+    assert choice is not None and (choice.host, choice.pulls) == ("h1", ())
+    assert choice.until == pytest.approx(1000.0 + WAIT_FLOOR_SEC)
+    placed = _cluster(HostView("h1", 1, busy=1, images={PA: 10_000_000}, ends=[WAIT_FLOOR_SEC + 1]),
+                      HostView("h2", 1))  # fmt: skip
+    choice = placed.choose([A], measured=3.0)
+    assert choice is not None and (choice.host, choice.pulls) == ("h2", (PA,))  # busy past the floor
+
+
+def test_a_fresh_unmeasured_trial_s_holder_is_waited_for_and_an_old_one_s_is_not() -> None:
+    """Nothing measured the holder's trial: it is expected to run as long again as it has (`remaining`),
+    not its timeouts (else every host would pull every image at a job's start). Fresh: wait; 30 s old:
+    pull. A waiting trial nothing measured counts the floor in the line: one per slot waits."""
+    assert remaining(None, started=990.0, now=1000.0) == 10.0
+    assert remaining(5.0, started=990.0, now=1000.0) == 0.0  # measured and overdue: due now
+    assert remaining(25.0, started=990.0, now=1000.0) == 15.0
+    fresh = remaining(None, started=999.0, now=1000.0)
+    placed = _cluster(HostView("h1", 1, busy=1, images={PA: 10_000_000}, ends=[fresh]), HostView("h2", 1))
+    choice = placed.choose([A])
+    assert choice is not None and choice.host == "h1"
+    placed.take(choice)
+    assert placed.hosts["h1"].frees_in() == pytest.approx(1.0 + WAIT_FLOOR_SEC)
+    choice = placed.choose([A])  # the next would wait past the floor: it pulls on h2
+    assert choice is not None and (choice.host, choice.pulls) == ("h2", (PA,))
+    old = remaining(None, started=970.0, now=1000.0)
+    placed = _cluster(HostView("h1", 1, busy=1, images={PA: 10_000_000}, ends=[old]), HostView("h2", 1))
+    choice = placed.choose([A])
+    assert choice is not None and (choice.host, choice.pulls) == ("h2", (PA,))
+
+
+def test_the_wait_is_the_saved_pull_between_a_floor_and_a_cap() -> None:
+    assert wait_bound(0, 100e6) == WAIT_FLOOR_SEC
     assert wait_bound(10 * GB, 100e6) == pytest.approx(10 * GB / 100e6)
     assert wait_bound(1000 * GB, 100e6) == WAIT_CAP_SEC
     assert wait_bound(10 * GB, 0.0) == pytest.approx(10 * GB / 50e6)  # no measured pull yet: a default

@@ -1,18 +1,21 @@
 -- `PlacementStore.lines`: per host, the seconds until each of its running trials is expected
--- to end, and the expected seconds of each trial routed to it and not started (a route counts
--- as in place_loads.lua, which drops the stale ones). A trial's expected seconds: the measured
--- seconds of an earlier attempt of its task (its record, lib/measured.lua; the first ARGV[3]
--- attempts), else its timeouts (`expected_sec`), as `placement.expected_of`; a running trial
--- starts at its state `running`'s time (else now) and ends no earlier than now.
+-- to end, and the seconds each trial routed to it and not started is counted to hold a slot (a
+-- route counts as in place_loads.lua, which drops the stale ones). What a trial's task measured:
+-- the measured seconds of an earlier attempt (its record, lib/measured.lua; the first ARGV[3]
+-- attempts), as `placement.expected_of`. A running trial starts at its state `running`'s time
+-- (else now) and ends that long after, no earlier than now; one nothing measured goes on as long
+-- as it has run (`placement.remaining`). A routed trial nothing measured counts the floor,
+-- ARGV[4] (`placement.line_seconds`).
 -- KEYS[1] jobs    the set of jobs with live state
 -- KEYS[2] routed  hash <job>/<K> -> Routed JSON
--- ARGV: now (store clock), the key prefix (`sciencebench:`), attempts read back
+-- ARGV: now (store clock), the key prefix (`sciencebench:`), attempts read back, the floor
 -- Returns a flat list of host, 'end' | 'line', seconds, when routed (0 for an end); numbers as
 -- strings (Redis would cut a Lua number to an integer).
 local jobs, routes = KEYS[1], KEYS[2]
 local now = tonumber(ARGV[1])
 local prefix = ARGV[2]
 local back = tonumber(ARGV[3])
+local floor = tonumber(ARGV[4])
 local out = {}
 local function decoded(value)
   if not value then
@@ -24,7 +27,7 @@ local function decoded(value)
   end
   return nil
 end
-local function expected(job, key, trial)
+local function expected(job, key)
   local task, attempt = string.match(key, '^(.*)#(%d+)$')
   if task then
     for n = 1, math.min(tonumber(attempt) - 1, back) do
@@ -35,7 +38,7 @@ local function expected(job, key, trial)
       end
     end
   end
-  return type(trial) == 'table' and tonumber(trial['expected_sec']) or 0
+  return nil
 end
 local function add(host, kind, seconds, at)
   table.insert(out, host)
@@ -48,7 +51,7 @@ for _, job in ipairs(redis.call('smembers', jobs)) do
   for i = 1, #running, 2 do
     local key, payload = running[i], decoded(running[i + 1])
     if payload then
-      local seconds = expected(job, key, payload['trial'])
+      local seconds = expected(job, key)
       local host = payload['host']
       if type(host) == 'string' and host ~= '' then
         local started = now
@@ -56,11 +59,15 @@ for _, job in ipairs(redis.call('smembers', jobs)) do
         if status and status['state'] == 'running' and type(status['at']) == 'number' then
           started = math.min(status['at'], now)
         end
-        add(host, 'end', math.max(started + seconds - now, 0), 0)
+        local left = now - started
+        if seconds then
+          left = started + seconds - now
+        end
+        add(host, 'end', math.max(left, 0), 0)
       else
         local route = decoded(redis.call('hget', routes, job .. '/' .. key))
         if route and type(route['until']) == 'number' and route['until'] > now then
-          add(route['host'], 'line', seconds, route['at'])
+          add(route['host'], 'line', seconds or floor, route['at'])
         end
       end
     end

@@ -17,6 +17,8 @@ from sciencebench.coordination.placement import (
     earlier_keys,
     expected_of,
     host_lines,
+    line_seconds,
+    remaining,
 )
 from sciencebench.core.models import TrialState
 
@@ -84,22 +86,22 @@ class MemoryPlacementStore(PlacementStore):
         for job in self._coord.live_jobs():
             states = self._coord.states(job)
             for key, payload in self._coord.running_entries(job).items():
-                seconds = self.estimate(job, payload)
+                measured = self.estimate(job, payload)
                 if payload.host:
                     status = states.get(key)
                     running = status is not None and status.state == TrialState.RUNNING
                     started = min(status.at, now) if status is not None and running else now
-                    items.append((payload.host, "end", max(started + seconds - now, 0.0), 0.0))
+                    items.append((payload.host, "end", remaining(measured, started, now), 0.0))
                     continue
                 with self._lock:
                     routed = self._routed.get((job, key))
                 if routed is not None and routed.until > now:
-                    items.append((routed.host, "line", seconds, routed.at))
+                    items.append((routed.host, "line", line_seconds(measured), routed.at))
         return host_lines(items)
 
-    def estimate(self, job: str, payload: Redispatch) -> float:
+    def estimate(self, job: str, payload: Redispatch) -> float | None:
         """From the coordinator's records of the trial's earlier attempts."""
-        return expected_of(payload, (self._coord.get_result(job, k) for k in earlier_keys(payload.trial.key)))
+        return expected_of(self._coord.get_result(job, k) for k in earlier_keys(payload.trial.key))
 
     def mark_pulling(self, host: str, images: Iterable[str], at: float) -> None:
         """A mark per image."""

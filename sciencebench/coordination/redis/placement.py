@@ -10,6 +10,7 @@ from sciencebench.coordination.keys import HOLDS_KEY, PULLING_KEY, ROUTED_KEY, j
 from sciencebench.coordination.placement import (
     MEASURED_ATTEMPTS,
     PULLING_TTL_SEC,
+    WAIT_FLOOR_SEC,
     HostImages,
     HostLine,
     HostLoad,
@@ -69,18 +70,18 @@ class RedisPlacementStore(PlacementStore):
 
     def lines(self, now: float) -> dict[str, HostLine]:
         """One script over the jobs' running entries, their states, earlier attempts' records and routes."""
-        args: list[str | int] = [repr(now), f"{PREFIX}:", MEASURED_ATTEMPTS]
+        args: list[str | int] = [repr(now), f"{PREFIX}:", MEASURED_ATTEMPTS, repr(WAIT_FLOOR_SEC)]
         flat = self._coord.patiently(lambda: self._lines("", "", args))
         return host_lines(
             (str(flat[i]), str(flat[i + 1]), float(flat[i + 2]), float(flat[i + 3]))
             for i in range(0, len(flat), 4)
         )
 
-    def estimate(self, job: str, payload: Redispatch) -> float:
+    def estimate(self, job: str, payload: Redispatch) -> float | None:
         """`MGET` of the records of the trial's earlier attempts."""
         keys = [job_key(job, "result", key) for key in earlier_keys(payload.trial.key)]
         records: list[Any] = self._coord.patiently(lambda: self._coord.client.mget(keys)) if keys else []
-        return expected_of(payload, (None if r is None else str(r) for r in records))
+        return expected_of(None if r is None else str(r) for r in records)
 
     def mark_pulling(self, host: str, images: Iterable[str], at: float) -> None:
         """`HSET` of a mark per image."""

@@ -5,9 +5,9 @@ image-use locks a trial takes on each of its images, pulled here or found
 present: `worker.docker.imageholds.hold_images`) and that its Engine still has
 are reported, with their sizes, and the throughput of its recent pulls;
 nothing else the Engine holds (the proxy image, an operator's images). The
-host keeper reports at start, within a quarter lease of each pull, eviction
-or first use of an image (the pull log or the locks changed), and every
-lease period (after a broker that lost its data).
+worker reports at start, within a second of each pull, eviction or first
+use of an image (the pull log or the locks changed: `worker.main.watch_holdings`),
+and every lease period (after a broker that lost its data).
 """
 
 from __future__ import annotations
