@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import docker.errors
 import pytest
 
 from sciencebench.core.errors import SettingsError
 from sciencebench.core.settings import Settings
 from sciencebench.core.sizes import format_size, parse_size
-from sciencebench.worker.docker import budget, imageholds
+from sciencebench.worker.docker import budget, imageholds, images
 
 pytestmark = pytest.mark.unit
 
@@ -124,3 +126,66 @@ def test_build_leftovers_are_nameless_build_images_and_unshared_cache_never_a_pi
     assert found.images == [("sha256:old", 5), ("sha256:older", 7)]
     assert found.cache == 5 and found.size == 17  # what an image shares is counted with the image
     assert api.asked == [{"dangling": True, "label": budget.COMPOSE_PROJECT_LABEL}]  # compose builds only
+
+
+def test_pulled_sizes_are_each_digest_s_last_pull_of_known_size(tmp_path: Path) -> None:
+    other = "sha256:" + "cd" * 32
+    entries: list[dict[str, Any]] = [
+        {"ref": REF, "digest": DIGEST, "size": 5},
+        {"ref": REF, "digest": DIGEST, "size": 7},  # pulled again after an eviction: the last pull counts
+        {"event": "evicted", "ref": REF, "digest": DIGEST, "size": 99, "reason": "over the budget"},
+        {"ref": REF, "digest": DIGEST, "size": 0},  # its size could not be read: the one before stands
+        {"ref": "x", "digest": other, "size": 3},
+        {"event": "pruned", "ref": "build cache", "digest": "", "size": 11, "reason": "over the budget"},
+    ]
+    assert budget.pulled_sizes(entries) == {DIGEST: 7, other: 3}
+    assert budget.pulled_sizes([]) == {}
+    log_path = tmp_path / "pulls.jsonl"
+    log_path.write_text("".join(json.dumps(entry) + "\n" for entry in entries), encoding="utf-8")
+    never = f"127.0.0.1:5555/sciencebench-test/y@sha256:{'ef' * 32}"
+    assert budget.expected_sizes([REF, never], log_path) == {REF: 7, never: 0}
+    assert budget.expected_sizes([REF], tmp_path / "absent.jsonl") == {REF: 0}
+
+
+class _AbsentImages:
+    def get(self, name: str) -> Any:
+        raise docker.errors.ImageNotFound(f"no such image: {name}")
+
+
+def test_the_pull_lock_ensure_images_holds_is_a_pull_in_progress_to_the_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = SimpleNamespace(images=_AbsentImages())
+    puller = images.ImagePuller(state=tmp_path, client_factory=lambda: client, image_budget=1 << 30)
+    sizes = {DIGEST: 123}
+    seen: list[int] = []
+
+    def pull(client: Any, ref: str, platform: str, mine: list[str]) -> None:
+        seen.append(puller.budget._pulling_elsewhere(sizes, set()))  # another trial's round, meanwhile
+        assert puller.budget._pulling_elsewhere(sizes, {DIGEST}) == 0  # the caller's own: skipped
+
+    monkeypatch.setattr(puller, "_pull_within_budget", pull)
+    assert puller.budget._pulling_elsewhere(sizes, set()) == 0  # no lock file yet: nobody pulls it
+    [status] = puller.ensure_images([REF], "linux/amd64", skip_pull=False)
+    assert status.pulled and seen == [123]
+    assert imageholds.pull_lock_path(tmp_path, DIGEST).is_file()  # the one path both use
+    assert puller.budget._pulling_elsewhere(sizes, set()) == 0  # the pull is over: its lock is free
+
+
+def test_a_symlink_at_a_pull_lock_is_no_pull_and_its_target_is_never_opened(tmp_path: Path) -> None:
+    lock = imageholds.pull_lock_path(tmp_path, DIGEST)
+    lock.parent.mkdir(parents=True)
+    target = tmp_path / "elsewhere.lock"
+    target.touch()
+    lock.symlink_to(target)
+    dangling = imageholds.pull_lock_path(tmp_path, "sha256:" + "cd" * 32)
+    dangling.symlink_to(tmp_path / "never-created")
+    image_budget = budget.ImageBudget(1 << 30, tmp_path, tmp_path / "pulls.jsonl")
+    fd = os.open(target, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # followed, the symlink would be a pull in progress
+        sizes = {DIGEST: 123, "sha256:" + "cd" * 32: 45}
+        assert image_budget._pulling_elsewhere(sizes, set()) == 0
+    finally:
+        os.close(fd)
+    assert not (tmp_path / "never-created").exists()

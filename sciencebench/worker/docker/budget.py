@@ -40,7 +40,7 @@ import fcntl
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -54,7 +54,7 @@ from sciencebench.core.images import image_digest, repo_digest_name, repo_digest
 from sciencebench.core.sizes import format_size
 from sciencebench.worker.docker.engine import ENGINE_ERRORS, one_line
 from sciencebench.worker.docker.hostlocks import host_lock, open_state_file
-from sciencebench.worker.docker.imageholds import image_lock_path, release_holds, take_holds
+from sciencebench.worker.docker.imageholds import image_lock_path, pull_lock_path, release_holds, take_holds
 
 log = logging.getLogger(__name__)
 
@@ -164,14 +164,15 @@ class ImageBudget:
     def _make_room(
         self, client: docker.DockerClient, incoming: dict[str, int], mine: set[str], strict: bool
     ) -> None:
-        present = self.task_images(client)
+        entries = _log_entries(self._log_path)  # the pull log, read once for the round
+        present = self._task_images(client, entries)
         leftovers = build_leftovers(client)
         want = sum(incoming.values())
         used = sum(image.size for image in present) + leftovers.size
         # Pulls other trials of this host have under way count as theirs already: two trials making
         # room one after the other must not both see the room the first one's pull will take.
         skip = {image.digest for image in present} | mine | {image_digest(ref) for ref in incoming}
-        used += self._pulling_elsewhere(skip)
+        used += self._pulling_elsewhere(pulled_sizes(entries), skip)
         if used + want <= self.budget:
             return
         used -= self._prune_build_leftovers(client, leftovers, used + want - self.budget)
@@ -184,6 +185,7 @@ class ImageBudget:
                 used -= image.size
         if used + want <= self.budget:
             return
+        # Listed and read afresh: what the evictions left, and a pull another process finished since.
         held_by_others = [i for i in self.task_images(client) if i.digest not in mine]
         if held_by_others and strict:
             raise NoRoomError(
@@ -196,28 +198,23 @@ class ImageBudget:
                 format_size(used + want), format_size(self.budget),
             )  # fmt: skip
 
-    def _pulling_elsewhere(self, skip: set[str]) -> int:
-        """Bytes of the images (sizes known from earlier pulls) another process of this host is pulling now.
+    def _pulling_elsewhere(self, sizes: dict[str, int], skip: set[str]) -> int:
+        """Bytes of the images another process of this host is pulling now.
 
-        A pull holds its image's pull lock (`<state>/locks/<digest hex>.lock`)
-        from before its room is made until the image is in place; a lock
-        that cannot be taken at once is such a pull. `skip`: digests present
-        or the caller's own.
+        `sizes`: digest -> size from earlier pulls (`pulled_sizes`). A pull
+        holds its image's pull lock (`imageholds.pull_lock_path`) from before
+        its room is made until the image is in place; a lock that cannot be
+        taken at once is such a pull. `skip`: digests present or the caller's own.
         """
-        sizes: dict[str, int] = {}
-        for entry in _log_entries(self._log_path):
-            if "event" not in entry and entry.get("digest") and entry.get("size"):
-                sizes[str(entry["digest"])] = int(str(entry["size"]))
         pulling = 0
         for digest, size in sizes.items():
             if digest in skip:
                 continue
             try:
-                fd = os.open(
-                    self._state / "locks" / f"{digest.split(':', 1)[1]}.lock", os.O_RDWR | os.O_CLOEXEC
-                )
+                # Only probed, never created; O_NOFOLLOW: a symlink there is no pull, its target never opened.
+                fd = os.open(pull_lock_path(self._state, digest), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
             except OSError:
-                continue  # never pulled through this state dir's locks: nobody pulls it now
+                continue  # no lock (never pulled through this state dir's locks) or a symlink: no pull now
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
@@ -230,7 +227,11 @@ class ImageBudget:
 
     def task_images(self, client: docker.DockerClient) -> list[TaskImage]:
         """The task images this host pulled (its pull log) that the engine still has (one listing)."""
-        pulled = self._pulled()
+        return self._task_images(client, _log_entries(self._log_path))
+
+    def _task_images(self, client: docker.DockerClient, entries: list[dict[str, Any]]) -> list[TaskImage]:
+        """`task_images`, with the pull log's `entries` as read already."""
+        pulled = _pulled(entries)
         try:
             listed = client.api.images()
         except ENGINE_ERRORS as exc:
@@ -267,14 +268,6 @@ class ImageBudget:
         if pruned:
             line += f"; {format_size(pruned)} of build leftovers pruned"
         return line
-
-    def _pulled(self) -> dict[str, str]:
-        """Ref -> digest of every pull in the log, latest ref per digest."""
-        by_digest: dict[str, str] = {}
-        for entry in _log_entries(self._log_path):
-            if "event" not in entry and entry.get("digest") and entry.get("ref"):
-                by_digest[str(entry["digest"])] = str(entry["ref"])
-        return {ref: digest for digest, ref in by_digest.items()}
 
     def _evict(self, client: docker.DockerClient, image: TaskImage) -> bool:
         """Remove `image` unless a live trial holds it (or a container still uses it)."""
@@ -388,10 +381,29 @@ def _log_entries(log_path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+def _pulled(entries: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Ref -> digest of every pull among the pull log's `entries`, latest ref per digest."""
+    by_digest: dict[str, str] = {}
+    for entry in entries:
+        if "event" not in entry and entry.get("digest") and entry.get("ref"):
+            by_digest[str(entry["digest"])] = str(entry["ref"])
+    return {ref: digest for digest, ref in by_digest.items()}
+
+
+def pulled_sizes(entries: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Digest -> size of its last pull of known size, from the pull log's `entries` (oldest first).
+
+    Evictions and prunes (entries with an `event`) are not pulls; a pull
+    whose size could not be read (0) leaves the size of an earlier one.
+    """
+    sizes: dict[str, int] = {}
+    for entry in entries:
+        if "event" not in entry and entry.get("digest") and entry.get("size"):
+            sizes[str(entry["digest"])] = int(str(entry["size"]))
+    return sizes
+
+
 def expected_sizes(refs: Iterable[str], log_path: Path) -> dict[str, int]:
     """The size each ref had when this host last pulled it (0 when never)."""
-    sizes: dict[str, int] = {}
-    for entry in _log_entries(log_path):
-        if "event" not in entry and entry.get("size"):
-            sizes[str(entry["digest"])] = int(str(entry["size"]))
+    sizes = pulled_sizes(_log_entries(log_path))
     return {ref: sizes.get(image_digest(ref), 0) for ref in refs}

@@ -4,6 +4,9 @@
                                         a shared flock while a trial of the
                                         host needs the image; its mtime is the
                                         image's last use by a trial
+    <state>/locks/<digest hex>.lock     one per task image pulled: an
+                                        exclusive flock while a process of
+                                        the host pulls it (`pull_lock_path`)
 
 The image budget (`worker.docker.budget`) evicts only an image whose lock it
 can take exclusively (no live trial of the host holds it), least recently
@@ -27,6 +30,16 @@ IMAGES_DIR = "images"
 def image_lock_path(state: Path, digest: str) -> Path:
     """The lock file of the task image with `digest` (`sha256:...`) in the host state directory."""
     return state / IMAGES_DIR / f"{digest.split(':', 1)[1]}.lock"
+
+
+def pull_lock_path(state: Path, digest: str) -> Path:
+    """The lock a pull of the image with `digest` (`sha256:...`) holds in the host state directory.
+
+    `ImagePuller.ensure_images` holds it (exclusive) from before the pull's
+    room is made until the image is in place; the budget counts an image
+    whose pull lock is held as a pull in progress.
+    """
+    return state / "locks" / f"{digest.split(':', 1)[1]}.lock"
 
 
 @contextlib.contextmanager

@@ -35,6 +35,7 @@ from sciencebench.core.images import (
 from sciencebench.worker.docker.budget import ImageBudget, expected_sizes
 from sciencebench.worker.docker.engine import ENGINE_ERRORS, ClientPerProcess, connect, one_line
 from sciencebench.worker.docker.hostlocks import host_lock, open_state_file, state_dir
+from sciencebench.worker.docker.imageholds import pull_lock_path
 
 
 def pinned_name(ref: str) -> str:
@@ -242,7 +243,7 @@ class ImagePuller:
                 statuses.append(ImageStatus(ref, time.monotonic() - started, 0.0, False))
                 self._present[(ref, platform)] = time.monotonic()
                 continue
-            lock_path = self._state / "locks" / f"{image_digest(ref).split(':', 1)[1]}.lock"
+            lock_path = pull_lock_path(self._state, image_digest(ref))
             with host_lock(lock_path, self._lock_timeout_sec, f"pulling {ref}") as waited:
                 pulled = False
                 if self._absence(client, ref, platform) is not None:  # check after lock
