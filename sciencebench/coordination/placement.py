@@ -29,11 +29,12 @@ every host). A trial sent to a host and not started whose task nothing
 measured holds its slot, as counted, for `WAIT_FLOOR_SEC` (`line_seconds`:
 so a host of unmeasured trials takes about one waiting trial per slot). A
 wait lasts at most `wait_bound` seconds: the pull it saves, at least the
-floor, at most the cap. The floor is the price of a second copy: a duplicate pull costs more than its seconds (another host's disk
-and budget, the registry's bandwidth that every host shares, and a pull
+floor, at most the cap. The floor is the price of a second copy: a
+duplicate pull costs more than its seconds (another host's disk and
+budget, the registry's bandwidth that every host shares, and a pull
 measured alone is slower when many hosts pull at once), so a holder that
-frees within a short trial's time is waited for even when a pull would
-be a little quicker. The bound alone limits a wait (a long line on one
+frees within a short trial's time is waited for even when a pull would be
+a little quicker. The bound alone limits a wait (a long line on one
 host sends its last trials elsewhere once their bound passes). Once the
 bound has passed the trial's parked lease lapses and the watchdog sends it
 to the shared queue, where any host takes it; a host that pauses or dies

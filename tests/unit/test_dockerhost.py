@@ -273,6 +273,20 @@ def test_host_lock_excludes_threads_and_times_out(tmp_path: Path) -> None:
         pass
 
 
+def test_a_state_file_that_is_a_symlink_is_refused_and_its_target_never_touched(tmp_path: Path) -> None:
+    """The state dir's locks, holds and logs are opened without following a symlink at the file itself."""
+    target = tmp_path / "elsewhere" / "victim"
+    target.parent.mkdir()
+    lock = tmp_path / "locks" / "y.lock"
+    lock.parent.mkdir()
+    lock.symlink_to(target)  # dangling: following it with O_CREAT would create the target
+    with pytest.raises(WorkspaceError, match=r"host state dir .* is unusable"):
+        hostlocks.open_state_file(lock, os.O_RDWR | os.O_CREAT)
+    with pytest.raises(WorkspaceError), hostlocks.host_lock(lock, timeout_sec=1, what="test"):
+        pass
+    assert not target.exists()
+
+
 # --- the pull log ---------------------------------------------------------------
 
 

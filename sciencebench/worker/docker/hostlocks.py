@@ -50,10 +50,14 @@ def owner_id(state: Path | None = None) -> str:
 
 
 def open_state_file(path: Path, flags: int) -> int:
-    """Open a file of the host state dir; WorkspaceError (one line) when that is impossible."""
+    """Open a file of the host state dir; WorkspaceError (one line) when that is impossible.
+
+    Never through a symlink at the file itself (`O_NOFOLLOW`): a file of the
+    state dir is the host's own, and one that a symlink replaced is refused.
+    """
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(path, flags | os.O_CLOEXEC, 0o666)
+        return os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
     except OSError as exc:
         raise WorkspaceError(
             f"host state dir {path.parent} is unusable ({exc.strerror or exc.__class__.__name__}): "
