@@ -1,5 +1,8 @@
 """Embedded mode: the same trials in this process, no broker.
 
+Like a worker's start, it first removes what crashed trials of this host
+state left on the Engine (`worker.runtime.sweep_crashed`).
+
 `--n-concurrent` threads each run `worker.trial.handle` (the code a Celery
 worker runs) against an in-process coordinator, as the job's only worker
 (it serves exactly the job's directories and runs the submit's `--pier-bin`);
@@ -22,6 +25,7 @@ from sciencebench.core.settings import Settings
 from sciencebench.login.submit import Prepared
 from sciencebench.worker.context import WorkerContext, docker_runtime
 from sciencebench.worker.dispatch import EMBEDDED
+from sciencebench.worker.runtime import sweep_crashed
 from sciencebench.worker.trial import Answer, handle
 
 
@@ -47,6 +51,8 @@ def run_local(prepared: Prepared, settings: Settings, console: Console) -> Final
         coord.set_budget(job.job_key, job.max_cost_usd, job.max_tokens)
     ctx = WorkerContext(coord=coord, runtime=docker_runtime(settings), settings=settings)
     ctx.runtime.check_host()
+    if swept := sweep_crashed(settings):
+        console.print(swept, markup=False, highlight=False)
     ctx.runtime.preflight(job)
     failed = 0
     with (

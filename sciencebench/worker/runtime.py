@@ -118,9 +118,18 @@ def images_report(settings: Settings) -> str:
 def prepare_host(platform: str, settings: Settings) -> None:
     """Worker start: the host must pass preflight; then sweep crashed trials' leftovers."""
     preflight.check_host(platform=platform, pier_bin=settings.pier_bin, state_dir=settings.state_dir)
+    if swept := sweep_crashed(settings):
+        log.warning(swept)
+
+
+def sweep_crashed(settings: Settings) -> str:
+    """Remove what crashed trials of this host state left on the Engine (`sweep_leftovers`); what went.
+
+    At a worker's start and a `submit --local`'s: a trial some process of the
+    host runs now holds its live-trial lock and is spared. "" when nothing went.
+    """
     report = sweep_leftovers(state=settings.state_dir)
-    if report.projects:
-        log.warning("removed leftovers of crashed trials: %s", ", ".join(report.projects))
+    return f"removed leftovers of crashed trials: {', '.join(report.projects)}" if report.projects else ""
 
 
 def host_preflight(platform: str, jobs_dir: Path | None, pier_bin: str, broker: bool) -> list[str]:

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
+import uuid
 from pathlib import Path
 
+import docker
+import docker.errors
 import pytest
 import redis
 
+from sciencebench.worker.docker.hostlocks import owner_id
+from sciencebench.worker.docker.labels import COMPOSE_PROJECT_LABEL, MANAGED_LABEL, OWNER_LABEL
+from sciencebench.worker.pier.naming import compose_project_name
 from tests.fixtures.services import FAKE_PIER, VENV_BIN
 from tests.integration.conftest import Cluster
 
@@ -104,3 +111,33 @@ def test_local_mode_gives_the_same_summary(cluster: Cluster) -> None:
         ]
     )
     assert "slot utilisation" in local.stdout and "slot utilisation" in distributed.stdout
+
+
+def test_local_mode_removes_what_a_crashed_local_run_left_on_the_engine(cluster: Cluster) -> None:
+    """A `submit --local` killed mid-trial leaves its trial's containers; the next one sweeps them first,
+    as a worker does at start (`worker.docker.cleanup.sweep_leftovers`: only this state dir's, unlocked)."""
+    client = docker.from_env()
+    project = compose_project_name(f"task_crashed__{uuid.uuid4().hex[:7]}")
+    labels = {COMPOSE_PROJECT_LABEL: project, MANAGED_LABEL: "main",
+              OWNER_LABEL: owner_id(cluster.state_dir)}  # fmt: skip
+    foreign = {COMPOSE_PROJECT_LABEL: f"{project}x", MANAGED_LABEL: "main", OWNER_LABEL: "another-state"}
+    left = client.containers.create(cluster.base_image, ["true"], labels=labels)
+    other = client.containers.create(cluster.base_image, ["true"], labels=foreign)
+    try:
+        path = cluster.selection({"001": {"reward": 1.0}})
+        local = subprocess.run(
+            [str(VENV_BIN / "sciencebench"), "submit", "--local", "--path", str(path), "--agent", "nop",
+             "--jobs-dir", str(cluster.jobs_dir), "--job-name", "swept", "--pier-bin", str(FAKE_PIER)],
+            env={k: v for k, v in cluster.env.items() if k != "SCIENCEBENCH_BROKER_URL"},
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert local.returncode == 0, local.stdout + local.stderr
+        assert f"removed leftovers of crashed trials: {project}" in local.stdout, local.stdout
+        with pytest.raises(docker.errors.NotFound):
+            left.reload()
+        other.reload()  # another host state's trial is not this run's to remove
+    finally:
+        for container in (left, other):
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True)
+        client.close()
