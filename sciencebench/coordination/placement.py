@@ -8,38 +8,41 @@ Engine: at start, after each pull or eviction, and every lease period). A
 trial takes a free slot of the host missing the fewest bytes of its images,
 counting images a host holds and those it is pulling (placement marks an
 image as pulling on the host it sent the image's first trial to). A busy
-host that holds more of them is worth waiting for unless it is known to
-stay busy longer than the wait is worth: when the time until its next slot
-frees (`HostView.frees_in`: its running trials' expected ends, then the
-trials already on their way to it) plus its own pull of what it lacks comes
-before the free host's pull (missing bytes over the hosts' measured pull
-throughput) or before `WAIT_FLOOR_SEC`, whichever is later, the trial is
+host that holds more of them is worth waiting for when it is expected to be
+ready within the bound of a wait (`wait_bound`: the pull the wait saves, at
+the hosts' measured pull throughput, between `WAIT_FLOOR_SEC` and
+`WAIT_CAP_SEC`). Ready: its next slot frees (`HostView.frees_in`: its
+running trials' expected ends, then the trials already on their way to it,
+each with the pull it was sent for), then its own pull of what it lacks. A
+running trial's expected end does not count a pull it may still be doing
+(the store does not tie a host's pulling marks to its running trials): a
+host sent an image's first trial in an earlier fill can look ready up to
+that pull sooner than it is. Then the trial is
 sent to wait on that host's own queue, and fill goes on with the next trial
-for the free slot; otherwise the free host takes it and pulls. A trial's
-expected duration is what the store has measured of its task in the job:
-an earlier attempt's record (`measured_sec`); a running trial's expected
-end is its start (its `running` state) plus that, never before now. A
-running trial nothing measured is expected to run as long again as it has
-run so far (`remaining`): trial durations are heavy-tailed, and the longer
-a trial has run the longer it is likely to go on, so a fresh trial's host
-is worth waiting for and one whose trial has already run long is not (its
-timeouts are only an upper bound: counting them would make every holder
-look busy for an hour, and a job's first trials would pull every image on
-every host). A trial sent to a host and not started whose task nothing
-measured holds its slot, as counted, for `WAIT_FLOOR_SEC` (`line_seconds`:
-so a host of unmeasured trials takes about one waiting trial per slot). A
-wait lasts at most `wait_bound` seconds: the pull it saves, at least the
-floor, at most the cap. The floor is the price of a second copy: a
-duplicate pull costs more than its seconds (another host's disk and
-budget, the registry's bandwidth that every host shares, and a pull
-measured alone is slower when many hosts pull at once), so a holder that
-frees within a short trial's time is waited for even when a pull would be
-a little quicker. The bound alone limits a wait (a long line on one
-host sends its last trials elsewhere once their bound passes). Once the
-bound has passed the trial's parked lease lapses and the watchdog sends it
-to the shared queue, where any host takes it; a host that pauses or dies
-meanwhile loses nothing: its routed trials come back the same way (their
-running entry and parked lease, as every held trial taken from the store).
+for the free slot; otherwise the free host takes it and pulls. A running
+trial ends at its start (its `running` state) plus what the store measured
+of its task in the job (an earlier attempt's record, `measured_sec`), and
+one past that goes on as long again as it has overrun it; one nothing
+measured is expected to go on as long again as it has run so far
+(`remaining`): trial durations are heavy-tailed, and
+the longer a trial has run the longer it is likely to go on, so a fresh
+trial's host is worth waiting for and one whose trial has already run long
+is not (its timeouts are only an upper bound: counting them would make
+every holder look busy for an hour, and a job's first trials would pull
+every image on every host). A trial sent to a host and not started holds a
+slot there, as counted, for its measured seconds (at least `MIN_LINE_SEC`)
+or `UNMEASURED_LINE_SEC` when nothing measured it (`line_seconds`), plus
+the pull it was sent for. The floor is the price of a second copy: a duplicate pull
+costs more than its seconds (another host's disk and budget, the
+registry's bandwidth that every host shares, and a pull measured alone is
+slower when many hosts pull at once), so a holder that frees within a short
+trial's time is waited for even when a pull would be a little quicker. The
+cap: beyond it the cluster has changed too much for the estimate to mean
+much. Once the bound has passed the trial's parked lease lapses and the
+watchdog sends it to the shared queue, where any host takes it; a host that
+pauses or dies meanwhile loses nothing: its routed trials come back the
+same way (their running entry and parked lease, as every held trial taken
+from the store).
 
 A trial is routed to `<default queue>.host.<host>` (`host_queue`), which
 every worker consumes beside the shared default queue, and stops consuming
@@ -81,9 +84,14 @@ if TYPE_CHECKING:
 # at the pull throughput the hosts measured), at least the floor (what a second copy of the image
 # costs beyond its pull's seconds, see the module docstring), at most the cap (beyond it the cluster
 # has changed too much for the estimate to mean much). A holder is waited for only when it is
-# expected to be ready within that bound.
+# expected to be ready within that bound (`Placement.holder`).
 WAIT_FLOOR_SEC = 10.0
 WAIT_CAP_SEC = 900.0
+# What a trial sent to a host counts in its line (`line_seconds`): at least this when measured, and
+# this when nothing measured it: half the floor, so that a host of unmeasured trials takes about two
+# waiting trials per slot within the floor before the next trial of its images pulls elsewhere.
+MIN_LINE_SEC = 1.0
+UNMEASURED_LINE_SEC = WAIT_FLOOR_SEC / 2
 # How many earlier attempts of a task the store reads for its measured seconds (the first record found).
 MEASURED_ATTEMPTS = 4
 # A throughput to assume before any host has measured one, and a size for an image no host reported.
@@ -274,17 +282,21 @@ class Placement:
         Of the busy hosts missing fewer bytes than `lacking` (the free
         host's), the one whose next free slot (`HostView.frees_in`) plus its
         own pull comes first (ties: the shorter line, then the name), if that
-        comes before the free host's pull of `lacking` or `WAIT_FLOOR_SEC`,
-        whichever is later.
+        comes within the bound of a wait for it (`wait_bound` of the bytes it
+        saves: the free host's pull of `lacking` less its own, between
+        `WAIT_FLOOR_SEC` and `WAIT_CAP_SEC`).
         """
-        pull = max(pull_seconds(lacking, self.bytes_per_sec), WAIT_FLOOR_SEC)
         ready = {
             host.name: host.frees_in() + pull_seconds(missing, self.bytes_per_sec)
             for host in self.hosts.values()
             if host.free <= 0 and (missing := self.missing(host, images)) < lacking
         }
         soonest = min(ready, key=lambda name: (ready[name], self.hosts[name].waiting, name), default=None)
-        return self.hosts[soonest] if soonest is not None and ready[soonest] < pull else None
+        if soonest is None:
+            return None
+        holder = self.hosts[soonest]
+        bound = wait_bound(lacking - self.missing(holder, images), self.bytes_per_sec)
+        return holder if ready[soonest] < bound else None
 
     def take(self, choice: Choice) -> None:
         """Count the trial on its host: a slot (or a place in its line) and the images it pulls."""
@@ -292,7 +304,9 @@ class Placement:
         host.busy += 1
         if choice.until:
             host.waiting += 1
-        host.line.append(choice.expected)
+        # The slot is held while the host pulls what it lacks, then while the trial runs.
+        pull = pull_seconds(sum(self.size(image) for image in choice.pulls), self.bytes_per_sec)
+        host.line.append(choice.expected + pull)
         host.pulling.update(choice.pulls)
 
 
@@ -362,19 +376,26 @@ def earlier_keys(key: str) -> list[str]:
 
 
 def remaining(measured: float | None, started: float, now: float) -> float:
-    """Seconds until a trial that started at `started` is expected to end (0: due or overdue).
+    """Seconds until a trial that started at `started` is expected to end.
 
     Its task's measured seconds from its start; a trial nothing measured is
-    expected to go on as long as it has run so far.
+    expected to go on as long again as it has run so far, and one past its
+    measured seconds as long again as it has overrun them (a trial 300 s
+    into a task measured at 1 s is no longer about to end; one a little
+    past them, by a start-up the measurement leaves out, nearly is).
     """
     if measured is None:
         return max(now - started, 0.0)
-    return max(started + measured - now, 0.0)
+    return abs(started + measured - now)
 
 
 def line_seconds(measured: float | None) -> float:
-    """Seconds a trial sent to a host and not started is counted to hold a slot there."""
-    return WAIT_FLOOR_SEC if measured is None else measured
+    """Seconds a trial sent to a host and not started is counted to hold a slot there.
+
+    Its task's measured seconds (at least `MIN_LINE_SEC`: a record that
+    measured 0 s would let a line grow without end), else `UNMEASURED_LINE_SEC`.
+    """
+    return UNMEASURED_LINE_SEC if measured is None else max(measured, MIN_LINE_SEC)
 
 
 def expected_of(records: Iterable[str | None]) -> float | None:
@@ -393,15 +414,20 @@ def expected_of(records: Iterable[str | None]) -> float | None:
     return None
 
 
-def host_lines(items: Iterable[tuple[str, str, float, float]]) -> dict[str, HostLine]:
-    """`HostLine`s from (host, "end" | "line", seconds, when routed) items; a line in routing order."""
+def host_lines(items: Iterable[tuple[str, str, float | None, float]], now: float) -> dict[str, HostLine]:
+    """`HostLine`s from (host, "end" | "line", measured seconds or None, when) items.
+
+    An "end" is a running trial (when: its start, `remaining`), a "line" a
+    trial routed to the host and not started (when: its route's time,
+    `line_seconds`); a line is in routing order.
+    """
     ends: dict[str, list[float]] = {}
     line: dict[str, list[tuple[float, float]]] = {}
-    for host, kind, seconds, at in items:
+    for host, kind, measured, at in items:
         if kind == "end":
-            ends.setdefault(host, []).append(seconds)
+            ends.setdefault(host, []).append(remaining(measured, min(at, now), now))
         else:
-            line.setdefault(host, []).append((at, seconds))
+            line.setdefault(host, []).append((at, line_seconds(measured)))
     return {
         host: HostLine(ends=tuple(sorted(ends.get(host, []))),
                        line=tuple(seconds for _, seconds in sorted(line.get(host, []))))
@@ -448,9 +474,6 @@ def cluster_view(coord: Coordinator, store: PlacementStore, lease_seconds: float
         hosts[name] = HostView(name=name, slots=status.kit.slots, busy=load.running + load.routed,
                                waiting=load.waiting, images=dict(held.images), ends=list(line.ends),
                                line=list(line.line))  # fmt: skip
-    for image, mark in marks.items():
-        if mark.host in hosts:
-            hosts[mark.host].pulling.add(image)
     sizes: dict[str, int] = {}
     for held in holdings.values():
         sizes.update({image: size for image, size in held.images.items() if size > 0})
@@ -458,4 +481,7 @@ def cluster_view(coord: Coordinator, store: PlacementStore, lease_seconds: float
         held.bytes_per_sec for name, held in holdings.items() if name in hosts and held.bytes_per_sec > 0
     ]
     rate = statistics.median(rates) if rates else DEFAULT_BYTES_PER_SEC
+    for image, mark in marks.items():
+        if mark.host in hosts:
+            hosts[mark.host].pulling.add(image)
     return Placement(hosts=hosts, sizes=sizes, bytes_per_sec=rate, now=now)

@@ -206,7 +206,10 @@ def _fill_locked(
     placed = cluster_view(coord, store, lease_seconds) if wanted else None
     sent = 0
     # Each turn fills a free slot or a place in a busy host's line: this many turns at most (without
-    # a view, the hosts' slots are `capacity`: no trial waits in a line).
+    # a view, the hosts' slots are `capacity`: no trial waits in a line). Waits use turns too: a fill
+    # whose turns all went to waits leaves a free slot to the next fill (a trial's end or a watchdog
+    # scan), and that keeps the lines short: more waits in one fill would grow a holder's line past
+    # what a wait is worth, and send an image's later trials to pull it on a second host.
     lines = sum(host.slots for host in placed.hosts.values()) if placed is not None else capacity
     for _ in range(limit if limit is not None else capacity + lines):
         if placed is not None and placed.hosts and placed.free <= 0:

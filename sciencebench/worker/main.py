@@ -89,6 +89,7 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
         else None
     )
     stop = threading.Event()
+    watchers: list[threading.Thread] = []  # joined at shutdown: no report after the host is forgotten
 
     @worker_ready.connect(weak=False)
     def _on_ready(sender: Any = None, **_: Any) -> None:
@@ -110,14 +111,18 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
             name="sciencebench-host",
             daemon=True,
         ).start()
-        threading.Thread(
+        watcher = threading.Thread(
             target=watch_holdings, args=(coord, settings, stop, holdings), name="sciencebench-holdings",
             daemon=True,
-        ).start()  # fmt: skip
+        )  # fmt: skip
+        watcher.start()
+        watchers.append(watcher)
 
     @worker_shutdown.connect(weak=False)
     def _on_shutdown(sender: Any = None, **_: Any) -> None:
         stop.set()
+        for watcher in watchers:
+            watcher.join(timeout=5.0)
         try:
             coord.forget_host(settings.hostname)
             holdings.store.forget(settings.hostname)
@@ -182,7 +187,7 @@ def watch_holdings(
             if holdings.tick(force=ticks % force_every == 0):
                 _report_images(coord, settings, holdings.line)
         except Exception:  # the broker may be restarting; try again later
-            log.warning("host keeper: could not report the task images this host holds", exc_info=True)
+            log.warning("could not report the task images this host holds", exc_info=True)
 
 
 def keep_host(

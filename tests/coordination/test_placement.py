@@ -14,7 +14,7 @@ import redis
 from sciencebench.coordination.models import Claim
 from sciencebench.coordination.placement import (
     PULLING_TTL_SEC,
-    WAIT_FLOOR_SEC,
+    UNMEASURED_LINE_SEC,
     HostImages,
     HostLoad,
     Routed,
@@ -147,7 +147,7 @@ def test_an_unmeasured_trial_runs_as_long_again_as_it_has_and_waits_in_line_for_
     coord: Coordinator,
 ) -> None:
     """Nothing measured task 001: its running trial, 8 s old, is expected to go on 8 s more; a trial of it
-    routed to the host and not started counts `WAIT_FLOOR_SEC` in the host's line."""
+    routed to the host and not started counts `UNMEASURED_LINE_SEC` in the host's line."""
     coord.describe_host("h1", HostKit(slots=1))
     coord.beat("h1")
     running = _payload("001", 1, (_ref("a"),), host="h1")
@@ -159,7 +159,7 @@ def test_an_unmeasured_trial_runs_as_long_again_as_it_has_and_waits_in_line_for_
     store.route("j", "001#2", Routed(host="h1", at=coord.now(), until=coord.now() + 60, waits=True))
     later = coord.now() + 8.0
     line = store.lines(now=later)["h1"]
-    assert line.ends == (pytest.approx(8.0, abs=0.5),) and line.line == (WAIT_FLOOR_SEC,)
+    assert line.ends == (pytest.approx(8.0, abs=0.5),) and line.line == (UNMEASURED_LINE_SEC,)
 
 
 def _counted(read: Callable[..., Any], name: str, reads: list[str]) -> Callable[..., Any]:

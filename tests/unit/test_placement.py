@@ -6,10 +6,13 @@ import pytest
 
 from sciencebench.coordination.placement import (
     DEFAULT_IMAGE_BYTES,
+    MIN_LINE_SEC,
+    UNMEASURED_LINE_SEC,
     WAIT_CAP_SEC,
     WAIT_FLOOR_SEC,
     HostView,
     Placement,
+    line_seconds,
     pinned,
     remaining,
     wait_bound,
@@ -122,16 +125,20 @@ def test_a_holder_that_frees_within_the_floor_is_waited_for_though_a_pull_is_qui
 def test_a_fresh_unmeasured_trial_s_holder_is_waited_for_and_an_old_one_s_is_not() -> None:
     """Nothing measured the holder's trial: it is expected to run as long again as it has (`remaining`),
     not its timeouts (else every host would pull every image at a job's start). Fresh: wait; 30 s old:
-    pull. A waiting trial nothing measured counts the floor in the line: one per slot waits."""
+    pull. A waiting trial nothing measured counts half the floor in the line: two per slot wait."""
     assert remaining(None, started=990.0, now=1000.0) == 10.0
-    assert remaining(5.0, started=990.0, now=1000.0) == 0.0  # measured and overdue: due now
+    assert remaining(5.0, started=990.0, now=1000.0) == 5.0  # 5 s past its measured seconds: 5 s more
     assert remaining(25.0, started=990.0, now=1000.0) == 15.0
     fresh = remaining(None, started=999.0, now=1000.0)
     placed = _cluster(HostView("h1", 1, busy=1, images={PA: 10_000_000}, ends=[fresh]), HostView("h2", 1))
     choice = placed.choose([A])
     assert choice is not None and choice.host == "h1"
     placed.take(choice)
-    assert placed.hosts["h1"].frees_in() == pytest.approx(1.0 + WAIT_FLOOR_SEC)
+    assert placed.hosts["h1"].frees_in() == pytest.approx(1.0 + UNMEASURED_LINE_SEC)
+    choice = placed.choose([A])
+    assert choice is not None and choice.host == "h1"
+    placed.take(choice)
+    assert placed.hosts["h1"].frees_in() == pytest.approx(1.0 + 2 * UNMEASURED_LINE_SEC)
     choice = placed.choose([A])  # the next would wait past the floor: it pulls on h2
     assert choice is not None and (choice.host, choice.pulls) == ("h2", (PA,))
     old = remaining(None, started=970.0, now=1000.0)
@@ -157,3 +164,47 @@ def test_prepull_spreads_each_image_to_one_host_balanced_by_size() -> None:
     assert plan == {"h1": [A, d], "h2": [B, C]}  # largest first to the host with the fewest bytes
     plan = spread([A, B], ["h1", "h2"], sizes, held={"h2": {PA}})
     assert plan == {"h1": [B]}  # what a live host holds is not pulled again
+
+
+def test_a_trial_is_not_sent_to_wait_for_a_holder_that_frees_only_after_its_capped_bound() -> None:
+    """20 GiB at 10 MB/s: the free host's pull takes 2147 s, the holder frees in 1000 s, but a wait is
+    capped at 15 min: it would lapse before the holder frees. Pull now instead."""
+    placed = _cluster(HostView("h1", 1, busy=1, images={PA: 20 * GB}, ends=[1000.0]), HostView("h2", 1),
+                      rate=10e6)  # fmt: skip
+    choice = placed.choose([A], measured=60.0)
+    assert choice is not None and (choice.host, choice.pulls) == ("h2", (PA,))
+
+
+def test_a_host_pulling_an_image_is_not_expected_to_free_before_its_pull_ends() -> None:
+    """Nobody holds a (1 GiB assumed, 21.5 s at 50 MB/s): its first trial goes to h1, which pulls it and
+    then runs 15 s, so h1's slot frees in 36.5 s, past the 21.5 s a wait would save: the second pulls
+    on h2 now."""
+    placed = Placement(hosts={h: HostView(h, 1) for h in ("h1", "h2")}, sizes={}, bytes_per_sec=50e6,
+                       now=1000.0)  # fmt: skip
+    first = placed.choose([A], measured=15.0)
+    assert first is not None and (first.host, first.pulls) == ("h1", (PA,))
+    placed.take(first)
+    assert placed.hosts["h1"].frees_in() == pytest.approx(GB / 50e6 + 15.0)
+    second = placed.choose([A], measured=15.0)
+    assert second is not None and (second.host, second.pulls) == ("h2", (PA,))
+
+
+def test_a_holder_long_past_its_measured_seconds_is_not_due_now_for_ever() -> None:
+    """Attempt 1 measured 1 s; attempt 2 has run 300 s on h1: it is expected to go on 299 s more, so
+    the next trial of the image pulls on the free h2 rather than wait on h1."""
+    overdue = remaining(1.0, started=700.0, now=1000.0)
+    assert overdue == 299.0
+    placed = _cluster(HostView("h1", 1, busy=1, images={PA: 10_000_000}, ends=[overdue]), HostView("h2", 1))
+    choice = placed.choose([A], measured=1.0)
+    assert choice is not None and (choice.host, choice.pulls) == ("h2", (PA,))
+
+
+def test_a_line_counts_each_trial_at_least_a_second() -> None:
+    """A record that measured 0 s must not let every trial of the image line up on one host."""
+    assert line_seconds(0.0) == MIN_LINE_SEC and line_seconds(None) == UNMEASURED_LINE_SEC
+    placed = _cluster(HostView("h1", 1, busy=1, images={PA: 10_000_000}, ends=[0.5]), HostView("h2", 1))
+    waits = 0
+    while (choice := placed.choose([A], measured=0.0)) is not None and choice.host == "h1":
+        placed.take(choice)
+        waits += 1
+    assert waits == int(WAIT_FLOOR_SEC / MIN_LINE_SEC)  # the line reached the floor, then h2 pulls

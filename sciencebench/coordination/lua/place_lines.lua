@@ -1,21 +1,18 @@
--- `PlacementStore.lines`: per host, the seconds until each of its running trials is expected
--- to end, and the seconds each trial routed to it and not started is counted to hold a slot (a
--- route counts as in place_loads.lua, which drops the stale ones). What a trial's task measured:
+-- `PlacementStore.lines`: per host, what the store knows of each of its running trials and of
+-- each trial routed to it and not started (a route counts as in place_loads.lua, which drops the
+-- stale ones); `placement.host_lines` turns these into seconds. What a trial's task measured:
 -- the measured seconds of an earlier attempt (its record, lib/measured.lua; the first ARGV[3]
--- attempts), as `placement.expected_of`. A running trial starts at its state `running`'s time
--- (else now) and ends that long after, no earlier than now; one nothing measured goes on as long
--- as it has run (`placement.remaining`). A routed trial nothing measured counts the floor,
--- ARGV[4] (`placement.line_seconds`).
+-- attempts), as `placement.expected_of`, or '' when none did. A running trial's time is its
+-- state `running`'s (else now); a routed one's, its route's.
 -- KEYS[1] jobs    the set of jobs with live state
 -- KEYS[2] routed  hash <job>/<K> -> Routed JSON
--- ARGV: now (store clock), the key prefix (`sciencebench:`), attempts read back, the floor
--- Returns a flat list of host, 'end' | 'line', seconds, when routed (0 for an end); numbers as
--- strings (Redis would cut a Lua number to an integer).
+-- ARGV: now (store clock), the key prefix (`sciencebench:`), attempts read back
+-- Returns a flat list of host, 'end' | 'line', measured seconds or '', time; numbers as strings
+-- (Redis would cut a Lua number to an integer).
 local jobs, routes = KEYS[1], KEYS[2]
 local now = tonumber(ARGV[1])
 local prefix = ARGV[2]
 local back = tonumber(ARGV[3])
-local floor = tonumber(ARGV[4])
 local out = {}
 local function decoded(value)
   if not value then
@@ -27,23 +24,23 @@ local function decoded(value)
   end
   return nil
 end
-local function expected(job, key)
+local function measured_of(job, key)
   local task, attempt = string.match(key, '^(.*)#(%d+)$')
   if task then
     for n = 1, math.min(tonumber(attempt) - 1, back) do
       local record = redis.call('get', prefix .. job .. ':result:' .. task .. '#' .. n)
       local seconds = record and measured(record)
       if seconds then
-        return seconds
+        return tostring(seconds)
       end
     end
   end
-  return nil
+  return ''
 end
 local function add(host, kind, seconds, at)
   table.insert(out, host)
   table.insert(out, kind)
-  table.insert(out, tostring(seconds))
+  table.insert(out, seconds)
   table.insert(out, tostring(at))
 end
 for _, job in ipairs(redis.call('smembers', jobs)) do
@@ -51,23 +48,18 @@ for _, job in ipairs(redis.call('smembers', jobs)) do
   for i = 1, #running, 2 do
     local key, payload = running[i], decoded(running[i + 1])
     if payload then
-      local seconds = expected(job, key)
       local host = payload['host']
       if type(host) == 'string' and host ~= '' then
         local started = now
         local status = decoded(redis.call('hget', prefix .. job .. ':state', key))
         if status and status['state'] == 'running' and type(status['at']) == 'number' then
-          started = math.min(status['at'], now)
+          started = status['at']
         end
-        local left = now - started
-        if seconds then
-          left = started + seconds - now
-        end
-        add(host, 'end', math.max(left, 0), 0)
+        add(host, 'end', measured_of(job, key), started)
       else
         local route = decoded(redis.call('hget', routes, job .. '/' .. key))
         if route and type(route['until']) == 'number' and route['until'] > now then
-          add(route['host'], 'line', seconds or floor, route['at'])
+          add(route['host'], 'line', measured_of(job, key), route['at'])
         end
       end
     end

@@ -17,8 +17,6 @@ from sciencebench.coordination.placement import (
     earlier_keys,
     expected_of,
     host_lines,
-    line_seconds,
-    remaining,
 )
 from sciencebench.core.models import TrialState
 
@@ -82,7 +80,7 @@ class MemoryPlacementStore(PlacementStore):
 
     def lines(self, now: float) -> dict[str, HostLine]:
         """As over Redis, from the coordinator's running entries, states, records and the routes."""
-        items: list[tuple[str, str, float, float]] = []
+        items: list[tuple[str, str, float | None, float]] = []
         for job in self._coord.live_jobs():
             states = self._coord.states(job)
             for key, payload in self._coord.running_entries(job).items():
@@ -90,14 +88,14 @@ class MemoryPlacementStore(PlacementStore):
                 if payload.host:
                     status = states.get(key)
                     running = status is not None and status.state == TrialState.RUNNING
-                    started = min(status.at, now) if status is not None and running else now
-                    items.append((payload.host, "end", remaining(measured, started, now), 0.0))
+                    started = status.at if status is not None and running else now
+                    items.append((payload.host, "end", measured, started))
                     continue
                 with self._lock:
                     routed = self._routed.get((job, key))
                 if routed is not None and routed.until > now:
-                    items.append((routed.host, "line", line_seconds(measured), routed.at))
-        return host_lines(items)
+                    items.append((routed.host, "line", measured, routed.at))
+        return host_lines(items, now)
 
     def estimate(self, job: str, payload: Redispatch) -> float | None:
         """From the coordinator's records of the trial's earlier attempts."""

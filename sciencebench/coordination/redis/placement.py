@@ -10,7 +10,6 @@ from sciencebench.coordination.keys import HOLDS_KEY, PULLING_KEY, ROUTED_KEY, j
 from sciencebench.coordination.placement import (
     MEASURED_ATTEMPTS,
     PULLING_TTL_SEC,
-    WAIT_FLOOR_SEC,
     HostImages,
     HostLine,
     HostLoad,
@@ -70,12 +69,14 @@ class RedisPlacementStore(PlacementStore):
 
     def lines(self, now: float) -> dict[str, HostLine]:
         """One script over the jobs' running entries, their states, earlier attempts' records and routes."""
-        args: list[str | int] = [repr(now), f"{PREFIX}:", MEASURED_ATTEMPTS, repr(WAIT_FLOOR_SEC)]
-        flat = self._coord.patiently(lambda: self._lines("", "", args))
+        args: list[str | int] = [repr(now), f"{PREFIX}:", MEASURED_ATTEMPTS]
+        flat = [v.decode() if isinstance(v, bytes) else str(v) for v in
+                self._coord.patiently(lambda: self._lines("", "", args))]  # fmt: skip
         return host_lines(
-            (str(flat[i]), str(flat[i + 1]), float(flat[i + 2]), float(flat[i + 3]))
-            for i in range(0, len(flat), 4)
-        )
+            ((flat[i], flat[i + 1], float(flat[i + 2]) if flat[i + 2] else None, float(flat[i + 3]))
+             for i in range(0, len(flat), 4)),
+            now,
+        )  # fmt: skip
 
     def estimate(self, job: str, payload: Redispatch) -> float | None:
         """`MGET` of the records of the trial's earlier attempts."""

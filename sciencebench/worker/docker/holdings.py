@@ -59,6 +59,7 @@ class HoldingsReporter:
     def __init__(self, host: str, state: Path, store: PlacementStore) -> None:
         self.host, self.state, self.store = host, state, store
         self._seen: tuple[int, ...] | None = None
+        self._failing = False  # the last try failed: said once, until a report goes through again
         self.line = ""  # the last report for `status`
 
     def _stamp(self) -> tuple[int, ...]:
@@ -81,19 +82,27 @@ class HoldingsReporter:
         try:
             client = connect()
         except PreflightError as exc:
-            log.warning("cannot report the task images this host holds: %s", exc)
-            return False
+            return self._failed(exc)
         try:
             held = host_images(self.state, client)
         except PullError as exc:
-            log.warning("cannot report the task images this host holds: %s", exc)
-            return False
+            return self._failed(exc)
         finally:
             client.close()
         self.store.report(self.host, held)
         self._seen = stamp
         self.line = holdings_line(held)
+        if self._failing:
+            log.warning("reporting the task images this host holds again")
+        self._failing = False
         return True
+
+    def _failed(self, exc: Exception) -> bool:
+        """A try that could not read the Engine: warned once per run of failures (it is tried again)."""
+        if not self._failing:
+            log.warning("cannot report the task images this host holds (trying again): %s", exc)
+        self._failing = True
+        return False
 
 
 def holdings_line(held: HostImages) -> str:
