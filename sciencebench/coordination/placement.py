@@ -151,9 +151,9 @@ class HostLoad(NamedTuple):
 class HostLine(NamedTuple):
     """A host's trials in time: when its running trials end, and how long those on their way run.
 
-    `ends`: seconds until each running trial is expected to end (0: due or
-    overdue); `line`: the expected seconds of each trial sent to it and not
-    started, in the order they were sent.
+    `ends`: seconds until each running trial is expected to end (`remaining`);
+    `line`: the seconds each trial sent to it and not started is counted to
+    hold a slot (`line_seconds`), in the order they were sent.
     """
 
     ends: tuple[float, ...] = ()
@@ -203,7 +203,7 @@ class Choice:
     host: str
     until: float = 0.0
     pulls: tuple[str, ...] = ()  # the images the host lacks and will pull for it
-    expected: float = 0.0  # the trial's expected seconds: it holds a slot of the host that long
+    expected: float = 0.0  # its `line_seconds`: it holds a slot of the host that long, after its pulls
 
 
 def pull_seconds(missing_bytes: int, bytes_per_sec: float) -> float:

@@ -70,8 +70,7 @@ class RedisPlacementStore(PlacementStore):
     def lines(self, now: float) -> dict[str, HostLine]:
         """One script over the jobs' running entries, their states, earlier attempts' records and routes."""
         args: list[str | int] = [repr(now), f"{PREFIX}:", MEASURED_ATTEMPTS]
-        flat = [v.decode() if isinstance(v, bytes) else str(v) for v in
-                self._coord.patiently(lambda: self._lines("", "", args))]  # fmt: skip
+        flat = [str(v) for v in self._coord.patiently(lambda: self._lines("", "", args))]
         return host_lines(
             ((flat[i], flat[i + 1], float(flat[i + 2]) if flat[i + 2] else None, float(flat[i + 3]))
              for i in range(0, len(flat), 4)),
