@@ -20,7 +20,11 @@
         ├── agent-images.json        the baked agent images (`images bake`), and its .agent-images.lock
         └── secrets/                 a running job's --agent-env and --agent-kwarg values (0700)
 
-    <scratch root>/<job id>/<task id>-<attempt>.<owner>/try-<n>/   `ScratchPaths`, host-local
+    <scratch root>/<job id>/         `ScratchPaths`, host-local, the worker's own (`worker.journal`)
+    ├── <task id>-<attempt>.<owner>.lock     flock held by the owner process while the run lives
+    └── <task id>-<attempt>.<owner>/         one run of a trial
+        ├── claim.json                       its message, lease owner and start
+        └── try-<n>/                         one try: the task snapshot, Pier's job, try.json (how it ended)
 
 The job directory belongs to its submitter, who may rename, swap or link
 anything in it at any time. A worker therefore keeps nothing there while a
@@ -167,6 +171,21 @@ class ScratchPaths:
     def try_dir(trial_dir: Path, number: int) -> Path:
         """One try of a run (`--max-retries`): `<trial dir>/try-<n>/`."""
         return trial_dir / f"try-{number}"
+
+    @staticmethod
+    def lock(trial_dir: Path) -> Path:
+        """The flock its owner process holds while the run lives: `<trial dir>.lock`, beside it."""
+        return trial_dir.with_name(f"{trial_dir.name}.lock")
+
+    @staticmethod
+    def claim(trial_dir: Path) -> Path:
+        """The run's claim: its message, lease owner and start (`<trial dir>/claim.json`)."""
+        return trial_dir / "claim.json"
+
+    @staticmethod
+    def try_end(try_dir: Path) -> Path:
+        """How a try ended, once known (`<try dir>/try.json`)."""
+        return try_dir / "try.json"
 
 
 def write_atomic(path: Path, data: str | bytes, mode: int = 0o644) -> None:

@@ -26,9 +26,10 @@ from sciencebench.core.errors import InputError, PreflightError, PullError
 from sciencebench.core.settings import Settings
 from sciencebench.worker import preflight
 from sciencebench.worker.app import app
-from sciencebench.worker.context import use_context
+from sciencebench.worker.context import WorkerContext, use_context
 from sciencebench.worker.docker.holdings import HoldingsReporter
 from sciencebench.worker.pier import process
+from sciencebench.worker.recovery import recover_dead
 from sciencebench.worker.runtime import images_report, prepare_host
 from sciencebench.worker.tasks import cluster_context
 
@@ -81,6 +82,9 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     coord.beat(nodename)
     # Forked pool processes build their context with these settings, not from the environment alone.
     use_context(lambda: cluster_context(settings))
+    # Runs that dead worker processes of this host left after their Pier ended: committed, not run again.
+    keeper = cluster_context(settings)
+    _recover(keeper)
     pier_bin = settings.pier_bin
     # Imports Pier in the background while Celery starts; pool processes share it.
     zygote_pid = (
@@ -115,8 +119,12 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
             target=watch_holdings, args=(coord, settings, stop, holdings), name="sciencebench-holdings",
             daemon=True,
         )  # fmt: skip
-        watcher.start()
-        watchers.append(watcher)
+        recoverer = threading.Thread(
+            target=watch_dead_runs, args=(keeper, stop), name="sciencebench-recovery", daemon=True
+        )
+        for thread in (watcher, recoverer):
+            thread.start()
+            watchers.append(thread)
 
     @worker_shutdown.connect(weak=False)
     def _on_shutdown(sender: Any = None, **_: Any) -> None:
@@ -188,6 +196,26 @@ def watch_holdings(
                 _report_images(coord, settings, holdings.line)
         except Exception:  # the broker may be restarting; try again later
             log.warning("could not report the task images this host holds", exc_info=True)
+
+
+def watch_dead_runs(ctx: WorkerContext, stop: threading.Event) -> None:
+    """Every quarter lease, commit what runs of dead worker processes of this host hold (`worker.recovery`).
+
+    Quicker than a lease: a dead run is committed under its owner's lease
+    only until the watchdog sends the trial again, which it does once that
+    lease has lapsed.
+    """
+    while not stop.wait(max(ctx.settings.lease_seconds / 4, 0.25)):
+        _recover(ctx)
+
+
+def _recover(ctx: WorkerContext) -> None:
+    """One pass of `recover_dead`, each run it found logged; a failed pass is logged and left for the next."""
+    try:
+        for line in recover_dead(ctx):
+            log.warning("dead run: %s", line)
+    except Exception:  # the broker may be restarting, the scratch unreadable: the next pass tries again
+        log.warning("could not look for runs of dead worker processes", exc_info=True)
 
 
 def keep_host(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import uuid
 from dataclasses import dataclass
 
@@ -91,8 +92,9 @@ def stage_dirs(paths: JobPaths, spec: TrialSpec, tries: list[Try]) -> Staged:
             finally:
                 os.close(superseded_fd)
         if final is not None and final.is_dir():
-            incoming = f".incoming-{uuid.uuid4().hex[:12]}"
+            incoming = incoming_name(final.name)
             staged.incoming = incoming
+            _remove_entry(job_fd, incoming)  # a copy its run's dead process left half made
             try:
                 copy_tree_at(final, job_fd, incoming)
             except OSError:
@@ -101,6 +103,40 @@ def stage_dirs(paths: JobPaths, spec: TrialSpec, tries: list[Try]) -> Staged:
     finally:
         os.close(job_fd)
     return staged
+
+
+def staged_before(paths: JobPaths, spec: TrialSpec, final_name: str) -> Staged:
+    """What `stage_dirs` left of a run whose process died after its record's commit: published by the caller.
+
+    Its final copy is still under its temporary name unless it was put in place.
+    """
+    incoming = incoming_name(final_name)
+    try:
+        job_fd = open_job_dir(paths)
+        try:
+            left = stat.S_ISDIR(os.lstat(incoming, dir_fd=job_fd).st_mode)
+        finally:
+            os.close(job_fd)
+    except OSError:
+        left = False
+    return Staged(paths, _previous_trial_dir(paths, spec), incoming if left else None, final_name)
+
+
+def incoming_name(final_name: str) -> str:
+    """The temporary name of a final copy in the job directory (Pier's trial directory names are unique)."""
+    return f".incoming-{final_name}"
+
+
+def _remove_entry(dir_fd: int, name: str) -> None:
+    """Remove `name` in `dir_fd` if it is there, a directory tree or anything else; no link followed."""
+    try:
+        info = os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(info.st_mode):
+        shutil.rmtree(name, dir_fd=dir_fd)
+    else:
+        os.unlink(name, dir_fd=dir_fd)
 
 
 def publish_dirs(paths: JobPaths, spec: TrialSpec, tries: list[Try]) -> None:

@@ -9,7 +9,8 @@
     pull       pinned images present, pulled by digest at most once per host
     harness    one Pier process in a private scratch job directory, with a
                clean environment (`process.pier_environment`)
-    collect    Pier's result read, patch boundary checked
+    collect    Pier's result read, patch boundary checked (also for a try whose
+               process died after Pier ended: `ended_try`, `worker.recovery`)
 
 What Pier's compose projects left (containers, networks, derived images) is
 removed by `clean_up`: a try run again, before its back-off (`worker.tries`);
@@ -26,9 +27,7 @@ host that lost its lease never touches the job's files.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
 import stat
 import time
 import uuid
@@ -52,12 +51,16 @@ from sciencebench.core.failures import failure_record, recorded_failure, trial_r
 from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec
 from sciencebench.core.paths import JobPaths, ScratchPaths, open_job_dir
 from sciencebench.core.pier_argv import render_argv
-from sciencebench.core.settings import SCRATCH_DIR_ENV, Settings
 from sciencebench.network import errors as policy_errors
 from sciencebench.worker.context import HostRuntime, WorkerContext
 from sciencebench.worker.pier import process
 from sciencebench.worker.pier.agentconfig import redact_pier_files, write_agent_config
-from sciencebench.worker.pier.layout import find_trial_dirs, name_the_selection, read_trial_outcome
+from sciencebench.worker.pier.layout import (
+    find_trial_dirs,
+    name_the_selection,
+    ran_to_end,
+    read_trial_outcome,
+)
 from sciencebench.worker.pier.provider import detect as detect_provider_failure
 from sciencebench.worker.pier.provider import gateway_authority
 from sciencebench.worker.reviews import reviewed
@@ -65,6 +68,7 @@ from sciencebench.worker.secrets import load_secrets
 from sciencebench.worker.snapshot import snapshot_task
 
 CANCELLED = Cancelled.__name__
+PIER_JOB = "job"  # Pier's --job-name in a try's scratch directory: `<try dir>/job/<trial dirs>`
 # Pier records the policy's failures by class name; `recorded_failure` finds the classes imported here.
 POLICY_ERRORS = (policy_errors.PolicyRefused, policy_errors.PolicyViolation, policy_errors.TransferRefused,
                  policy_errors.AgentImageMismatch)  # fmt: skip
@@ -79,37 +83,6 @@ class Try:
     retryable: bool
     retry_after_sec: float | None = None  # a provider failure's Retry-After, when a log showed one
     leftovers: tuple[str, ...] = ()  # Pier's trial directories whose compose projects `clean_up` removes
-
-
-def scratch_root(settings: Settings, spec: TrialSpec, owner: str) -> Path:
-    """This run's private scratch directory: host-local, the worker's own, never in the job directory.
-
-    `<scratch root>/<job id>/<task id>-<attempt>.<owner>`: the job directory
-    is its submitter's, who could rename or swap anything in it while a trial
-    runs there; nobody but the worker can touch this one (`_private_dir`).
-    """
-    return ScratchPaths(settings.scratch_root).trial_dir(spec.job_id, spec.task_id, spec.attempt, owner)
-
-
-def _private_dir(path: Path) -> None:
-    """Create `path` (and missing parents) with mode 0700; refuse one that is not the worker's own.
-
-    Refused (WorkspaceError): a link, something other than a directory, a
-    directory of another account or one that others may write.
-    """
-    try:
-        missing = [p for p in (path, *path.parents) if not os.path.lexists(p)]
-        for directory in reversed(missing):
-            with contextlib.suppress(FileExistsError):
-                directory.mkdir(mode=0o700)
-        info = path.lstat()
-    except OSError as exc:
-        raise WorkspaceError(f"scratch directory {path}: unusable ({exc.strerror})") from None
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
-        raise WorkspaceError(
-            f"scratch directory {path} must be a directory of the worker's own account that no one else "
-            f"may write (set {SCRATCH_DIR_ENV} to one)"
-        )
 
 
 # --- the task's files: a snapshot of the worker's own, then every check on it ------------------
@@ -143,8 +116,13 @@ def _take_snapshot(spec: TrialSpec, scratch: Path) -> TaskSnapshot:
     The selection is the submitter's and may change at any moment; from here
     on the checks, and Pier (`--path`), read only this copy.
     """
-    path = scratch / "task" / spec.task_dir.name
+    path = _snapshot_path(spec, scratch)
     return TaskSnapshot(path=path, digest=snapshot_task(spec.task_dir, path))
+
+
+def _snapshot_path(spec: TrialSpec, scratch: Path) -> Path:
+    """Where a try's copy of the task directory lies: `<try dir>/task/task_NNN`."""
+    return scratch / "task" / spec.task_dir.name
 
 
 def _check_workspace(spec: TrialSpec, snapshot: TaskSnapshot) -> None:
@@ -160,10 +138,11 @@ def run_try(
     paths: JobPaths,
     heartbeat: Heartbeat,
     started: datetime,
+    root: Path,
     number: int,
     owner_uid: int,
 ) -> Try:
-    """Run the stages of one try; its Try, or the stage's TrialError.
+    """Run the stages of try `number` in the run's scratch `root`; its Try, or the stage's TrialError.
 
     `owner_uid` owns the job's directory (admission's `Admitted.owner_uid`): the secrets must be its own.
     """
@@ -177,14 +156,9 @@ def run_try(
             timings[stage] = round(time.monotonic() - t0, 3)
 
     _check_writable(paths)
-    root = scratch_root(ctx.settings, spec, ctx.owner)
-    _private_dir(ctx.settings.scratch_root)
-    _private_dir(root.parent)
-    if number == 1:  # a crashed earlier run's leftovers on this host go first
-        for leftover in root.parent.glob(f"{spec.task_id}-{spec.attempt}.*"):
-            shutil.rmtree(leftover, ignore_errors=True)
+    # The run's scratch directory and its journal are the caller's (`worker.journal.opened`).
     scratch = ScratchPaths.try_dir(root, number)
-    scratch.mkdir(mode=0o700, parents=True)
+    scratch.mkdir(mode=0o700)
     snapshot = timed("snapshot", lambda: _take_snapshot(spec, scratch))
     timed("workspace", lambda: _check_workspace(spec, snapshot))
     secrets = timed("secrets", lambda: load_secrets(job, owner_uid))
@@ -192,10 +166,9 @@ def run_try(
     timed("preflight", lambda: ctx.runtime.preflight(job))
     timed("pull", lambda: ctx.runtime.ensure_images(spec.image_refs, job.platform, job.skip_pull))
 
-    pier_job = "job"
     argv = render_argv(
         # Pier reads the snapshot only; the record keeps the selection's path.
-        job, spec.model_copy(update={"task_dir": snapshot.path}), scratch, pier_job,
+        job, spec.model_copy(update={"task_dir": snapshot.path}), scratch, PIER_JOB,
         pier_bin=ctx.settings.pier_bin, environment_kwargs=ctx.runtime.environment_kwargs(),
         agent_config=write_agent_config(spec, job, scratch, owner_uid),
     )  # fmt: skip
@@ -208,11 +181,10 @@ def run_try(
             argv, env, cwd=scratch, log_path=scratch / "pier.log", timeout_sec=timeout_sec,
             should_stop=lambda: heartbeat.should_stop, zygote_env=zygote_env,
         ))  # fmt: skip
-    trial_dirs = find_trial_dirs(scratch / pier_job)
+    trial_dirs = find_trial_dirs(scratch / PIER_JOB)
     leftovers = tuple(trial_dir.name for trial_dir in trial_dirs)
     try:
-        redact_pier_files(scratch / pier_job, trial_dirs)
-        name_the_selection(trial_dirs, snapshot.path, spec.task_dir)
+        _tidy_trial_dirs(spec, scratch, trial_dirs)
         if run.cancelled:
             cancelled = Cancelled("job cancelled while the trial ran")
             record = failure_record(
@@ -233,6 +205,29 @@ def run_try(
         clean_up(ctx.runtime, leftovers)
         raise
     return replace(outcome, leftovers=leftovers)
+
+
+def ended_try(
+    spec: TrialSpec, job: JobSpec, ctx: WorkerContext, scratch: Path, started: datetime
+) -> Try | None:
+    """The Try of a try whose process died after its Pier run ended, as `run_try` would have made it.
+
+    None when Pier's last trial in the try directory `scratch` did not run to
+    its end (`layout.ran_to_end`): it was stopped, killed, or never started.
+    The stage timings before Pier's are lost with the process.
+    """
+    trial_dirs = find_trial_dirs(scratch / PIER_JOB)
+    if not trial_dirs or not ran_to_end(trial_dirs[-1]):
+        return None
+    _tidy_trial_dirs(spec, scratch, trial_dirs)
+    outcome = _collect(spec, ctx, trial_dirs[-1], started, {}, authority=gateway_authority(job))
+    return replace(outcome, leftovers=tuple(trial_dir.name for trial_dir in trial_dirs))
+
+
+def _tidy_trial_dirs(spec: TrialSpec, scratch: Path, trial_dirs: list[Path]) -> None:
+    """What Pier wrote, as the job directory shows it: credentials redacted, the selection's task path."""
+    redact_pier_files(scratch / PIER_JOB, trial_dirs)
+    name_the_selection(trial_dirs, _snapshot_path(spec, scratch), spec.task_dir)
 
 
 def _check_declared(spec: TrialSpec, snapshot: TaskSnapshot, secrets: dict[str, str]) -> None:

@@ -7,7 +7,10 @@
              it never started instead (`coordination.budget`)
     slot     one of the job's --n-concurrent slots, or back to the queue
     tries    the stages (`worker.stages`), again while the failure is worth
-             another try and --max-retries allows (`worker.tries`)
+             another try and --max-retries allows (`worker.tries`), in the
+             run's scratch and journal (`worker.journal`): should this process
+             die after Pier ended, another of the host commits the run
+             (`worker.recovery`)
     commit   the record, stored only while the lease is still ours; the lease and
              running entry are kept until the chord counts the answer
              (`Dispatch.answered`)
@@ -15,7 +18,8 @@
              (`worker.publish`)
     clean up what the last try's compose projects left on the host removed
              (`stages.clean_up`), after the commit: a host lost in between
-             leaves leftovers its next start sweeps, not a trial run again
+             leaves leftovers its next start sweeps, not a trial run again;
+             then the run's scratch and journal
 
 `handle` never raises. Its `Outcome` (`worker.dispatch`) says what the
 Celery task answers: a record (failed or not, so the chord always fires),
@@ -34,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -53,11 +56,12 @@ from sciencebench.core.errors import (
 )
 from sciencebench.core.failures import failure_record, trial_record
 from sciencebench.core.models import TrialRecord, TrialSpec, TrialState, TrialStatus
+from sciencebench.worker import journal
 from sciencebench.worker.admission import Admitted, admit, verified_paths
 from sciencebench.worker.context import WorkerContext
 from sciencebench.worker.dispatch import Answer, Dispatch, Duplicate, HandBack, Outcome, backoff, end_trial
 from sciencebench.worker.publish import Staged, stage_dirs, write_record
-from sciencebench.worker.stages import Try, clean_up, scratch_root
+from sciencebench.worker.stages import Try, clean_up
 from sciencebench.worker.tries import HostFault, run_tries
 
 log = logging.getLogger(__name__)
@@ -161,7 +165,7 @@ def _commit_unran(
     """Commit the record of a claimed trial that never ran (cancelled, not started), then settle it."""
     outcome: Outcome = Duplicate()
     try:
-        outcome = _commit(spec, ctx, admitted, record, tries=[])
+        outcome = commit(spec, ctx, admitted, record, tries=[])
     finally:
         _settle(spec, ctx, dispatch, outcome)
     return outcome
@@ -190,10 +194,6 @@ def _run_claimed(
     try:
         outcome = _run_leased(spec, ctx, admitted, dispatch, started, heartbeat)
     finally:
-        root = scratch_root(ctx.settings, spec, ctx.owner)
-        shutil.rmtree(root, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            root.parent.rmdir()  # the job's directory in scratch, once no trial of it runs here
         _settle(spec, ctx, dispatch, outcome, heartbeat)
     return outcome
 
@@ -202,13 +202,14 @@ def _run_leased(
     spec: TrialSpec, ctx: WorkerContext, admitted: Admitted, dispatch: Dispatch, started: datetime,
     heartbeat: Heartbeat,
 ) -> Outcome:  # fmt: skip
-    # The host's image budget evicts none of the trial's images until its last try is cleaned up;
-    # the hold is taken among the trial's stages (a failure to take it is the trial's record).
+    # The host's image budget evicts none of the trial's images until its last try is cleaned up,
+    # and the run's scratch and journal stay until then; both are taken among the trial's stages
+    # (a failure to take them is the trial's record).
     holds = contextlib.ExitStack()
     try:
         return _run_held(spec, ctx, admitted, dispatch, started, heartbeat, holds)
     finally:
-        _after_commit(spec, "its images could not be released", holds.close)
+        _after_commit(spec, "its scratch or images could not be released", holds.close)
 
 
 def _run_held(
@@ -219,13 +220,15 @@ def _run_held(
     coord, job, key, host = ctx.coord, spec.job_key, spec.key, ctx.settings.hostname
     try:
         holds.enter_context(ctx.runtime.images_held(spec.image_refs))
+        clustered = dispatch.hands_back  # a Celery worker's run: another process of the host may end it
+        root = holds.enter_context(journal.opened(ctx.settings, spec, ctx.owner, started, clustered))
         coord.run_started(job, key, None, host)  # the running entry came with the claim
-        tries = run_tries(spec, ctx, admitted, heartbeat, started)
+        tries = run_tries(spec, ctx, admitted, heartbeat, started, root)
         try:
             if heartbeat.lost.is_set():
                 log.warning("%s: lease lost while it ran; its result is discarded", spec.label)
                 return Duplicate()
-            return _commit(spec, ctx, admitted, tries[-1].record, tries)
+            return commit(spec, ctx, admitted, tries[-1].record, tries)
         finally:
             _after_commit(spec, "its leftovers could not be removed",
                           lambda: clean_up(ctx.runtime, tries[-1].leftovers))  # fmt: skip
@@ -233,17 +236,17 @@ def _run_held(
         if dispatch.hands_back:
             return HandBack(f"host unfit after a failed try: {fault}", park_sec=backoff(ctx), host_fault=True)
         record = failure_record(spec, PreflightError(str(fault)), worker=host, started=started)
-        return _commit(spec, ctx, admitted, record, tries=[])
+        return commit(spec, ctx, admitted, record, tries=[])
     except NoRoomError as exc:
         if dispatch.hands_back:  # another host may have room, or this one once its trials end
             return HandBack(f"no room for its images: {exc}", park_sec=backoff(ctx) * 2)
         record = failure_record(spec, exc, worker=host, started=started)
-        return _commit(spec, ctx, admitted, record, tries=[])
+        return commit(spec, ctx, admitted, record, tries=[])
     except Exception as exc:  # e.g. the store gone for good: a record, committed only if still ours
         log.exception("%s: unexpected failure", spec.label)
         record = failure_record(spec, exc, Stage.WORKER, worker=host, started=started)
         try:
-            return _commit(spec, ctx, admitted, record, tries=[])
+            return commit(spec, ctx, admitted, record, tries=[])
         except Exception:
             log.exception("%s: cannot store the record; the chord gets it", spec.label)
             return Answer(record)
@@ -261,14 +264,15 @@ def _after_commit(spec: TrialSpec, what: str, step: Callable[[], object]) -> Non
         log.warning("%s: %s", spec.label, what, exc_info=True)
 
 
-def _commit(
+def commit(
     spec: TrialSpec, ctx: WorkerContext, admitted: Admitted, record: TrialRecord, tries: list[Try]
 ) -> Outcome:
     """Copy the trial directories into the job, store the record while the lease is ours, put them in place.
 
-    The copy comes first: a job directory that cannot take it (a full disk)
-    makes the trial's record an error (`WorkspaceError`) rather than a result
-    whose files are gone.
+    The lease is `ctx.owner`'s (`worker.recovery` commits a dead process's
+    run under that process's owner). The copy comes first: a job directory
+    that cannot take it (a full disk) makes the trial's record an error
+    (`WorkspaceError`) rather than a result whose files are gone.
     """
     coord, job, key = ctx.coord, spec.job_key, spec.key
     staged: Staged | None = None

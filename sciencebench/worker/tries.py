@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
+from pathlib import Path
 
 from sciencebench.coordination.gateways import GatewaySlot, gateway_limits
 from sciencebench.coordination.heartbeat import Heartbeat
@@ -20,6 +21,7 @@ from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec, TryRecord
 from sciencebench.core.settings import Settings
 from sciencebench.worker.admission import Admitted
 from sciencebench.worker.context import WorkerContext
+from sciencebench.worker.journal import record_try
 from sciencebench.worker.pier.provider import gateway_authority
 from sciencebench.worker.stages import Try, cleaned, run_try
 
@@ -27,20 +29,21 @@ log = logging.getLogger(__name__)
 
 
 def run_tries(
-    spec: TrialSpec, ctx: WorkerContext, admitted: Admitted, heartbeat: Heartbeat, started: datetime
-) -> list[Try]:
-    """Run tries until one is final: succeeded, not worth another, or the retries spent.
+    spec: TrialSpec, ctx: WorkerContext, admitted: Admitted, heartbeat: Heartbeat, started: datetime,
+    root: Path,
+) -> list[Try]:  # fmt: skip
+    """Run tries in the run's scratch `root` until one is final: it succeeded, or no other try is due.
 
     A try that failed on its model provider (`TrialRecord.provider_status`)
     is run again after a back-off (`provider_backoff`) up to the job's
     --provider-retries, apart from --max-retries; each try waits for a slot
     of its gateway's cluster-wide limit (`coordination.gateways`) first.
+    How each try ended goes into the run's journal (`worker.journal`).
     Each try but the last is cleaned up before its back-off; the last one's
     `leftovers` are the caller's to remove once its record is committed.
     """
     job = admitted.job
     tries: list[Try] = []
-    reruns = 0  # tries run again because of the provider
     while True:
         number = len(tries) + 1
         slot = _gateway_slot(spec, ctx, job)
@@ -49,45 +52,72 @@ def run_tries(
                 tries.append(_stopped_waiting(spec, ctx, started))
             break
         try:
-            attempt = _one_try(spec, ctx, admitted, heartbeat, started, number)
+            attempt = _one_try(spec, ctx, admitted, heartbeat, started, root, number)
         finally:
             if slot is not None:
                 slot.release()
         if slot is not None and attempt.pier_dir is not None:
             _adjust_gateway(slot, attempt.record)
         tries.append(attempt)
+        record_try(root, number, attempt)
         if heartbeat.should_stop:
             break
-        if attempt.record.provider_status is not None:
-            if reruns >= job.provider_retries:
-                break
-            reruns += 1
-            delay = provider_backoff(ctx.settings, reruns, attempt.retry_after_sec)
+        provider = attempt.record.provider_status
+        if attempt.record.errored and provider is None:
+            _raise_if_host_unfit(ctx, tries)
+        delay = next_try(job, ctx.settings, tries)
+        if delay is None:
+            break
+        tries[-1] = cleaned(ctx.runtime, attempt)  # nothing of it waits out the back-off
+        if provider is not None:
+            reruns = _reruns(tries) + 1
             log.warning("%s: try %d failed on its provider (%s); rerun %d of %d in %.0fs", spec.label, number,
-                        attempt.record.provider_status, reruns, job.provider_retries, delay)  # fmt: skip
-            tries[-1] = cleaned(ctx.runtime, attempt)  # nothing of it waits out the back-off
+                        provider, reruns, job.provider_retries, delay)  # fmt: skip
             _sleep(ctx, delay, heartbeat)
             if heartbeat.should_stop:
                 break
             continue
-        if attempt.record.errored:
-            _raise_if_host_unfit(ctx, tries)
-        if not attempt.retryable or number - reruns > job.max_retries:
-            break
-        delay = min(2.0 ** (number - reruns), 60.0)
         log.warning("%s: try %d failed (%s); try %d of %d in %.0fs", spec.label, number,
                     attempt.record.exception_type, number + 1, job.max_retries + 1, delay)  # fmt: skip
-        tries[-1] = cleaned(ctx.runtime, attempt)
         ctx.sleep(delay)
-    final = tries[-1].record.model_copy(
+    return final_tries(tries, started)
+
+
+def next_try(job: JobSpec, settings: Settings, tries: list[Try]) -> float | None:
+    """After the last of `tries`: the wait before another try (s), or None when it is the last one.
+
+    A provider failure is run again up to --provider-retries times
+    (`provider_backoff`); any other failure whose class is not deterministic
+    up to --max-retries times, after 2, 4, ... s (at most 60).
+    """
+    last, number, reruns = tries[-1], len(tries), _reruns(tries)
+    if last.record.provider_status is not None:
+        return (
+            provider_backoff(settings, reruns + 1, last.retry_after_sec)
+            if reruns < job.provider_retries
+            else None
+        )
+    if not last.retryable or number - reruns > job.max_retries:
+        return None
+    return min(2.0 ** (number - reruns), 60.0)
+
+
+def _reruns(tries: list[Try]) -> int:
+    """How many of the tries before the last were provider failures (each was run again)."""
+    return sum(1 for attempt in tries[:-1] if attempt.record.provider_status is not None)
+
+
+def final_tries(tries: list[Try], started: datetime) -> list[Try]:
+    """The tries, the last one's record the trial's: how many tries, when it started, the earlier ones."""
+    last = tries[-1]
+    final = last.record.model_copy(
         update={
             "tries": len(tries),
             "started_at": started,
             "earlier_tries": [_summary_of(t.record) for t in tries[:-1]],
         }
     )
-    tries[-1] = Try(record=final, pier_dir=tries[-1].pier_dir, retryable=False, leftovers=tries[-1].leftovers)
-    return tries
+    return [*tries[:-1], Try(record=final, pier_dir=last.pier_dir, retryable=False, leftovers=last.leftovers)]
 
 
 def _one_try(
@@ -96,12 +126,13 @@ def _one_try(
     admitted: Admitted,
     heartbeat: Heartbeat,
     started: datetime,
+    root: Path,
     number: int,
 ) -> Try:
     """One try's stages; a stage's failure becomes the try's record (NoRoomError goes up)."""
     try:  # the trial's images are held (`worker.trial`): the host's image budget evicts none of them
         return run_try(
-            spec, admitted.job, ctx, admitted.paths, heartbeat, started, number, admitted.owner_uid
+            spec, admitted.job, ctx, admitted.paths, heartbeat, started, root, number, admitted.owner_uid
         )
     except NoRoomError:
         raise  # not this trial's failure: it goes back to the queue

@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from sciencebench.core.errors import WorkspaceError
 from sciencebench.core.models import TrialRecord
 from sciencebench.core.paths import JobPaths, open_job_dir, write_in_job
 from sciencebench.core.settings import Settings
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.runrecord import build_run_record
 from sciencebench.login.submit import Prepared, persist
-from sciencebench.worker import publish, stages
+from sciencebench.worker import journal, publish, stages
 from sciencebench.worker.pier.agentconfig import write_agent_config
 from tests.fixtures.hosts import prepare
 from tests.fixtures.selection import make_selection
@@ -46,10 +47,10 @@ def _owner_replaces_everything(paths: JobPaths) -> None:
 
 def test_the_scratch_is_host_local_and_private(tmp_path: Path) -> None:
     done, paths, settings = _job(tmp_path)
-    root = stages.scratch_root(settings, done.trials[0], "host")
+    root = journal.scratch_root(settings, done.trials[0], "host")
     assert not root.is_relative_to(paths.job_dir)
     assert root.is_relative_to(settings.scratch_root)
-    stages._private_dir(root.parent)
+    journal.private_dir(root.parent)
     assert (settings.scratch_root.stat().st_mode & 0o777) == 0o700
 
 
@@ -57,19 +58,19 @@ def test_a_scratch_directory_others_may_write_is_refused(tmp_path: Path) -> None
     scratch = tmp_path / "shared"
     scratch.mkdir(mode=0o777)
     scratch.chmod(0o777)
-    with pytest.raises(stages.WorkspaceError, match="no one else may write"):
-        stages._private_dir(scratch)
+    with pytest.raises(WorkspaceError, match="no one else may write"):
+        journal.private_dir(scratch)
     (tmp_path / "link").symlink_to(tmp_path / "state")
     (tmp_path / "state").mkdir(mode=0o700)
-    with pytest.raises(stages.WorkspaceError, match="worker's own account"):
-        stages._private_dir(tmp_path / "link")
+    with pytest.raises(WorkspaceError, match="worker's own account"):
+        journal.private_dir(tmp_path / "link")
 
 
 def test_the_snapshot_and_pier_config_stay_when_the_job_owner_swaps_their_directory(tmp_path: Path) -> None:
     done, paths, settings = _job(tmp_path)
     spec = done.trials[0]
-    scratch = stages.scratch_root(settings, spec, "host") / "try-1"
-    stages._private_dir(scratch.parent.parent)
+    scratch = journal.scratch_root(settings, spec, "host") / "try-1"
+    journal.private_dir(scratch.parent.parent)
     scratch.mkdir(parents=True)
     snapshot = stages._take_snapshot(spec, scratch)
     stages._check_workspace(spec, snapshot)

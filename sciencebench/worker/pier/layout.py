@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sciencebench.core.paths import write_atomic
+from sciencebench.core.pierjob import CANCELLED_TYPES
 from sciencebench.core.piertrial import NO_TOKENS, Tokens, parse_trial_result
 
 # Pier names trial directories `<task dir name[:32]>__<7 random chars>`.
@@ -125,6 +126,24 @@ def read_trial_outcome(trial_dir: Path) -> TrialOutcome:
         transfer_refusals=refusals,
         tokens=parsed.tokens if parsed is not None else NO_TOKENS,
     )
+
+
+def ran_to_end(trial_dir: Path) -> bool:
+    """Whether Pier ran this trial to its end: a whole `result.json` with a finish time, not cancelled.
+
+    Pier writes a trial's `result.json` once, when the trial is over
+    (`Trial._cleanup_and_finalize`); a Pier stopped by a signal (a timeout,
+    a cancel, its worker's death) still writes one, recording a
+    `CancelledError`, which Pier's own `jobs resume` runs again.
+    """
+    try:
+        data = json.loads((trial_dir / "result.json").read_bytes())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(data, dict) or not data.get("finished_at"):
+        return False
+    exception = data.get("exception_info")
+    return not (isinstance(exception, dict) and exception.get("exception_type") in CANCELLED_TYPES)
 
 
 def name_the_selection(trial_dirs: list[Path], snapshot: Path, task_dir: Path) -> None:

@@ -1,0 +1,272 @@
+"""A claimed trial's journal in the host's scratch: enough for another process of the host to end it.
+
+A run's scratch directory (`core.paths.ScratchPaths`) is host-local and the
+worker's own. From the claim until the run is over its owner process holds
+`<run>.lock` beside it, an flock the kernel drops when the process dies, and
+keeps in it:
+
+    claim.json         the trial's message, the owner of its lease, when the run started (`Claimed`)
+    try-<n>/try.json   how try n ended, once known (`TryEnd`): its record, Pier's trial
+                       directory, whether it was worth another try
+
+A run whose lock nobody holds belongs to a dead process (`dead_runs`):
+`worker.recovery` commits what it can of it and removes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import shutil
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from sciencebench.core.errors import WorkspaceError
+from sciencebench.core.models import TrialRecord, TrialSpec
+from sciencebench.core.paths import ScratchPaths
+from sciencebench.core.settings import SCRATCH_DIR_ENV, Settings
+from sciencebench.worker.stages import Try
+
+log = logging.getLogger(__name__)
+
+_LOCK_FLAGS = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
+_MAX_JOURNAL_BYTES = 4 * 1024 * 1024
+
+
+class Claimed(BaseModel):
+    """A run's claim: the trial's message, its lease's owner and host, when the run started.
+
+    `clustered`: a Celery worker's run (a `submit --local` run's store died with it).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    spec: TrialSpec
+    owner: str
+    host: str
+    started: datetime
+    clustered: bool
+
+
+class TryEnd(BaseModel):
+    """How one try ended (`worker.stages.Try`), its Pier trial directory relative to the run's scratch."""
+
+    model_config = ConfigDict(frozen=True)
+
+    record: TrialRecord
+    pier_dir: str | None
+    retryable: bool
+    retry_after_sec: float | None = None
+    leftovers: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, attempt: Try, root: Path) -> TryEnd:
+        """The journal entry of `attempt`, a try of the run in `root`."""
+        pier_dir = str(attempt.pier_dir.relative_to(root)) if attempt.pier_dir is not None else None
+        return cls(record=attempt.record, pier_dir=pier_dir, retryable=attempt.retryable,
+                   retry_after_sec=attempt.retry_after_sec, leftovers=attempt.leftovers)  # fmt: skip
+
+    def to_try(self, root: Path) -> Try:
+        """The Try again; a Pier directory that would lie outside `root` is dropped."""
+        pier_dir = root / self.pier_dir if self.pier_dir else None
+        if pier_dir is not None and (".." in Path(self.pier_dir or "").parts or pier_dir.is_symlink()):
+            pier_dir = None
+        return Try(record=self.record, pier_dir=pier_dir, retryable=self.retryable,
+                   retry_after_sec=self.retry_after_sec, leftovers=self.leftovers)  # fmt: skip
+
+
+def scratch_root(settings: Settings, spec: TrialSpec, owner: str) -> Path:
+    """This run's private scratch directory: host-local, the worker's own, never in the job directory.
+
+    `<scratch root>/<job id>/<task id>-<attempt>.<owner>`: the job directory
+    is its submitter's, who could rename or swap anything in it while a trial
+    runs there; nobody but the worker can touch this one (`private_dir`).
+    """
+    return ScratchPaths(settings.scratch_root).trial_dir(spec.job_id, spec.task_id, spec.attempt, owner)
+
+
+def private_dir(path: Path) -> None:
+    """Create `path` (and missing parents) with mode 0700; refuse one that is not the worker's own.
+
+    Refused (WorkspaceError): a link, something other than a directory, a
+    directory of another account or one that others may write.
+    """
+    try:
+        missing = [p for p in (path, *path.parents) if not os.path.lexists(p)]
+        for directory in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                directory.mkdir(mode=0o700)
+        info = path.lstat()
+    except OSError as exc:
+        raise WorkspaceError(f"scratch directory {path}: unusable ({exc.strerror})") from None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise WorkspaceError(
+            f"scratch directory {path} must be a directory of the worker's own account that no one else "
+            f"may write (set {SCRATCH_DIR_ENV} to one)"
+        )
+
+
+@contextlib.contextmanager
+def opened(
+    settings: Settings, spec: TrialSpec, owner: str, started: datetime, clustered: bool
+) -> Iterator[Path]:
+    """The run's scratch directory with its claim written, the run's lock held; all gone at the end.
+
+    Runs of the same trial that dead processes of this host left are removed
+    first: the claim just taken makes them impossible to commit. Raises
+    WorkspaceError when the scratch cannot take the run.
+    """
+    root = scratch_root(settings, spec, owner)
+    private_dir(settings.scratch_root)
+    private_dir(root.parent)
+    lock = ScratchPaths.lock(root)
+    try:
+        fd = os.open(lock, _LOCK_FLAGS | os.O_CREAT | os.O_EXCL, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        raise WorkspaceError(
+            f"scratch directory {root.parent}: cannot lock {lock.name} ({exc.strerror})"
+        ) from None
+    try:
+        for dead in dead_runs(
+            settings.scratch_root, within=root.parent, prefix=f"{spec.task_id}-{spec.attempt}."
+        ):
+            dead.remove()
+        try:
+            root.mkdir(mode=0o700)
+            claim = Claimed(
+                spec=spec, owner=owner, host=settings.hostname, started=started, clustered=clustered
+            )
+            _write(ScratchPaths.claim(root), claim.model_dump_json())
+        except OSError as exc:
+            raise WorkspaceError(f"scratch directory {root}: unusable ({exc.strerror})") from None
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.unlink(lock)
+        os.close(fd)  # the lock goes after the directory: a live lock always has its run beside it
+        with contextlib.suppress(OSError):
+            root.parent.rmdir()  # the job's directory in scratch, once no trial of it runs here
+
+
+def record_try(root: Path, number: int, attempt: Try) -> None:
+    """Journal how try `number` of the run in `root` ended (best effort: a run without it is run again)."""
+    directory = ScratchPaths.try_dir(root, number)
+    try:
+        directory.mkdir(mode=0o700, exist_ok=True)  # a try that failed before its first stage has none
+        _write(ScratchPaths.try_end(directory), TryEnd.of(attempt, root).model_dump_json())
+    except (OSError, ValueError) as exc:
+        log.warning("%s: could not journal how try %d ended (%s)", root.name, number, exc)
+
+
+def _write(path: Path, text: str) -> None:
+    """Write a journal file of the worker's own scratch (no link followed at the file)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def _read(path: Path) -> str | None:
+    """A journal file's text; None when it is missing, not a regular file or too large."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            return None
+        data = handle.read(_MAX_JOURNAL_BYTES + 1)
+    return data.decode("utf-8", errors="replace") if len(data) <= _MAX_JOURNAL_BYTES else None
+
+
+@dataclass
+class DeadRun:
+    """A run whose owner process is gone; this process holds its lock until `remove`."""
+
+    root: Path
+    fd: int
+
+    def claimed(self) -> Claimed | None:
+        """Its claim; None when it has none (it died first) or it cannot be read."""
+        text = _read(ScratchPaths.claim(self.root))
+        try:
+            return Claimed.model_validate_json(text) if text is not None else None
+        except ValueError:
+            return None
+
+    def tries(self) -> tuple[list[Try], Path | None]:
+        """The tries whose end it journaled, in order, and the try directory after them, if it has one.
+
+        That last directory is a try whose end was not journaled: it ran (or
+        was running) when its process died.
+        """
+        ended: list[Try] = []
+        number = 1
+        while (directory := ScratchPaths.try_dir(self.root, number)).is_dir() and not directory.is_symlink():
+            text = _read(ScratchPaths.try_end(directory))
+            try:
+                if text is None:
+                    return ended, directory
+                ended.append(TryEnd.model_validate_json(text).to_try(self.root))
+            except ValueError:
+                return ended, directory
+            number += 1
+        return ended, None
+
+    def remove(self) -> None:
+        """Remove the run's scratch and its lock (what its process would have done at its end)."""
+        shutil.rmtree(self.root, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.unlink(ScratchPaths.lock(self.root))
+        os.close(self.fd)
+        with contextlib.suppress(OSError):
+            self.root.parent.rmdir()
+
+
+def dead_runs(scratch: Path, within: Path | None = None, prefix: str = "") -> Iterator[DeadRun]:
+    """The runs in `scratch` (or only in its job directory `within`) whose owner process is gone.
+
+    A run's lock that no live process holds is taken here and yielded with
+    its run; the caller ends with `DeadRun.remove`. A run without a lock file
+    (its process died between the two removals) is taken too.
+    """
+    jobs = [within] if within is not None else _subdirs(scratch)
+    for job in jobs:
+        for root in _subdirs(job):
+            if not root.name.startswith(prefix):
+                continue
+            try:
+                fd = os.open(ScratchPaths.lock(root), _LOCK_FLAGS | os.O_CREAT, 0o600)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    continue  # its process lives
+                raise
+            if not root.is_dir():  # it ended meanwhile: the lock file is all that is left
+                with contextlib.suppress(OSError):
+                    os.unlink(ScratchPaths.lock(root))
+                os.close(fd)
+                continue
+            yield DeadRun(root, fd)
+
+
+def _subdirs(directory: Path) -> list[Path]:
+    """The real directories in `directory` (no link), sorted; none when it cannot be listed."""
+    try:
+        with os.scandir(directory) as entries:
+            return sorted(Path(e.path) for e in entries if e.is_dir(follow_symlinks=False))
+    except OSError:
+        return []

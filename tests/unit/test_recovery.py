@@ -1,0 +1,346 @@
+"""A worker process that dies in the middle of a trial, and `worker.recovery` in another process after it.
+
+The owner process is real and dies for real: `handle` runs in a forked
+child that ends with `os._exit` at the point each test chooses (inside Pier,
+at the commit, after it, at a try's cleanup), so nothing of its own unwinds:
+its scratch, journal and lease stay as a killed worker leaves them. The
+store is the session's redis-server, shared by both processes; the engine
+and Pier are test doubles (`FakeRuntime`, `DyingPier`), the rest is the
+worker's own code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sciencebench.coordination.protocol import Coordinator
+from sciencebench.coordination.redis import RedisCoordinator
+from sciencebench.core.models import Redispatch, TrialRecord, TrialSpec
+from sciencebench.core.paths import JobPaths, ScratchPaths
+from sciencebench.core.settings import Settings
+from sciencebench.login.options import SubmitOptions
+from sciencebench.login.runrecord import build_run_record
+from sciencebench.login.submit import Prepared, persist
+from sciencebench.worker import journal
+from sciencebench.worker.context import WorkerContext
+from sciencebench.worker.dispatch import EMBEDDED, Answer, Clustered, not_counted
+from sciencebench.worker.pier.process import PierRun
+from sciencebench.worker.recovery import recover_dead
+from sciencebench.worker.trial import handle
+from tests.fixtures.hosts import prepare
+from tests.fixtures.selection import make_selection
+from tests.fixtures.services import RedisServer
+from tests.unit.test_trial_states import FakeRuntime
+
+pytestmark = pytest.mark.unit
+
+DEAD_HOST, RESCUER = "w1@unit", "w2@unit"
+LEASE = 2.0
+DIED = 9  # the exit code of a death
+
+
+def die() -> None:
+    """The owner process dies here: nothing unwinds, no `finally` runs."""
+    os._exit(DIED)
+
+
+@dataclass
+class DyingPier:
+    """Pier's runs, one outcome each: writes the trial directory Pier would, and dies where told.
+
+    An outcome: `exception` (None: rewarded), `provider` (Codex's log shows a
+    429), `result` (False: Pier never wrote its result.json), `cancelled`
+    (Pier was stopped by a signal and wrote so), `die` (after the run's files).
+    """
+
+    outcomes: list[dict[str, Any]]
+    runs: int = 0
+
+    def __call__(self, argv: list[str], env: dict[str, str], cwd: Path, log_path: Path, timeout_sec: float,
+                 should_stop: Callable[[], bool] = lambda: False, poll_sec: float = 0.5,
+                 zygote_env: dict[str, str] | None = None) -> PierRun:  # fmt: skip
+        outcome = self.outcomes[min(self.runs, len(self.outcomes) - 1)]
+        self.runs += 1
+        trial = cwd / "job" / f"task_001__run{self.runs}x"
+        (trial / "artifacts").mkdir(parents=True)
+        (trial / "artifacts" / "model.patch").write_text("")
+        exception = "CancelledError" if outcome.get("cancelled") else outcome.get("exception")
+        if outcome.get("provider"):
+            (trial / "agent").mkdir()
+            events = [{"type": "turn.started"}, {"type": "turn.failed", "error": {"message": "429 Too Many"}}]
+            (trial / "agent" / "codex.txt").write_text("".join(json.dumps(e) + "\n" for e in events))
+        if outcome.get("result", True):
+            now = datetime.now(UTC).isoformat()
+            result = {
+                "task_name": "task_001", "trial_name": trial.name, "started_at": now, "finished_at": now,
+                "verifier_result": None if exception else {"rewards": {"reward": 1.0}},
+                "exception_info": {"exception_type": exception, "exception_message": f"fake {exception}"}
+                if exception else None,
+            }  # fmt: skip
+            (trial / "result.json").write_text(json.dumps(result))
+        if outcome.get("die"):
+            die()
+        return PierRun(exit_code=0, duration_sec=0.0, timed_out=False, cancelled=False, log_tail="")
+
+
+@dataclass
+class DyingStore:
+    """The store, but the owner dies at its commit: before it (`before`) or right after it (`after`)."""
+
+    store: Coordinator
+    when: str = "before"
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def commit_result(self, *args: Any, **kwargs: Any) -> bool:
+        if self.when == "after":
+            self.store.commit_result(*args, **kwargs)
+        die()
+        raise AssertionError("unreachable")
+
+
+@dataclass
+class World:
+    """One persisted job of one trial; its dead owner's context and the rescuer's."""
+
+    prepared: Prepared
+    settings: Settings
+    url: str
+    runtime: FakeRuntime = field(default_factory=FakeRuntime)
+
+    @property
+    def spec(self) -> TrialSpec:
+        return self.prepared.trials[0]
+
+    @property
+    def paths(self) -> JobPaths:
+        return JobPaths(self.prepared.job.jobs_dir, self.prepared.job.job_name)
+
+    def coord(self) -> RedisCoordinator:
+        return RedisCoordinator(self.url)
+
+    def run_and_die(self, pier: list[dict[str, Any]], store: str | None = None,
+                    at_cleanup: bool = False, local: bool = False) -> None:  # fmt: skip
+        """Run the trial in a forked owner process that dies as scripted; wait for its death.
+
+        `local`: the owner is a `submit --local` run (`EMBEDDED`), not a Celery worker.
+        """
+        pid = os.fork()
+        if pid == 0:  # the owner: never returns
+            try:
+                coord: Any = self.coord()
+                if store is not None:
+                    coord = DyingStore(coord, store)
+                runtime = FakeRuntime(on_cleanup=lambda name: die()) if at_cleanup else FakeRuntime()
+                ctx = WorkerContext(coord=coord, runtime=runtime, settings=self.settings,
+                                    owner=f"dead-{os.getpid()}", pier=DyingPier(pier),
+                                    sleep=lambda s: None)  # fmt: skip
+                dispatch = EMBEDDED if local else Clustered(Redispatch(task_id="task-1", trial=self.spec))
+                handle(self.spec, ctx, dispatch)
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == DIED, "the owner was to die mid-trial"
+
+    def rescuer(self) -> WorkerContext:
+        settings = self.settings.model_copy(update={"hostname": RESCUER})
+        return WorkerContext(coord=self.coord(), runtime=self.runtime, settings=settings, owner="rescuer")
+
+    def stored(self) -> TrialRecord | None:
+        recorded = self.coord().get_result(self.spec.job_key, self.spec.key)
+        return TrialRecord.model_validate_json(recorded) if recorded else None
+
+    def runs_left(self) -> list[Path]:
+        job_scratch = ScratchPaths(self.settings.scratch_root).job_dir(self.spec.job_id)
+        return sorted(job_scratch.iterdir()) if job_scratch.exists() else []
+
+
+@pytest.fixture
+def make_world(tmp_path: Path, redis_server: RedisServer) -> Callable[..., World]:
+    def make(**options: Any) -> World:
+        selection = make_selection(tmp_path / "sel", ["001"])
+        opts = SubmitOptions(path=selection, jobs_dir=tmp_path / "jobs", job_name="j", **options)
+        prepared = prepare(opts)
+        done = persist(prepared, build_run_record(prepared.job, prepared.trials[0], "redis://x", []))
+        settings = Settings.from_env({"SCIENCEBENCH_STATE_DIR": str(tmp_path / "state")}).model_copy(
+            update={"hostname": DEAD_HOST, "lease_seconds": LEASE, "warm_pier": False,
+                    "jobs_roots": (tmp_path / "jobs",), "selection_roots": (selection,)}
+        )  # fmt: skip
+        return World(done, settings, redis_server.url)
+
+    return make
+
+
+@pytest.fixture(autouse=True)
+def _uncounted() -> Iterator[None]:
+    yield
+    not_counted("task-1")  # a copy answered in the test keeps its lease renewed until counted
+
+
+def _recovered(world: World) -> list[str]:
+    lines = recover_dead(world.rescuer())
+    assert world.runs_left() == [], "nothing of a dead run stays in the scratch"
+    return lines
+
+
+# --- what a dead run holds, committed ------------------------------------------------------
+
+
+def test_a_run_whose_owner_died_after_pier_ended_is_committed_and_its_copy_answers_with_it(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world()
+    world.run_and_die([{"die": True}])
+    assert world.stored() is None and sum(p.is_dir() for p in world.runs_left()) == 1
+    assert not world.coord().acquire_slot(world.spec.job_key, "probe", 1, LEASE)  # the dead run's slot
+    (line,) = _recovered(world)
+    assert "its worker process died after its Pier run ended; its record is committed" in line
+    record = world.stored()
+    assert record is not None and record.rewards == {"reward": 1.0} and record.exception_type is None
+    assert record.worker == DEAD_HOST and record.tries == 1 and record.trial_dir == "task_001__run1x"
+    assert (world.paths.job_dir / record.trial_dir / "result.json").is_file()
+    written = world.paths.trial_record(world.spec.task_id, world.spec.attempt).read_bytes()
+    assert TrialRecord.model_validate_json(written) == record
+    assert world.runtime.cleaned == ["task_001__run1x"]
+    coord, job, key = world.coord(), world.spec.job_key, world.spec.key
+    assert coord.acquire_slot(job, "probe", 1, LEASE), "its slot was given back"
+    # Its running entry stays: once the lease lapses the watchdog sends it again, and the copy
+    # answers the chord with the committed record, running nothing.
+    time.sleep(LEASE * 1.25)
+    assert [k for j, k, _ in coord.orphaned() if j == job] == [key]
+    assert coord.take_orphan(job, key)
+    copy_pier = DyingPier([{}])
+    ctx = replace(world.rescuer(), pier=copy_pier)
+    answer = handle(world.spec, ctx, Clustered(Redispatch(task_id="task-1", trial=world.spec)))
+    assert isinstance(answer, Answer) and answer.leased and answer.record == record
+    assert copy_pier.runs == 0
+
+
+def test_a_run_whose_owner_died_at_its_commit_is_committed_from_its_journal(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world()
+    world.run_and_die([{}], store="before")
+    (line,) = _recovered(world)
+    assert "its record is committed" in line
+    record = world.stored()
+    assert record is not None and record.rewards == {"reward": 1.0} and record.worker == DEAD_HOST
+
+
+def test_a_run_whose_owner_died_after_its_commit_has_its_files_put_in_place(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world()
+    world.run_and_die([{}], store="after")
+    record = world.stored()
+    assert record is not None and record.trial_dir is not None
+    assert not (world.paths.job_dir / record.trial_dir).exists()  # still under its temporary name
+    (line,) = _recovered(world)
+    assert "died after its record's commit; its files are put in place" in line
+    assert (world.paths.job_dir / record.trial_dir / "result.json").is_file()
+    assert [p.name for p in world.paths.job_dir.iterdir() if p.name.startswith(".incoming")] == []
+    written = world.paths.trial_record(world.spec.task_id, world.spec.attempt).read_bytes()
+    assert TrialRecord.model_validate_json(written) == record
+
+
+def test_a_second_try_is_committed_with_the_first_as_an_earlier_try(make_world: Callable[..., World]) -> None:
+    world = make_world(max_retries=1)
+    world.run_and_die([{"exception": "RuntimeError"}, {"die": True}])
+    (line,) = _recovered(world)
+    assert "its record is committed" in line
+    record = world.stored()
+    assert record is not None and record.tries == 2 and record.rewards == {"reward": 1.0}
+    assert [t.exception_type for t in record.earlier_tries] == ["RuntimeError"]
+
+
+@pytest.mark.parametrize("retries", [0, 1])
+def test_a_provider_failure_is_committed_only_when_no_rerun_was_due(
+    make_world: Callable[..., World], retries: int
+) -> None:
+    world = make_world(provider_retries=retries, max_retries=0)
+    world.run_and_die([{"exception": "NonZeroAgentExitCodeError", "provider": True, "die": True}])
+    (line,) = _recovered(world)
+    record = world.stored()
+    if retries:
+        assert "another try was due; it runs again" in line and record is None
+    else:
+        assert "its record is committed" in line
+        assert record is not None and record.provider_status == "429"
+
+
+# --- what is not committed: run again --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pier", "said"),
+    [
+        ([{"result": False, "die": True}], "its Pier run had not ended"),
+        ([{"cancelled": True, "die": True}], "its Pier run had not ended"),  # Pier stopped by a signal
+    ],
+)
+def test_a_run_whose_pier_did_not_end_is_not_committed(
+    make_world: Callable[..., World], pier: list[dict[str, Any]], said: str
+) -> None:
+    world = make_world()
+    world.run_and_die(pier)
+    (line,) = _recovered(world)
+    assert said in line and world.stored() is None
+
+
+def test_a_run_that_was_to_be_tried_again_is_not_committed(make_world: Callable[..., World]) -> None:
+    world = make_world(max_retries=1)
+    world.run_and_die([{"exception": "RuntimeError"}], at_cleanup=True)  # dies cleaning up before try 2
+    (line,) = _recovered(world)
+    assert "another try was due; it runs again" in line and world.stored() is None
+
+
+def test_a_failed_run_on_a_host_unhealthy_now_is_not_committed(make_world: Callable[..., World]) -> None:
+    world = make_world()
+    world.run_and_die([{"exception": "RewardFileNotFoundError", "die": True}])
+    world.runtime.unhealthy = "the engine does not answer"
+    (line,) = _recovered(world)
+    assert "failed on a host unhealthy now" in line and world.stored() is None
+
+
+def test_a_run_sent_again_meanwhile_is_not_committed(make_world: Callable[..., World]) -> None:
+    world = make_world()
+    world.run_and_die([{"die": True}])
+    coord, job, key = world.coord(), world.spec.job_key, world.spec.key
+    time.sleep(LEASE * 1.25)
+    assert coord.take_orphan(job, key)  # the watchdog was first: a copy of it runs elsewhere now
+    (line,) = _recovered(world)
+    assert "sent to another host meanwhile" in line and world.stored() is None
+    assert not [p for p in world.paths.job_dir.iterdir() if p.name.startswith("task_001__")]
+
+
+def test_a_run_whose_owner_lives_is_left_alone(make_world: Callable[..., World]) -> None:
+    world = make_world()
+    started = datetime.now(UTC)
+    with journal.opened(world.settings, world.spec, "alive", started, clustered=True) as root:
+        assert recover_dead(world.rescuer()) == []
+        assert ScratchPaths.claim(root).is_file()
+    assert world.runs_left() == []
+
+
+def test_a_dead_local_run_is_removed_not_committed(make_world: Callable[..., World]) -> None:
+    world = make_world()
+    world.run_and_die([{"die": True}], local=True)
+    (line,) = _recovered(world)
+    assert "a `submit --local` run" in line and world.stored() is None
+
+
+def test_a_dead_run_without_a_claim_is_removed(make_world: Callable[..., World]) -> None:
+    world = make_world()
+    journal.scratch_root(world.settings, world.spec, "early").mkdir(parents=True)  # died before its claim
+    (line,) = _recovered(world)
+    assert "no claim" in line
