@@ -88,12 +88,14 @@ def _handle(spec: TrialSpec, ctx: WorkerContext, dispatch: Dispatch, started: da
     try:
         admitted = admit(spec, ctx.settings)
     except UnfitError as exc:
-        return _unfit(spec, ctx, dispatch, started, str(exc))
+        return _stored_answer(spec, ctx, dispatch, started) or _unfit(spec, ctx, dispatch, started, str(exc))
     except RefusedError as exc:
-        return _refused(spec, ctx, started, exc)
+        return _stored_answer(spec, ctx, dispatch, started) or _refused(spec, ctx, started, exc)
     try:
         ctx.runtime.check_host()
     except PreflightError as exc:
+        if (stored := _stored_answer(spec, ctx, dispatch, started)) is not None:
+            return stored
         if dispatch.hands_back:
             return HandBack(f"host unfit: {exc}", park_sec=backoff(ctx), host_fault=True)
         return _refused(spec, ctx, started, exc)
@@ -124,6 +126,30 @@ def _handle(spec: TrialSpec, ctx: WorkerContext, dispatch: Dispatch, started: da
         if not coord.start_within_budget(job, key):  # the budget may have run out meanwhile
             return _not_started(spec, ctx, admitted, dispatch, started)
     return _run_claimed(spec, ctx, admitted, dispatch, started)
+
+
+def _stored_answer(
+    spec: TrialSpec, ctx: WorkerContext, dispatch: Dispatch, started: datetime
+) -> Outcome | None:
+    """The answer of a host that cannot run the trial: the record a lost host stored, if there is one.
+
+    A host lost between its commit and the chord's count, or a dead run
+    another process committed (`worker.recovery`), leaves the watchdog's copy
+    to answer from the store, which needs no job directory, agent or engine.
+    Asked only where this host would otherwise hand the copy back or refuse
+    it: None when there is no such record (nor a claim left taken).
+    """
+    coord, job, key = ctx.coord, spec.job_key, spec.key
+    if not dispatch.hands_back or coord.get_result(job, key) is None:
+        return None
+    start = coord.start(job, key, ctx.owner, ctx.settings.lease_seconds, 1, parked=dispatch.parked,
+                        running=dispatch.running(ctx))  # fmt: skip
+    if start.claim is Claim.RECORDED:
+        return _settle(spec, ctx, dispatch, _recorded(spec, ctx, started))
+    if start.claim is Claim.CLAIMED:  # the record went meanwhile (retry --failed): not this host's to run
+        end_trial(ctx, job, key, None)
+        return None
+    return Duplicate()
 
 
 def _recorded(spec: TrialSpec, ctx: WorkerContext, started: datetime) -> Outcome:

@@ -22,13 +22,14 @@ import pytest
 
 from sciencebench.coordination.memory import MemoryCoordinator
 from sciencebench.coordination.protocol import Claim
-from sciencebench.core.errors import NoRoomError, PreflightError
+from sciencebench.core.errors import NoRoomError, PreflightError, RefusedError
 from sciencebench.core.models import Redispatch, TrialRecord, TrialSpec, TrialState
 from sciencebench.core.paths import JobPaths
 from sciencebench.core.settings import Settings
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.runrecord import build_run_record
 from sciencebench.login.submit import Prepared, persist
+from sciencebench.worker import trial as trial_module
 from sciencebench.worker.context import WorkerContext
 from sciencebench.worker.dispatch import (
     EMBEDDED,
@@ -359,6 +360,37 @@ def test_an_unhealthy_host_in_local_mode_records_the_preflight_failure(world: Wo
     assert isinstance(outcome, Answer)
     assert (outcome.record.exception_type, outcome.record.stage) == ("PreflightError", "preflight")
     assert not world.coord.hosts()[HOST].paused
+
+
+@pytest.mark.parametrize("why", ["unfit", "refused", "unhealthy"])
+def test_a_host_that_cannot_run_the_trial_still_answers_with_a_record_a_lost_host_stored(
+    world: World, why: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A host lost between the commit and the count: the watchdog's copy lands on a host that could
+    # not run the trial. Answering needs no job directory, agent or engine: it answers from the store
+    # (before, it handed the copy back or, refused, answered nothing, and the chord waited for ever).
+    first = world.handle()
+    assert isinstance(first, Answer)
+    not_counted(TASK_ID)  # the host is lost: its lease lapses
+    time.sleep(LEASE * 1.25)
+    assert world.coord.take_orphan(world.job, world.spec.key)
+    if why == "unfit":
+        _unfit(world)
+        world.coord.beat("w2@other")  # another live host could run it
+    elif why == "refused":  # e.g. its agent is not installed on this host
+
+        def refuse(spec: TrialSpec, settings: Settings) -> None:
+            raise RefusedError("agent module 'x' is not installed on this worker")
+
+        monkeypatch.setattr(trial_module, "admit", refuse)
+    else:
+        world.runtime.unhealthy = "the engine does not answer"
+    again = world.handle()
+    assert isinstance(again, Answer) and again.leased and again.record == first.record, again
+    assert world.pier.runs == 1 and not world.coord.hosts()[HOST].paused
+    world.coord.mark_counted(world.job, world.spec.key)
+    counted(TASK_ID)
+    assert world.coord.orphaned() == []
 
 
 def test_no_room_for_the_images_hands_back_without_pausing_the_host(world: World) -> None:
