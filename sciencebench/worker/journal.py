@@ -10,7 +10,11 @@ keeps in it:
                        directory, whether it was worth another try
 
 A run whose lock nobody holds belongs to a dead process (`dead_runs`):
-`worker.recovery` commits what it can of it and removes it.
+`worker.recovery` commits what it can of it and removes it. The lock file is
+unlinked by whoever holds it, before letting go, so a lock is held only while
+the file at its path is the one locked (`_take_lock`); a process forked while
+this one holds run locks closes its copies (`os.register_at_fork`), or a run
+would look alive for as long as the child lives.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import shutil
 import stat
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -33,12 +39,34 @@ from sciencebench.core.errors import WorkspaceError
 from sciencebench.core.models import TrialRecord, TrialSpec
 from sciencebench.core.paths import ScratchPaths
 from sciencebench.core.settings import SCRATCH_DIR_ENV, Settings
-from sciencebench.worker.stages import Try
+from sciencebench.worker.pier.layout import find_trial_dirs
+from sciencebench.worker.stages import PIER_JOB, Try
 
 log = logging.getLogger(__name__)
 
-_LOCK_FLAGS = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 _MAX_JOURNAL_BYTES = 4 * 1024 * 1024
+# How long an owner waits for a lock file a recoverer holds for a moment (a run that just ended).
+_OWNER_WAIT_SEC = 5.0
+# The scratch's own names (`ScratchPaths`): `<job id>/<task id>-<attempt>.<owner>`. Nothing else in
+# the scratch root is looked at, let alone removed.
+_JOB_NAME = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_RUN_NAME = re.compile(r"^[0-9]{3,12}-[0-9]+\.[A-Za-z0-9_-]+$")
+_DEFERRED = ".deferred"
+
+# Run-lock descriptors this process holds: its own runs', and dead runs' it is ending.
+_HELD: set[int] = set()
+
+
+def _close_held() -> None:
+    """In a forked child: close the run locks the parent holds (the child holds none of them)."""
+    for fd in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_held)
 
 
 class Claimed(BaseModel):
@@ -128,18 +156,27 @@ def opened(
     private_dir(settings.scratch_root)
     private_dir(root.parent)
     lock = ScratchPaths.lock(root)
-    try:
-        fd = os.open(lock, _LOCK_FLAGS | os.O_CREAT | os.O_EXCL, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        raise WorkspaceError(
-            f"scratch directory {root.parent}: cannot lock {lock.name} ({exc.strerror})"
-        ) from None
+    fd = None
+    for _ in range(3):
+        try:
+            fd = _take_lock(lock, _OWNER_WAIT_SEC)
+            break
+        except FileNotFoundError:  # the job's scratch went as its last other run ended: again
+            private_dir(root.parent)
+        except OSError as exc:
+            raise WorkspaceError(
+                f"scratch directory {root.parent}: cannot lock {lock.name} ({exc.strerror})"
+            ) from None
+    if fd is None:
+        raise WorkspaceError(f"scratch directory {root.parent}: {lock.name} is held by another process")
     try:
         for dead in dead_runs(
             settings.scratch_root, within=root.parent, prefix=f"{spec.task_id}-{spec.attempt}."
         ):
-            dead.remove()
+            if dead.in_use():  # its Pier is still ending: `worker.recovery` removes it after
+                dead.let_go()
+            else:
+                dead.remove()
         try:
             root.mkdir(mode=0o700)
             claim = Claimed(
@@ -151,11 +188,47 @@ def opened(
         yield root
     finally:
         shutil.rmtree(root, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            os.unlink(lock)
-        os.close(fd)  # the lock goes after the directory: a live lock always has its run beside it
+        _let_go(lock, fd)  # the lock goes after the directory: a live lock always has its run beside it
         with contextlib.suppress(OSError):
             root.parent.rmdir()  # the job's directory in scratch, once no trial of it runs here
+
+
+def _take_lock(path: Path, wait_sec: float) -> int | None:
+    """Hold the run lock at `path` (made if missing): its descriptor, or None when a live process holds it.
+
+    Waits up to `wait_sec` for a holder. The file at `path` must still be the
+    one locked: a holder unlinks it before letting go, and a lock taken on an
+    unlinked file is no lock, so then the new file is taken instead.
+    """
+    deadline = time.monotonic() + wait_sec
+    while True:
+        fd = os.open(path, _LOCK_FLAGS, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.01)
+            continue
+        try:
+            current = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            current = None
+        if current is not None and os.path.samestat(os.fstat(fd), current):
+            _HELD.add(fd)
+            return fd
+        os.close(fd)
+
+
+def _let_go(path: Path, fd: int) -> None:
+    """Unlink a held run lock, then release it."""
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    _HELD.discard(fd)
+    os.close(fd)
 
 
 def record_try(root: Path, number: int, attempt: Try) -> None:
@@ -190,7 +263,7 @@ def _read(path: Path) -> str | None:
 
 @dataclass
 class DeadRun:
-    """A run whose owner process is gone; this process holds its lock until `remove`."""
+    """A run whose owner process is gone; this process holds its lock until `remove` or `let_go`."""
 
     root: Path
     fd: int
@@ -222,12 +295,52 @@ class DeadRun:
             number += 1
         return ended, None
 
+    def leftovers(self) -> tuple[str, ...]:
+        """The names of every Pier trial directory of its tries: whose compose projects may be left."""
+        names: list[str] = []
+        number = 1
+        while (directory := ScratchPaths.try_dir(self.root, number)).is_dir():
+            names += [trial.name for trial in find_trial_dirs(directory / PIER_JOB)]
+            number += 1
+        return tuple(names)
+
+    def in_use(self) -> bool:
+        """Whether a live process works in it still (its Pier ending after the worker died, a compose)."""
+        root = os.path.realpath(self.root)
+        try:
+            pids = [entry.name for entry in os.scandir("/proc") if entry.name.isdigit()]
+        except OSError:
+            return False
+        for pid in pids:
+            try:
+                cwd = os.readlink(f"/proc/{pid}/cwd")
+            except OSError:
+                continue
+            if cwd == root or cwd.startswith(root + os.sep):
+                return True
+        return False
+
+    def kept_for(self) -> float:
+        """How long it has been kept for a later look (s); 0.0 the first time, which marks it kept."""
+        marker = self.root / _DEFERRED
+        try:
+            return max(0.0, time.time() - marker.lstat().st_mtime)
+        except FileNotFoundError:
+            with contextlib.suppress(OSError):
+                _write(marker, "")
+        except OSError:
+            pass
+        return 0.0
+
+    def let_go(self) -> None:
+        """Release its lock, leaving it as it is (a later look takes it again)."""
+        _HELD.discard(self.fd)
+        os.close(self.fd)
+
     def remove(self) -> None:
         """Remove the run's scratch and its lock (what its process would have done at its end)."""
         shutil.rmtree(self.root, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            os.unlink(ScratchPaths.lock(self.root))
-        os.close(self.fd)
+        _let_go(ScratchPaths.lock(self.root), self.fd)
         with contextlib.suppress(OSError):
             self.root.parent.rmdir()
 
@@ -235,32 +348,68 @@ class DeadRun:
 def dead_runs(scratch: Path, within: Path | None = None, prefix: str = "") -> Iterator[DeadRun]:
     """The runs in `scratch` (or only in its job directory `within`) whose owner process is gone.
 
+    Only the scratch's own layout is looked at: job directories named by a
+    job id and run directories `<task id>-<attempt>.<owner>`, each a directory
+    of this account that no one else may write; anything else is left alone.
     A run's lock that no live process holds is taken here and yielded with
-    its run; the caller ends with `DeadRun.remove`. A run without a lock file
-    (its process died between the two removals) is taken too.
+    its run; the caller ends with `DeadRun.remove` or `DeadRun.let_go`. A run
+    without a lock file (its process died between the two removals, or
+    before there were locks) is taken too; a lock file left without its run
+    is removed.
     """
-    jobs = [within] if within is not None else _subdirs(scratch)
+    jobs = [within] if within is not None else [j for j in _subdirs(scratch) if _JOB_NAME.match(j.name)]
     for job in jobs:
+        if not _own_private(job):
+            continue
         for root in _subdirs(job):
-            if not root.name.startswith(prefix):
+            if not (_RUN_NAME.match(root.name) and root.name.startswith(prefix) and _own_private(root)):
                 continue
-            try:
-                fd = os.open(ScratchPaths.lock(root), _LOCK_FLAGS | os.O_CREAT, 0o600)
-            except OSError:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                os.close(fd)
-                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    continue  # its process lives
-                raise
+            fd = _take_lock(ScratchPaths.lock(root), 0.0)
+            if fd is None:
+                continue  # its process lives
             if not root.is_dir():  # it ended meanwhile: the lock file is all that is left
-                with contextlib.suppress(OSError):
-                    os.unlink(ScratchPaths.lock(root))
-                os.close(fd)
+                _let_go(ScratchPaths.lock(root), fd)
                 continue
             yield DeadRun(root, fd)
+        _remove_lone_locks(job, prefix)
+        with contextlib.suppress(OSError):
+            job.rmdir()  # once nothing of it is left
+
+
+def _remove_lone_locks(job: Path, prefix: str) -> None:
+    """Remove the lock files in `job` whose run is gone and whose lock nobody holds."""
+    try:
+        names = [name for name in os.listdir(job) if name.endswith(".lock")]
+    except OSError:
+        return
+    for name in names:
+        run = job / name.removesuffix(".lock")
+        if not (_RUN_NAME.match(run.name) and run.name.startswith(prefix)) or os.path.lexists(run):
+            continue
+        with contextlib.suppress(OSError):
+            fd = _take_lock(job / name, 0.0)
+            if fd is not None and not os.path.lexists(run):
+                _let_go(job / name, fd)
+            elif fd is not None:
+                _HELD.discard(fd)
+                os.close(fd)
+
+
+def check_scratch(scratch: Path) -> bool:
+    """Whether the scratch root exists; WorkspaceError when it is not the worker's own (`private_dir`)."""
+    if not os.path.lexists(scratch):
+        return False
+    private_dir(scratch)
+    return True
+
+
+def _own_private(path: Path) -> bool:
+    """Whether `path` is a directory (not a link) of this account that no one else may write."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
 
 
 def _subdirs(directory: Path) -> list[Path]:

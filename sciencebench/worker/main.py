@@ -205,17 +205,21 @@ def watch_dead_runs(ctx: WorkerContext, stop: threading.Event) -> None:
     only until the watchdog sends the trial again, which it does once that
     lease has lapsed.
     """
+    failed = ""
     while not stop.wait(max(ctx.settings.lease_seconds / 4, 0.25)):
-        _recover(ctx)
+        failed = _recover(ctx, failed)
 
 
-def _recover(ctx: WorkerContext) -> None:
-    """One pass of `recover_dead`, each run it found logged; a failed pass is logged and left for the next."""
+def _recover(ctx: WorkerContext, failed: str = "") -> str:
+    """One pass of `recover_dead`, its lines logged; why it failed (logged unless it is `failed` again)."""
     try:
         for line in recover_dead(ctx):
             log.warning("dead run: %s", line)
-    except Exception:  # the broker may be restarting, the scratch unreadable: the next pass tries again
-        log.warning("could not look for runs of dead worker processes", exc_info=True)
+    except Exception as exc:  # the scratch not the worker's own: the next pass tries again
+        if str(exc) != failed:
+            log.warning("cannot look for runs of dead worker processes: %s", exc)
+        return str(exc)
+    return ""
 
 
 def keep_host(

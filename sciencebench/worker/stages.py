@@ -214,13 +214,18 @@ def ended_try(
 
     None when Pier's last trial in the try directory `scratch` did not run to
     its end (`layout.ran_to_end`): it was stopped, killed, or never started.
-    The stage timings before Pier's are lost with the process.
+    The stage timings before Pier's are lost with the process; Pier's span of
+    the trial stands for the harness stage.
     """
     trial_dirs = find_trial_dirs(scratch / PIER_JOB)
-    if not trial_dirs or not ran_to_end(trial_dirs[-1]):
+    seconds = ran_to_end(trial_dirs[-1]) if trial_dirs else None
+    if seconds is None:
         return None
     _tidy_trial_dirs(spec, scratch, trial_dirs)
-    outcome = _collect(spec, ctx, trial_dirs[-1], started, {}, authority=gateway_authority(job))
+    # Pier's own span of the trial stands for the harness stage (what the history measures).
+    outcome = _collect(
+        spec, ctx, trial_dirs[-1], started, {"harness": seconds}, authority=gateway_authority(job)
+    )
     return replace(outcome, leftovers=tuple(trial_dir.name for trial_dir in trial_dirs))
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -24,6 +26,7 @@ import pytest
 
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.coordination.redis import RedisCoordinator
+from sciencebench.core.errors import BrokerUnavailableError, WorkspaceError
 from sciencebench.core.models import Redispatch, TrialRecord, TrialSpec
 from sciencebench.core.paths import JobPaths, ScratchPaths
 from sciencebench.core.settings import Settings
@@ -152,6 +155,17 @@ class World:
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == DIED, "the owner was to die mid-trial"
 
+    def rescue_and_die(self, when: str) -> None:
+        """Recover in a forked rescuer whose store kills it at its commit (`DyingStore`)."""
+        pid = os.fork()
+        if pid == 0:
+            try:
+                recover_dead(replace(self.rescuer(), coord=DyingStore(self.coord(), when)))
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == DIED, "the rescuer was to die at its commit"
+
     def rescuer(self) -> WorkerContext:
         settings = self.settings.model_copy(update={"hostname": RESCUER})
         return WorkerContext(coord=self.coord(), runtime=self.runtime, settings=settings, owner="rescuer")
@@ -208,6 +222,7 @@ def test_a_run_whose_owner_died_after_pier_ended_is_committed_and_its_copy_answe
     record = world.stored()
     assert record is not None and record.rewards == {"reward": 1.0} and record.exception_type is None
     assert record.worker == DEAD_HOST and record.tries == 1 and record.trial_dir == "task_001__run1x"
+    assert record.measured_sec is not None  # Pier's span of the trial, for the history
     assert (world.paths.job_dir / record.trial_dir / "result.json").is_file()
     written = world.paths.trial_record(world.spec.task_id, world.spec.attempt).read_bytes()
     assert TrialRecord.model_validate_json(written) == record
@@ -320,7 +335,10 @@ def test_a_run_sent_again_meanwhile_is_not_committed(make_world: Callable[..., W
     assert coord.take_orphan(job, key)  # the watchdog was first: a copy of it runs elsewhere now
     (line,) = _recovered(world)
     assert "sent to another host meanwhile" in line and world.stored() is None
-    assert not [p for p in world.paths.job_dir.iterdir() if p.name.startswith("task_001__")]
+    # Nothing of it in the job directory: no trial directory, no copy under its temporary name.
+    assert not [p for p in world.paths.job_dir.iterdir() if "task_001__" in p.name]
+    assert not world.paths.superseded_dir.exists()
+    assert world.runtime.cleaned == ["task_001__run1x"]  # what its compose projects left goes too
 
 
 def test_a_run_whose_owner_lives_is_left_alone(make_world: Callable[..., World]) -> None:
@@ -344,3 +362,135 @@ def test_a_dead_run_without_a_claim_is_removed(make_world: Callable[..., World])
     journal.scratch_root(world.settings, world.spec, "early").mkdir(parents=True)  # died before its claim
     (line,) = _recovered(world)
     assert "no claim" in line
+
+
+def test_a_rescuer_that_dies_after_its_commit_leaves_the_files_for_the_next_pass(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world()
+    world.run_and_die([{"die": True}])  # its try's end never journaled: rebuilt from Pier's files
+    world.rescue_and_die("after")  # committed, then the rescuer died before publishing
+    record = world.stored()
+    assert record is not None and record.trial_dir == "task_001__run1x"
+    assert not (world.paths.job_dir / record.trial_dir).exists()
+    (line,) = _recovered(world)
+    assert "its files are put in place" in line
+    assert (world.paths.job_dir / record.trial_dir / "result.json").is_file()
+
+
+def test_a_run_a_process_still_works_in_is_kept_until_it_is_gone(make_world: Callable[..., World]) -> None:
+    world = make_world()
+    world.run_and_die([{"die": True}])
+    (run,) = [p for p in world.runs_left() if p.is_dir()]
+    # A Pier stopped by its worker's death still going down (compose, its result.json) works in there.
+    ending = subprocess.Popen(["sleep", "60"], cwd=run / "try-1")
+    try:
+        (line,) = recover_dead(world.rescuer())
+        assert "a process still works in it; looked at again later" in line
+        assert recover_dead(world.rescuer()) == []  # kept, said once
+        assert run.is_dir() and world.stored() is None and world.runtime.cleaned == []
+    finally:
+        ending.kill()
+        ending.wait()
+    (line,) = _recovered(world)
+    assert "its record is committed" in line and world.stored() is not None
+
+
+def test_a_run_the_store_could_not_take_is_kept_and_committed_by_a_later_pass(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world()
+    world.run_and_die([{"die": True}])
+
+    @dataclass
+    class Away:
+        store: Coordinator
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.store, name)
+
+        def get_result(self, job: str, key: str) -> str | None:
+            raise BrokerUnavailableError("broker unreachable")
+
+    (line,) = recover_dead(replace(world.rescuer(), coord=Away(world.coord())))
+    assert "not ended (BrokerUnavailableError" in line and "looked at again later" in line
+    assert any(p.is_dir() for p in world.runs_left()) and world.stored() is None
+    (line,) = _recovered(world)
+    assert "its record is committed" in line and world.stored() is not None
+
+
+def test_only_the_scratch_s_own_layout_is_looked_at(make_world: Callable[..., World]) -> None:
+    world = make_world()
+    scratch = world.settings.scratch_root
+    scratch.mkdir(mode=0o700, parents=True)
+    foreign = [scratch / "models" / "llama-7b", scratch / str(world.spec.job_id) / "weights"]
+    for directory in foreign:
+        directory.mkdir(parents=True)
+        (directory / "data.bin").write_text("not the worker's")
+    assert recover_dead(world.rescuer()) == []
+    assert all((directory / "data.bin").is_file() for directory in foreign)
+    assert not list(scratch.glob("**/*.lock"))
+
+
+def test_a_scratch_root_others_may_write_is_refused(make_world: Callable[..., World]) -> None:
+    world = make_world()
+    world.settings.scratch_root.mkdir(parents=True)
+    world.settings.scratch_root.chmod(0o777)
+    with pytest.raises(WorkspaceError, match="no one else may write"):
+        recover_dead(world.rescuer())
+
+
+def test_a_lock_file_left_without_its_run_is_removed(make_world: Callable[..., World]) -> None:
+    world = make_world()
+    root = journal.scratch_root(world.settings, world.spec, "gone")
+    journal.private_dir(root.parent)
+    ScratchPaths.lock(root).write_text("")  # its process died between removing the run and the lock
+    assert recover_dead(world.rescuer()) == []
+    assert not root.parent.exists()
+
+
+def test_a_forked_child_does_not_keep_the_run_locks_its_parent_holds(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world()
+    world.run_and_die([{"die": True}])
+    (dead,) = journal.dead_runs(world.settings.scratch_root)
+    ready, started = os.pipe()
+    child = os.fork()
+    if child == 0:  # a pool process Celery forks while the recoverer holds a run
+        os.write(started, b".")  # past the fork hooks: it kept what it kept
+        time.sleep(10)
+        os._exit(0)
+    try:
+        assert os.read(ready, 1) == b"."
+        dead.let_go()
+        again = list(journal.dead_runs(world.settings.scratch_root))
+        assert [d.root for d in again] == [dead.root], "the child holds the lock it inherited"
+        for d in again:
+            d.let_go()
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        os.close(ready)
+        os.close(started)
+
+
+def test_a_run_opens_though_the_job_s_scratch_goes_as_another_run_of_it_ends(
+    make_world: Callable[..., World], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another run of the job ends between this run making the job's scratch and locking in it: its
+    # end removes the then empty directory (seen in the soak: a WorkspaceError, a trial lost).
+    world = make_world()
+    made = journal.private_dir
+    raced: list[Path] = []
+
+    def racing(path: Path) -> None:
+        made(path)
+        if path.name == str(world.spec.job_id) and not raced:
+            raced.append(path)
+            path.rmdir()
+
+    monkeypatch.setattr(journal, "private_dir", racing)
+    with journal.opened(world.settings, world.spec, "me", datetime.now(UTC), clustered=True) as root:
+        assert raced and ScratchPaths.claim(root).is_file()
+    assert world.runs_left() == []

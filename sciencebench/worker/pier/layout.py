@@ -128,10 +128,11 @@ def read_trial_outcome(trial_dir: Path) -> TrialOutcome:
     )
 
 
-def ran_to_end(trial_dir: Path) -> bool:
-    """Whether Pier ran this trial to its end: a whole `result.json` with a finish time, not cancelled.
+def ran_to_end(trial_dir: Path) -> float | None:
+    """How long Pier ran this trial to its end (s); None when it did not (or its result says nothing).
 
-    Pier writes a trial's `result.json` once, when the trial is over
+    The end: a whole `result.json` with a finish time, not cancelled. Pier
+    writes a trial's `result.json` once, when the trial is over
     (`Trial._cleanup_and_finalize`); a Pier stopped by a signal (a timeout,
     a cancel, its worker's death) still writes one, recording a
     `CancelledError`, which Pier's own `jobs resume` runs again.
@@ -139,11 +140,16 @@ def ran_to_end(trial_dir: Path) -> bool:
     try:
         data = json.loads((trial_dir / "result.json").read_bytes())
     except (OSError, ValueError):
-        return False
+        return None
     if not isinstance(data, dict) or not data.get("finished_at"):
-        return False
+        return None
     exception = data.get("exception_info")
-    return not (isinstance(exception, dict) and exception.get("exception_type") in CANCELLED_TYPES)
+    if isinstance(exception, dict) and exception.get("exception_type") in CANCELLED_TYPES:
+        return None
+    try:
+        return _seconds(data)
+    except (TypeError, ValueError):
+        return None
 
 
 def name_the_selection(trial_dirs: list[Path], snapshot: Path, task_dir: Path) -> None:
