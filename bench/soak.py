@@ -20,7 +20,11 @@ restarted once, halfway. Printed (and written as JSON with `--out`):
   deviation from the equal share (goal: within 10 %), over the whole window
   and the worst 30-second window;
 - Redis memory (INFO used_memory) with the workers up before the jobs, and
-  after both jobs finished.
+  after both jobs finished;
+- dead runs: what the workers' logs say they did with the runs killed workers
+  left (`worker.recovery`): committed (Pier had ended), put in place (the
+  record was stored), run again (Pier had not ended), kept for a later pass
+  (a process still worked in it), no claim (killed before its claim), other.
 """
 
 from __future__ import annotations
@@ -298,6 +302,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
+DEAD_RUN_KINDS = {
+    "its record is committed": "committed",
+    "its files are put in place": "put_in_place",
+    "its Pier run had not ended": "run_again",
+    "looked at again later": "kept_for_a_later_pass",
+    "no claim": "no_claim",
+}
+
+
+def dead_runs(soak: Soak) -> dict[str, int]:
+    """What the workers did with the runs of killed workers, from their `dead run:` log lines."""
+    kinds: Counter[str] = Counter()
+    for log in sorted(soak.work.glob("s*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if "dead run: " in line:
+                kinds[next((k for p, k in DEAD_RUN_KINDS.items() if p in line), "other")] += 1
+    return dict(kinds)
+
+
 def ended_before_kill(runs: list[dict[str, Any]], twice: list[tuple[str, str]], kills: list[float]) -> int:
     """Twice-run trials whose first run ended at most KILL_WINDOW_SEC before a host kill."""
     first_end: dict[tuple[str, str], float] = {}
@@ -342,6 +365,7 @@ def audit(
         "ended_before_kill": ended_before_kill(runs, twice, kills),
         "submit_exit": {job: f.returncode for job, f in followers.items()},
         "recorded_not_counted": uncounted(soak, ids),
+        "dead_runs": dead_runs(soak),
         "share": shares(by_job),
     }
 
