@@ -27,8 +27,9 @@ import os
 import re
 import shutil
 import stat
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -54,19 +55,27 @@ _JOB_NAME = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-
 _RUN_NAME = re.compile(r"^[0-9]{3,12}-[0-9]+\.[A-Za-z0-9_-]+$")
 _DEFERRED = ".deferred"
 
-# Run-lock descriptors this process holds: its own runs', and dead runs' it is ending.
+# Run-lock descriptors this process holds: its own runs', and dead runs' it is ending. A fork waits
+# for `_HELD_LOCK`, so no descriptor is between its opening (or closing) and this set when it forks.
 _HELD: set[int] = set()
+_HELD_LOCK = threading.RLock()
 
 
 def _close_held() -> None:
     """In a forked child: close the run locks the parent holds (the child holds none of them)."""
+    global _HELD_LOCK
     for fd in list(_HELD):
         with contextlib.suppress(OSError):
             os.close(fd)
     _HELD.clear()
+    _HELD_LOCK = threading.RLock()  # the parent's is held across the fork
 
 
-os.register_at_fork(after_in_child=_close_held)
+os.register_at_fork(
+    before=lambda: _HELD_LOCK.acquire(),
+    after_in_parent=lambda: _HELD_LOCK.release(),
+    after_in_child=_close_held,
+)
 
 
 class Claimed(BaseModel):
@@ -127,14 +136,19 @@ def private_dir(path: Path) -> None:
     Refused (WorkspaceError): a link, something other than a directory, a
     directory of another account or one that others may write.
     """
-    try:
-        missing = [p for p in (path, *path.parents) if not os.path.lexists(p)]
-        for directory in reversed(missing):
-            with contextlib.suppress(FileExistsError):
-                directory.mkdir(mode=0o700)
-        info = path.lstat()
-    except OSError as exc:
-        raise WorkspaceError(f"scratch directory {path}: unusable ({exc.strerror})") from None
+    for tries_left in (2, 1, 0):
+        try:
+            missing = [p for p in (path, *path.parents) if not os.path.lexists(p)]
+            for directory in reversed(missing):
+                with contextlib.suppress(FileExistsError):
+                    directory.mkdir(mode=0o700)
+            info = path.lstat()
+            break
+        except FileNotFoundError:  # removed as it was made (a job's last other run ended): again
+            if not tries_left:
+                raise WorkspaceError(f"scratch directory {path}: removed as it was made") from None
+        except OSError as exc:
+            raise WorkspaceError(f"scratch directory {path}: unusable ({exc.strerror})") from None
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
         raise WorkspaceError(
             f"scratch directory {path} must be a directory of the worker's own account that no one else "
@@ -144,13 +158,15 @@ def private_dir(path: Path) -> None:
 
 @contextlib.contextmanager
 def opened(
-    settings: Settings, spec: TrialSpec, owner: str, started: datetime, clustered: bool
-) -> Iterator[Path]:
+    settings: Settings, spec: TrialSpec, owner: str, started: datetime, clustered: bool,
+    clean_up: Callable[[tuple[str, ...]], None],
+) -> Iterator[Path]:  # fmt: skip
     """The run's scratch directory with its claim written, the run's lock held; all gone at the end.
 
     Runs of the same trial that dead processes of this host left are removed
-    first: the claim just taken makes them impossible to commit. Raises
-    WorkspaceError when the scratch cannot take the run.
+    first, after what their compose projects left (`clean_up` of their Pier
+    trial directories' names): the claim just taken makes them impossible to
+    commit. Raises WorkspaceError when the scratch cannot take the run.
     """
     root = scratch_root(settings, spec, owner)
     private_dir(settings.scratch_root)
@@ -175,7 +191,10 @@ def opened(
         ):
             if dead.in_use():  # its Pier is still ending: `worker.recovery` removes it after
                 dead.let_go()
-            else:
+                continue
+            try:
+                clean_up(dead.leftovers())
+            finally:
                 dead.remove()
         try:
             root.mkdir(mode=0o700)
@@ -202,33 +221,45 @@ def _take_lock(path: Path, wait_sec: float) -> int | None:
     """
     deadline = time.monotonic() + wait_sec
     while True:
-        fd = os.open(path, _LOCK_FLAGS, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(0.01)
-            continue
-        try:
-            current = os.stat(path, follow_symlinks=False)
-        except FileNotFoundError:
-            current = None
-        if current is not None and os.path.samestat(os.fstat(fd), current):
-            _HELD.add(fd)
+        with _HELD_LOCK:
+            fd = _locked(path)
+        if fd is not None:
             return fd
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.01)
+
+
+def _locked(path: Path) -> int | None:
+    """One try of `_take_lock` (under `_HELD_LOCK`): the held descriptor, None when another holds it."""
+    fd = os.open(path, _LOCK_FLAGS, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        current = os.stat(path, follow_symlinks=False)
+    except OSError as exc:
         os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.ENOENT):
+            return None  # held, or unlinked by its holder as it let go: tried again
+        raise
+    if not os.path.samestat(os.fstat(fd), current):
+        os.close(fd)
+        return None
+    _HELD.add(fd)
+    return fd
 
 
 def _let_go(path: Path, fd: int) -> None:
     """Unlink a held run lock, then release it."""
     with contextlib.suppress(OSError):
         os.unlink(path)
-    _HELD.discard(fd)
-    os.close(fd)
+    _release(fd)
+
+
+def _release(fd: int) -> None:
+    """Release a held run lock (its file stays)."""
+    with _HELD_LOCK:
+        _HELD.discard(fd)
+        os.close(fd)
 
 
 def record_try(root: Path, number: int, attempt: Try) -> None:
@@ -326,16 +357,17 @@ class DeadRun:
         try:
             return max(0.0, time.time() - marker.lstat().st_mtime)
         except FileNotFoundError:
-            with contextlib.suppress(OSError):
-                _write(marker, "")
-        except OSError:
             pass
+        try:
+            _write(marker, "")
+        except OSError:  # a full scratch, say: kept since its claim, so never kept for ever
+            with contextlib.suppress(OSError):
+                return max(0.0, time.time() - ScratchPaths.claim(self.root).lstat().st_mtime)
         return 0.0
 
     def let_go(self) -> None:
         """Release its lock, leaving it as it is (a later look takes it again)."""
-        _HELD.discard(self.fd)
-        os.close(self.fd)
+        _release(self.fd)
 
     def remove(self) -> None:
         """Remove the run's scratch and its lock (what its process would have done at its end)."""
@@ -364,7 +396,10 @@ def dead_runs(scratch: Path, within: Path | None = None, prefix: str = "") -> It
         for root in _subdirs(job):
             if not (_RUN_NAME.match(root.name) and root.name.startswith(prefix) and _own_private(root)):
                 continue
-            fd = _take_lock(ScratchPaths.lock(root), 0.0)
+            try:
+                fd = _take_lock(ScratchPaths.lock(root), 0.0)
+            except OSError:  # its job's scratch went meanwhile (its last run ended)
+                continue
             if fd is None:
                 continue  # its process lives
             if not root.is_dir():  # it ended meanwhile: the lock file is all that is left
@@ -391,8 +426,7 @@ def _remove_lone_locks(job: Path, prefix: str) -> None:
             if fd is not None and not os.path.lexists(run):
                 _let_go(job / name, fd)
             elif fd is not None:
-                _HELD.discard(fd)
-                os.close(fd)
+                _release(fd)
 
 
 def check_scratch(scratch: Path) -> bool:

@@ -38,7 +38,13 @@ import logging
 from typing import NamedTuple
 
 from sciencebench.coordination.heartbeat import Heartbeat
-from sciencebench.core.errors import PreflightError, RefusedError, UnfitError
+from sciencebench.core.errors import (
+    BrokerUnavailableError,
+    CollectError,
+    PreflightError,
+    RefusedError,
+    UnfitError,
+)
 from sciencebench.core.models import TrialRecord, TrialSpec
 from sciencebench.core.paths import JobPaths
 from sciencebench.worker.admission import admit
@@ -74,19 +80,25 @@ def recover_dead(ctx: WorkerContext) -> list[str]:
         return []
     said = []
     for dead in dead_runs(ctx.settings.scratch_root):
+        failure: BaseException | None = None
         try:
             verdict = _recover(ctx, dead)
-        except Exception as exc:  # the store away, a job directory unreadable: maybe not for long
-            log.warning("%s: could not end it", dead.root.name, exc_info=True)
-            verdict = Verdict(f"{dead.root.name}: not ended ({exc.__class__.__name__}: {exc})", keep=True)
+        except (BrokerUnavailableError, OSError) as exc:  # the store away, say: not for long
+            failure, verdict = exc, Verdict(f"{dead.root.name}: not ended ({_one_line(exc)})", keep=True)
+        except Exception as exc:  # nothing a later look would change
+            line = f"{dead.root.name}: removed, it could not be ended ({_one_line(exc)})"
+            failure, verdict = exc, Verdict(line)
         if verdict.keep:
             kept = dead.kept_for()
-            if kept <= KEEP_MAX_SEC:
+            if kept <= KEEP_MAX_SEC or dead.in_use():
                 if kept == 0.0:
+                    log.warning("%s: %s", dead.root.name, verdict.line, exc_info=failure)
                     said.append(f"{verdict.line}; looked at again later")
                 dead.let_go()
                 continue
             verdict = Verdict(f"{dead.root.name}: removed after {kept / 3600:.1f} h unended ({verdict.line})")
+        elif failure is not None:
+            log.warning("%s: %s", dead.root.name, verdict.line, exc_info=failure)
         try:
             clean_up(ctx.runtime, dead.leftovers())
         finally:
@@ -121,7 +133,10 @@ def _recover(ctx: WorkerContext, dead: DeadRun) -> Verdict:
     if stored is not None:
         return _put_in_place(name, theirs, spec, admitted.paths, tries, stored)
     if pending is not None:
-        attempt = ended_try(spec, admitted.job, theirs, pending, started)
+        try:
+            attempt = ended_try(spec, admitted.job, theirs, pending, started)
+        except (CollectError, ValueError, TypeError, AttributeError) as exc:  # as its run's own try would
+            return Verdict(f"{name}: not recovered, its Pier result cannot be read ({exc}); it runs again")
         if attempt is None:
             return Verdict(f"{name}: not recovered, its Pier run had not ended; it runs again")
         tries.append(attempt)
@@ -180,6 +195,12 @@ def _put_in_place(
         log.error("%s: cannot write to the job directory (%s); the record is in the store", spec.label, exc)
     _free_slot(theirs, spec)
     return Verdict(f"{name}: its worker process died after its record's commit; its files are put in place")
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as one short line."""
+    text = " ".join(str(exc).split())
+    return f"{exc.__class__.__name__}: {text[:300]}" if text else exc.__class__.__name__
 
 
 def _free_slot(theirs: WorkerContext, spec: TrialSpec) -> None:

@@ -215,18 +215,18 @@ def ended_try(
     None when Pier's last trial in the try directory `scratch` did not run to
     its end (`layout.ran_to_end`): it was stopped, killed, or never started.
     The stage timings before Pier's are lost with the process; Pier's span of
-    the trial stands for the harness stage.
+    the trial stands for the harness stage, and its end for the record's.
+    Raises CollectError when Pier's result cannot be read.
     """
     trial_dirs = find_trial_dirs(scratch / PIER_JOB)
-    seconds = ran_to_end(trial_dirs[-1]) if trial_dirs else None
-    if seconds is None:
+    end = ran_to_end(trial_dirs[-1]) if trial_dirs else None
+    if end is None:
         return None
     _tidy_trial_dirs(spec, scratch, trial_dirs)
-    # Pier's own span of the trial stands for the harness stage (what the history measures).
-    outcome = _collect(
-        spec, ctx, trial_dirs[-1], started, {"harness": seconds}, authority=gateway_authority(job)
-    )
-    return replace(outcome, leftovers=tuple(trial_dir.name for trial_dir in trial_dirs))
+    timings = {"harness": end.seconds} if end.seconds is not None else {}
+    outcome = _collect(spec, ctx, trial_dirs[-1], started, timings, authority=gateway_authority(job))
+    record = outcome.record.model_copy(update={"finished_at": end.finished_at})
+    return replace(outcome, record=record, leftovers=tuple(trial_dir.name for trial_dir in trial_dirs))
 
 
 def _tidy_trial_dirs(spec: TrialSpec, scratch: Path, trial_dirs: list[Path]) -> None:

@@ -41,6 +41,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 
 from sciencebench.coordination.budget import BUDGET
 from sciencebench.coordination.heartbeat import Heartbeat
@@ -144,6 +145,8 @@ def _stored_answer(
         return None
     start = coord.start(job, key, ctx.owner, ctx.settings.lease_seconds, 1, parked=dispatch.parked,
                         running=dispatch.running(ctx))  # fmt: skip
+    if start.claim is not Claim.HELD:
+        coord.share_started(job, key)  # fair share: its message arrived, as `_handle` says
     if start.claim is Claim.RECORDED:
         return _settle(spec, ctx, dispatch, _recorded(spec, ctx, started))
     if start.claim is Claim.CLAIMED:  # the record went meanwhile (retry --failed): not this host's to run
@@ -247,7 +250,9 @@ def _run_held(
     try:
         holds.enter_context(ctx.runtime.images_held(spec.image_refs))
         clustered = dispatch.hands_back  # a Celery worker's run: another process of the host may end it
-        root = holds.enter_context(journal.opened(ctx.settings, spec, ctx.owner, started, clustered))
+        root = holds.enter_context(
+            journal.opened(ctx.settings, spec, ctx.owner, started, clustered, partial(clean_up, ctx.runtime))
+        )
         coord.run_started(job, key, None, host)  # the running entry came with the claim
         tries = run_tries(spec, ctx, admitted, heartbeat, started, root)
         try:

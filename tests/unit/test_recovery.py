@@ -18,7 +18,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from sciencebench.worker import journal
 from sciencebench.worker.context import WorkerContext
 from sciencebench.worker.dispatch import EMBEDDED, Answer, Clustered, not_counted
 from sciencebench.worker.pier.process import PierRun
-from sciencebench.worker.recovery import recover_dead
+from sciencebench.worker.recovery import KEEP_MAX_SEC, recover_dead
 from sciencebench.worker.trial import handle
 from tests.fixtures.hosts import prepare
 from tests.fixtures.selection import make_selection
@@ -49,6 +49,7 @@ pytestmark = pytest.mark.unit
 DEAD_HOST, RESCUER = "w1@unit", "w2@unit"
 LEASE = 2.0
 DIED = 9  # the exit code of a death
+PIER_SEC = 1.5  # how long each of Pier's trials says it ran
 
 
 def die() -> None:
@@ -82,9 +83,12 @@ class DyingPier:
             events = [{"type": "turn.started"}, {"type": "turn.failed", "error": {"message": "429 Too Many"}}]
             (trial / "agent" / "codex.txt").write_text("".join(json.dumps(e) + "\n" for e in events))
         if outcome.get("result", True):
-            now = datetime.now(UTC).isoformat()
+            began, now = (
+                (datetime.now(UTC) - timedelta(seconds=PIER_SEC)).isoformat(),
+                datetime.now(UTC).isoformat(),
+            )
             result = {
-                "task_name": "task_001", "trial_name": trial.name, "started_at": now, "finished_at": now,
+                "task_name": "task_001", "trial_name": trial.name, "started_at": began, "finished_at": now,
                 "verifier_result": None if exception else {"rewards": {"reward": 1.0}},
                 "exception_info": {"exception_type": exception, "exception_message": f"fake {exception}"}
                 if exception else None,
@@ -222,7 +226,10 @@ def test_a_run_whose_owner_died_after_pier_ended_is_committed_and_its_copy_answe
     record = world.stored()
     assert record is not None and record.rewards == {"reward": 1.0} and record.exception_type is None
     assert record.worker == DEAD_HOST and record.tries == 1 and record.trial_dir == "task_001__run1x"
-    assert record.measured_sec is not None  # Pier's span of the trial, for the history
+    # Pier's span of the trial and its end, as its result.json says (what the history and summary read).
+    assert record.measured_sec == pytest.approx(PIER_SEC, abs=0.01)
+    pier = json.loads((world.paths.job_dir / record.trial_dir / "result.json").read_text())
+    assert record.finished_at == datetime.fromisoformat(pier["finished_at"])
     assert (world.paths.job_dir / record.trial_dir / "result.json").is_file()
     written = world.paths.trial_record(world.spec.task_id, world.spec.attempt).read_bytes()
     assert TrialRecord.model_validate_json(written) == record
@@ -344,7 +351,7 @@ def test_a_run_sent_again_meanwhile_is_not_committed(make_world: Callable[..., W
 def test_a_run_whose_owner_lives_is_left_alone(make_world: Callable[..., World]) -> None:
     world = make_world()
     started = datetime.now(UTC)
-    with journal.opened(world.settings, world.spec, "alive", started, clustered=True) as root:
+    with journal.opened(world.settings, world.spec, "alive", started, True, lambda names: None) as root:
         assert recover_dead(world.rescuer()) == []
         assert ScratchPaths.claim(root).is_file()
     assert world.runs_left() == []
@@ -491,6 +498,93 @@ def test_a_run_opens_though_the_job_s_scratch_goes_as_another_run_of_it_ends(
             path.rmdir()
 
     monkeypatch.setattr(journal, "private_dir", racing)
-    with journal.opened(world.settings, world.spec, "me", datetime.now(UTC), clustered=True) as root:
+    started = datetime.now(UTC)
+    with journal.opened(world.settings, world.spec, "me", started, True, lambda names: None) as root:
         assert raced and ScratchPaths.claim(root).is_file()
     assert world.runs_left() == []
+
+
+def test_a_new_run_of_the_trial_removes_a_dead_one_and_what_its_compose_left(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world()
+    world.run_and_die([{"result": False, "die": True}])
+    cleaned: list[tuple[str, ...]] = []
+    with journal.opened(world.settings, world.spec, "copy", datetime.now(UTC), True, cleaned.append) as root:
+        assert [p for p in world.runs_left() if p.is_dir()] == [root]
+    assert cleaned == [("task_001__run1x",)]
+
+
+def test_a_job_scratch_removed_between_its_check_and_its_use_is_made_again(
+    make_world: Callable[..., World], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = make_world()
+    job_scratch = ScratchPaths(world.settings.scratch_root).job_dir(world.spec.job_id)
+    seen = os.path.lexists
+    lied: list[str] = []
+
+    def there_a_moment_ago(path: Any) -> bool:
+        if Path(path) == job_scratch and not lied:
+            lied.append(str(path))
+            return True  # it was there when looked at, and went before its lstat
+        return seen(path)
+
+    monkeypatch.setattr(os.path, "lexists", there_a_moment_ago)
+    with journal.opened(world.settings, world.spec, "me", datetime.now(UTC), True, lambda names: None):
+        assert lied
+    assert world.runs_left() == []
+
+
+def test_a_job_scratch_gone_while_a_pass_looks_at_it_is_no_error(
+    make_world: Callable[..., World], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = make_world()
+    world.run_and_die([{"die": True}])
+    take = journal._take_lock
+    gone: list[Path] = []
+
+    def after_it_went(path: Path, wait_sec: float) -> int | None:
+        if not gone:  # its last run ended between the listing and this lock
+            gone.append(path)
+            raise FileNotFoundError(path)
+        return take(path, wait_sec)
+
+    monkeypatch.setattr(journal, "_take_lock", after_it_went)
+    assert recover_dead(world.rescuer()) == [] and gone
+    (line,) = _recovered(world)  # the next pass
+    assert "its record is committed" in line
+
+
+def test_a_run_whose_pier_result_cannot_be_read_runs_again(make_world: Callable[..., World]) -> None:
+    world = make_world()
+    world.run_and_die([{"die": True}])
+    (result,) = world.settings.scratch_root.glob("*/*/try-1/job/task_001__*/result.json")
+    data = json.loads(result.read_text())
+    result.write_text(json.dumps({**data, "verifier_result": "not a mapping"}))
+    (line,) = _recovered(world)
+    assert "its Pier result cannot be read" in line and world.stored() is None
+
+
+def test_a_run_kept_longer_than_its_bound_is_removed(make_world: Callable[..., World]) -> None:
+    world = make_world()
+    world.run_and_die([{"die": True}])
+    (run,) = [p for p in world.runs_left() if p.is_dir()]
+    marker = run / ".deferred"
+    marker.write_text("")
+    old = time.time() - KEEP_MAX_SEC - 60
+    os.utime(marker, (old, old))
+    world.runtime.unhealthy = None
+
+    @dataclass
+    class Away:
+        store: Coordinator
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.store, name)
+
+        def get_result(self, job: str, key: str) -> str | None:
+            raise BrokerUnavailableError("broker unreachable")
+
+    lines = recover_dead(replace(world.rescuer(), coord=Away(world.coord())))
+    assert len(lines) == 1 and "removed after 6.0 h unended" in lines[0]
+    assert world.runs_left() == [] and world.runtime.cleaned == ["task_001__run1x"]

@@ -385,12 +385,34 @@ def test_a_host_that_cannot_run_the_trial_still_answers_with_a_record_a_lost_hos
         monkeypatch.setattr(trial_module, "admit", refuse)
     else:
         world.runtime.unhealthy = "the engine does not answer"
+    world.coord.share_sent(world.job, world.spec.key)  # fair share sent this copy
     again = world.handle()
     assert isinstance(again, Answer) and again.leased and again.record == first.record, again
     assert world.pier.runs == 1 and not world.coord.hosts()[HOST].paused
+    assert world.coord.share_load(world.job).sent == 0  # its message arrived, as fair share counts it
     world.coord.mark_counted(world.job, world.spec.key)
     counted(TASK_ID)
     assert world.coord.orphaned() == []
+
+
+def test_a_record_gone_between_the_look_and_the_claim_leaves_no_claim_taken(world: World) -> None:
+    # `retry --failed` cleared the record just after this unfit host saw it: its claim is given back.
+    _unfit(world)
+    world.coord.beat("w2@other")
+    store = world.coord
+
+    class Seen:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(store, name)
+
+        def get_result(self, job: str, key: str) -> str | None:
+            return '{"seen": "a moment ago"}'
+
+    world.ctx.coord = Seen()  # type: ignore[assignment]
+    outcome = world.handle()
+    assert isinstance(outcome, HandBack) and not outcome.host_fault  # handed back as any unfit copy
+    assert store.acquire_slot(world.job, "probe", 1, LEASE)  # no slot left taken
+    assert world.pier.runs == 0 and store.get_result(world.job, world.spec.key) is None
 
 
 def test_no_room_for_the_images_hands_back_without_pausing_the_host(world: World) -> None:

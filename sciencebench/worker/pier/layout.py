@@ -128,8 +128,16 @@ def read_trial_outcome(trial_dir: Path) -> TrialOutcome:
     )
 
 
-def ran_to_end(trial_dir: Path) -> float | None:
-    """How long Pier ran this trial to its end (s); None when it did not (or its result says nothing).
+@dataclass(frozen=True)
+class PierEnd:
+    """When Pier ended a trial it ran to its end, and its span of the trial (s; None when unreadable)."""
+
+    finished_at: datetime
+    seconds: float | None
+
+
+def ran_to_end(trial_dir: Path) -> PierEnd | None:
+    """When Pier ran this trial to its end; None when it did not.
 
     The end: a whole `result.json` with a finish time, not cancelled. Pier
     writes a trial's `result.json` once, when the trial is over
@@ -139,17 +147,17 @@ def ran_to_end(trial_dir: Path) -> float | None:
     """
     try:
         data = json.loads((trial_dir / "result.json").read_bytes())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or not data.get("finished_at"):
+        finished_at = datetime.fromisoformat(data["finished_at"])
+    except (OSError, ValueError, TypeError, KeyError):
         return None
     exception = data.get("exception_info")
     if isinstance(exception, dict) and exception.get("exception_type") in CANCELLED_TYPES:
         return None
     try:
-        return _seconds(data)
+        seconds = _seconds(data)
     except (TypeError, ValueError):
-        return None
+        seconds = None
+    return PierEnd(finished_at, seconds)
 
 
 def name_the_selection(trial_dirs: list[Path], snapshot: Path, task_dir: Path) -> None:
