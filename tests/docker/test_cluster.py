@@ -82,6 +82,9 @@ class Deployment:
             "SCIENCEBENCH_PROXY_IMAGE": self.images.proxy,
             "SCIENCEBENCH_STOP_GRACE_PERIOD": "30s",
             "SCIENCEBENCH_CONTROL_PLANE_NETWORK": self.control.network,
+            # Each host's own, as on separate machines: a worker sharing a scratch with another would
+            # end that one's dead runs (`worker.recovery`), which this file's hosts are not to do.
+            "SCIENCEBENCH_SCRATCH_DIR": str(self.workdir / f"scratch-{hostname}"),
         }
         values.update(overrides)
         return values
