@@ -314,8 +314,7 @@ class DeadRun:
         was running) when its process died.
         """
         ended: list[Try] = []
-        number = 1
-        while (directory := ScratchPaths.try_dir(self.root, number)).is_dir() and not directory.is_symlink():
+        for directory in self._try_dirs():
             text = _read(ScratchPaths.try_end(directory))
             try:
                 if text is None:
@@ -323,17 +322,20 @@ class DeadRun:
                 ended.append(TryEnd.model_validate_json(text).to_try(self.root))
             except ValueError:
                 return ended, directory
-            number += 1
         return ended, None
 
     def leftovers(self) -> tuple[str, ...]:
         """The names of every Pier trial directory of its tries: whose compose projects may be left."""
-        names: list[str] = []
+        return tuple(
+            trial.name for directory in self._try_dirs() for trial in find_trial_dirs(directory / PIER_JOB)
+        )
+
+    def _try_dirs(self) -> Iterator[Path]:
+        """Its try directories in order (`try-1`, `try-2`, ...), up to the first missing one; no link."""
         number = 1
-        while (directory := ScratchPaths.try_dir(self.root, number)).is_dir():
-            names += [trial.name for trial in find_trial_dirs(directory / PIER_JOB)]
+        while (directory := ScratchPaths.try_dir(self.root, number)).is_dir() and not directory.is_symlink():
+            yield directory
             number += 1
-        return tuple(names)
 
     def in_use(self) -> bool:
         """Whether a live process works in it still (its Pier ending after the worker died, a compose)."""

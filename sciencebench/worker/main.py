@@ -26,7 +26,7 @@ from sciencebench.core.errors import InputError, PreflightError, PullError
 from sciencebench.core.settings import Settings
 from sciencebench.worker import preflight
 from sciencebench.worker.app import app
-from sciencebench.worker.context import WorkerContext, use_context
+from sciencebench.worker.context import WorkerContext, docker_runtime, use_context
 from sciencebench.worker.docker.holdings import HoldingsReporter
 from sciencebench.worker.pier import process
 from sciencebench.worker.recovery import recover_dead
@@ -83,7 +83,7 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     # Forked pool processes build their context with these settings, not from the environment alone.
     use_context(lambda: cluster_context(settings))
     # Runs that dead worker processes of this host left after their Pier ended: committed, not run again.
-    keeper = cluster_context(settings)
+    keeper = WorkerContext(coord=coord, runtime=docker_runtime(settings), settings=settings)
     _recover(keeper)
     pier_bin = settings.pier_bin
     # Imports Pier in the background while Celery starts; pool processes share it.

@@ -50,6 +50,7 @@ from sciencebench.core.paths import JobPaths
 from sciencebench.worker.admission import admit
 from sciencebench.worker.context import WorkerContext
 from sciencebench.worker.dispatch import Answer
+from sciencebench.worker.docker.engine import one_line
 from sciencebench.worker.journal import DeadRun, check_scratch, dead_runs, record_try
 from sciencebench.worker.publish import staged_before, write_record
 from sciencebench.worker.stages import Try, clean_up, ended_try
@@ -198,9 +199,8 @@ def _put_in_place(
 
 
 def _one_line(exc: BaseException) -> str:
-    """An exception as one short line."""
-    text = " ".join(str(exc).split())
-    return f"{exc.__class__.__name__}: {text[:300]}" if text else exc.__class__.__name__
+    """An exception as one short line (`engine.one_line`)."""
+    return one_line(f"{exc.__class__.__name__}: {exc}", 300)
 
 
 def _free_slot(theirs: WorkerContext, spec: TrialSpec) -> None:

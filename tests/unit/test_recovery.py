@@ -117,6 +117,19 @@ class DyingStore:
 
 
 @dataclass
+class Away:
+    """The store, away: every read of a record fails as an outage does."""
+
+    store: Coordinator
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def get_result(self, job: str, key: str) -> str | None:
+        raise BrokerUnavailableError("broker unreachable")
+
+
+@dataclass
 class World:
     """One persisted job of one trial; its dead owner's context and the rescuer's."""
 
@@ -409,16 +422,6 @@ def test_a_run_the_store_could_not_take_is_kept_and_committed_by_a_later_pass(
     world = make_world()
     world.run_and_die([{"die": True}])
 
-    @dataclass
-    class Away:
-        store: Coordinator
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.store, name)
-
-        def get_result(self, job: str, key: str) -> str | None:
-            raise BrokerUnavailableError("broker unreachable")
-
     (line,) = recover_dead(replace(world.rescuer(), coord=Away(world.coord())))
     assert "not ended (BrokerUnavailableError" in line and "looked at again later" in line
     assert any(p.is_dir() for p in world.runs_left()) and world.stored() is None
@@ -574,16 +577,6 @@ def test_a_run_kept_longer_than_its_bound_is_removed(make_world: Callable[..., W
     old = time.time() - KEEP_MAX_SEC - 60
     os.utime(marker, (old, old))
     world.runtime.unhealthy = None
-
-    @dataclass
-    class Away:
-        store: Coordinator
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.store, name)
-
-        def get_result(self, job: str, key: str) -> str | None:
-            raise BrokerUnavailableError("broker unreachable")
 
     lines = recover_dead(replace(world.rescuer(), coord=Away(world.coord())))
     assert len(lines) == 1 and "removed after 6.0 h unended" in lines[0]
