@@ -152,8 +152,10 @@ make_inputs() { # PYVERSION INPUTS
                 --platform manylinux1_x86_64 --platform linux_x86_64)
     local target=(--only-binary=:all: "${platforms[@]}" --python-version "$py" --implementation cp
                   --abi "cp${py/./}" --abi abi3 --abi none)
+    # --no-deps: uv.lock has resolved every requirement already (each pinned, with its hashes); pip must
+    # not resolve again (a newer release of a dependency named with extras fails pip's hash check).
     for extra in worker monitor; do
-        "$UV_HOME/bin/pip" download --quiet --disable-pip-version-check "${target[@]}" \
+        "$UV_HOME/bin/pip" download --quiet --disable-pip-version-check --no-deps "${target[@]}" \
             -r "$tmp/wheelhouse/$extra.txt" -d "$tmp/wheelhouse" 2>&1 | grep -v 'is ignored' >&2 || true
         # grep's status hides pip's; check the result instead.
     done
