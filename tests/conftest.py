@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +32,17 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server = RedisServer(tmp_path_factory.mktemp("redis"))
     server.start()
     yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own, which it may stop, pause or restart (the session's is shared)."""
+    server = RedisServer(tmp_path / "own-redis")
+    server.start()
+    yield server
+    if server.proc and server.proc.poll() is None:
+        server.proc.send_signal(signal.SIGCONT)  # a stopped (SIGSTOP) server would ignore the SIGTERM
     server.stop()
 
 

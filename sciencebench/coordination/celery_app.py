@@ -15,6 +15,7 @@ from typing import Any
 from celery import Celery
 from celery.app.amqp import AMQP
 
+from sciencebench.coordination.result_backend import Loader
 from sciencebench.core.settings import RESULT_EXPIRES_SEC, Settings
 
 
@@ -46,7 +47,8 @@ def create_app(settings: Settings | None = None, include: Sequence[str] = ()) ->
     the environment's are invalid.
     """
     settings = settings or Settings.from_env()
-    app = Celery("sciencebench", include=list(include), amqp=ShadowNamedAMQP)
+    # Loader: a Redis result backend whose commands wait out a broker outage (`coordination.result_backend`).
+    app = Celery("sciencebench", include=list(include), amqp=ShadowNamedAMQP, loader=Loader)
     transport_options = {"visibility_timeout": settings.visibility_timeout_sec}
     app.conf.update(
         broker_url=settings.broker_url,

@@ -18,8 +18,6 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -39,14 +37,9 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def backend(tmp_path: Path) -> Iterator[RedisServer]:
+def backend(own_redis: RedisServer) -> RedisServer:
     """The workers' and the submitter's result backend, apart from the broker and store."""
-    server = RedisServer(tmp_path / "backend")
-    server.start()
-    yield server
-    if server.proc and server.proc.poll() is None:
-        server.proc.send_signal(signal.SIGCONT)  # a stopped server would ignore the SIGTERM
-    server.stop()
+    return own_redis
 
 
 def _worker(cluster: Cluster, backend: RedisServer, name: str) -> Worker:

@@ -18,6 +18,8 @@ from sciencebench.coordination import scripts
 from sciencebench.core.errors import BrokerUnavailableError
 
 _OUTAGE_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+# How long a call waits out a broker outage before it raises (the result backend's too).
+OUTAGE_SEC = 900.0
 
 
 def chunks[T](items: list[T], size: int) -> list[list[T]]:
@@ -28,7 +30,7 @@ def chunks[T](items: list[T], size: int) -> list[list[T]]:
 class RedisBase:
     """One client (`decode_responses`), the store's clock and the outage rule; `ping` answers at once."""
 
-    def __init__(self, url: str, outage_sec: float = 900.0) -> None:
+    def __init__(self, url: str, outage_sec: float = OUTAGE_SEC) -> None:
         self._redis: redis.Redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=30)
         self.outage_sec = outage_sec
         self._recovered_at = float("-inf")

@@ -20,7 +20,7 @@ from sciencebench.coordination.protocol import (
     HostStatus,
     job_key,
 )
-from sciencebench.coordination.redis.base import RedisBase
+from sciencebench.coordination.redis.base import OUTAGE_SEC, RedisBase
 from sciencebench.coordination.shares import Shares
 from sciencebench.core.models import TrialState, TrialStatus
 
@@ -28,7 +28,7 @@ from sciencebench.core.models import TrialState, TrialStatus
 class RedisBoard(RedisBase, Board, Shares):
     """`Board` and `Shares` (`coordination.shares`: the script `lua/share_choose.lua`)."""
 
-    def __init__(self, url: str, outage_sec: float = 900.0) -> None:
+    def __init__(self, url: str, outage_sec: float = OUTAGE_SEC) -> None:
         super().__init__(url, outage_sec)
         self._choose_share_script = scripts.Registered(self._redis, scripts.SHARE_CHOOSE)
 

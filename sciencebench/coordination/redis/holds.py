@@ -9,7 +9,7 @@ from redis.typing import EncodableT
 
 from sciencebench.coordination import scripts
 from sciencebench.coordination.protocol import JOBS_KEY, Held, Slots, job_key
-from sciencebench.coordination.redis.base import RedisBase, chunks
+from sciencebench.coordination.redis.base import OUTAGE_SEC, RedisBase, chunks
 from sciencebench.core.keys import TrialKey
 from sciencebench.core.models import Redispatch
 
@@ -22,7 +22,7 @@ def _guard_ms(guard_sec: float) -> int:
 class RedisSlots(RedisBase, Slots):
     """`Slots` (the scripts `slot`, `wait`, `next_waiting`, `release_held`; `hold` is one transaction)."""
 
-    def __init__(self, url: str, outage_sec: float = 900.0) -> None:
+    def __init__(self, url: str, outage_sec: float = OUTAGE_SEC) -> None:
         super().__init__(url, outage_sec)
         self._slot = self._script(scripts.SLOT)
         self._wait = self._script(scripts.WAIT)

@@ -12,13 +12,13 @@ from sciencebench.coordination.budget import Budget, Budgets, Spend
 from sciencebench.coordination.history import SAMPLES
 from sciencebench.coordination.keys import SHARES_KEY, WEIGHTS_KEY
 from sciencebench.coordination.protocol import HISTORY_KEY, JOBS_KEY, History, JobControl, Unfit, job_key
-from sciencebench.coordination.redis.base import RedisBase, chunks
+from sciencebench.coordination.redis.base import OUTAGE_SEC, RedisBase, chunks
 
 
 class RedisJobs(RedisBase, JobControl, History, Budgets):
     """`JobControl`, `History`, `Budgets` (scripts `add_durations`, `set_budget`, `start_within_budget`)."""
 
-    def __init__(self, url: str, outage_sec: float = 900.0) -> None:
+    def __init__(self, url: str, outage_sec: float = OUTAGE_SEC) -> None:
         super().__init__(url, outage_sec)
         self._add_durations = self._script(scripts.ADD_DURATIONS)
         self._set_budget = self._script(scripts.SET_BUDGET)

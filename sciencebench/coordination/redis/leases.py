@@ -7,14 +7,14 @@ from typing import override
 
 from sciencebench.coordination import budget, scripts
 from sciencebench.coordination.protocol import JOBS_KEY, PREFIX, Claim, Leases, Results, Start, job_key
-from sciencebench.coordination.redis.base import RedisBase
+from sciencebench.coordination.redis.base import OUTAGE_SEC, RedisBase
 from sciencebench.core.models import Redispatch, TrialState, TrialStatus
 
 
 class RedisLeases(RedisBase, Results, Leases):
     """`Results` and `Leases` (the scripts `park`, `renew`, `commit`, `start`, `finish`, `take_orphan`)."""
 
-    def __init__(self, url: str, outage_sec: float = 900.0) -> None:
+    def __init__(self, url: str, outage_sec: float = OUTAGE_SEC) -> None:
         super().__init__(url, outage_sec)
         self._park = self._script(scripts.PARK)
         self._renew = self._script(scripts.RENEW)
