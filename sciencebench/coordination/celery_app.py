@@ -15,8 +15,15 @@ from typing import Any
 from celery import Celery
 from celery.app.amqp import AMQP
 
+from sciencebench.coordination.redis.base import OUTAGE_SEC
 from sciencebench.coordination.result_backend import Loader
 from sciencebench.core.settings import RESULT_EXPIRES_SEC, Settings
+
+# Publishing (a trial, a copy, the chord's finalizer) waits out a broker outage as long as the store's
+# calls do (OUTAGE_SEC): tries 1 s apart at first, then 10 s apart. Celery's default gives up within seconds,
+# and a finalizer not sent then ends the job's chord in error.
+PUBLISH_RETRY_POLICY = {"max_retries": int(OUTAGE_SEC // 10) + 6, "interval_start": 0, "interval_step": 1,
+                        "interval_max": 10}  # fmt: skip
 
 
 class ShadowNamedAMQP(AMQP):
@@ -50,6 +57,9 @@ def create_app(settings: Settings | None = None, include: Sequence[str] = ()) ->
     # Loader: a Redis result backend whose commands wait out a broker outage (`coordination.result_backend`).
     app = Celery("sciencebench", include=list(include), amqp=ShadowNamedAMQP, loader=Loader)
     transport_options = {"visibility_timeout": settings.visibility_timeout_sec}
+    # The result backend's connections wait out an outage themselves (`coordination.result_backend`);
+    # Celery's retries around them (`ensure`, `result_backend_always_retry`) would multiply that wait.
+    backend_options = {**transport_options, "retry_policy": {"max_retries": 0}}
     app.conf.update(
         broker_url=settings.broker_url,
         result_backend=settings.backend_url,
@@ -61,11 +71,8 @@ def create_app(settings: Settings | None = None, include: Sequence[str] = ()) ->
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         broker_transport_options=transport_options,
-        result_backend_transport_options=transport_options,
-        # A result stored while the broker restarts (Redis loading its AOF) is retried, not turned into
-        # the task's failure: that failure would be counted towards the job's chord and end it in error.
-        result_backend_always_retry=True,
-        result_backend_max_retries=40,
+        result_backend_transport_options=backend_options,
+        task_publish_retry_policy=PUBLISH_RETRY_POLICY,
         visibility_timeout=settings.visibility_timeout_sec,
         result_expires=RESULT_EXPIRES_SEC,
         result_extended=True,

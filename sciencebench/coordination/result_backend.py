@@ -9,12 +9,16 @@ with that ConnectionError and counted the failure, and the job's chord ended
 in error though every record was stored.
 
 Here each connection of the backend's client sends a command again while it
-cannot reach the broker, for up to `OUTAGE_SEC`, as the coordinator's calls
-wait (`coordination.redis.base`); a longer outage raises as before. A
-command whose reply was lost runs twice, which the backend's commands
+cannot reach the broker (refused, closed, loading its data, timed out), for
+up to `OUTAGE_SEC`, as the coordinator's calls wait
+(`coordination.redis.base`); a longer outage raises, and so does a refused
+login at once. Celery's own retries around the client are turned off
+(`coordination.celery_app`): they would multiply the wait. A command whose
+reply was lost (or timed out) may run twice, which the backend's commands
 bear: Celery's count adds a trial once (keyed by task id and index), and
 its claim of the finalizer's send is recognised by the token it was sent
-with (`_Count`), so a count sent again still sends the finalizer.
+with (`_Count`), so a count sent again still sends the finalizer. (Celery's
+`add_to_chord`, an `INCR`, would not bear it; sciencebench never calls it.)
 
 `Loader` makes Celery use this backend for `redis://` and `rediss://` URLs
 (`coordination.celery_app`).
@@ -37,16 +41,24 @@ from redis.retry import Retry
 
 from sciencebench.coordination.redis.base import OUTAGE_SEC
 
+# Connection errors that are answers, not an outage: sent again, they fail the same way.
+_ANSWERS = (
+    redis.exceptions.AuthenticationError,
+    redis.exceptions.AuthorizationError,
+    redis.exceptions.MaxConnectionsError,
+)
+
 
 class OutageRetry(Retry):
     """Send a command again while its connection fails, until `outage_sec` after the first failure.
 
-    Only connection failures (refused, closed, the broker loading its data):
-    a timeout may be a command still running, and an error reply is an answer.
+    A failure is a connection refused or closed, the broker loading its data,
+    or a timeout; an error reply, or a refused login, is an answer.
     """
 
     def __init__(self, outage_sec: float = OUTAGE_SEC) -> None:
-        super().__init__(EqualJitterBackoff(cap=2.0, base=0.05), -1, (redis.ConnectionError,))
+        failures = (redis.ConnectionError, redis.TimeoutError)
+        super().__init__(EqualJitterBackoff(cap=2.0, base=0.05), -1, failures)
         self.outage_sec = outage_sec
 
     def call_with_retry[T](
@@ -59,7 +71,7 @@ class OutageRetry(Retry):
             try:
                 return do()
             except self._supported_errors as error:
-                if is_retryable and not is_retryable(error):
+                if isinstance(error, _ANSWERS) or (is_retryable and not is_retryable(error)):
                     raise
                 failures += 1
                 if with_failure_count:
@@ -96,9 +108,11 @@ class _Count:
 class PatientRedisBackend(RedisBackend):
     """Celery's Redis result backend; its connections wait out an outage (`OutageRetry`)."""
 
+    outage_sec = OUTAGE_SEC
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.connparams["retry"] = OutageRetry()  # type: ignore[attr-defined]  # not in the stubs
+        self.connparams["retry"] = OutageRetry(self.outage_sec)  # type: ignore[attr-defined]  # not in the stubs
 
     @cached_property
     def _chord_part_return_script(self) -> _Count:

@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import socket
 import threading
+import time
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +32,7 @@ from celery.app.task import Context
 from celery.backends.redis import CHORD_PART_RETURN_LUA
 
 from sciencebench.coordination.celery_app import create_app
+from sciencebench.coordination.result_backend import PatientRedisBackend
 from sciencebench.core.settings import Settings
 from sciencebench.core.wire import FINALIZE_JOB
 from tests.fixtures.services import RedisServer
@@ -35,9 +40,15 @@ from tests.fixtures.services import RedisServer
 pytestmark = pytest.mark.unit
 
 
+@pytest.fixture(autouse=True)
+def short_outages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command waits out at most a minute here: a server that does not come back fails the test."""
+    monkeypatch.setattr(PatientRedisBackend, "outage_sec", 60.0)
+
+
 @pytest.fixture
 def server(own_redis: RedisServer) -> RedisServer:
-    """The broker and result backend: stopped, or its replies cut, while a trial is counted."""
+    """The broker and result backend: stopped, paused or its replies cut, while a trial is counted."""
     return own_redis
 
 
@@ -119,17 +130,23 @@ def _finalizers_sent(url: str) -> list[Any]:
     return [json.loads(m)["headers"]["task"] for m in messages]
 
 
+def _count_while_away(app: Celery, request: Context, away: Callable[[], None], back: Callable[[], None],
+                      seconds: float) -> None:  # fmt: skip
+    """Count the trial of `request` after `away()`; `back()` runs `seconds` later, while the count waits."""
+    away()
+    timer = threading.Timer(seconds, back)
+    timer.start()
+    try:
+        app.backend.on_chord_part_return(request, states.SUCCESS, {"reward": 1.0})
+    finally:
+        timer.join()
+
+
 def test_a_trial_counted_while_the_broker_restarts_is_counted_once_it_is_back(server: RedisServer) -> None:
     app = _app(server.url)
     request = _one_trial_chord(app)
     app.backend.client.ping()  # the backend's connection is open, as a worker's is mid-job
-    server.stop()
-    back = threading.Timer(1.5, server.start)
-    back.start()
-    try:
-        app.backend.on_chord_part_return(request, states.SUCCESS, {"reward": 1.0})
-    finally:
-        back.join()
+    _count_while_away(app, request, server.stop, server.start, 1.5)
     assert _finalizers_sent(server.url) == [FINALIZE_JOB]
 
 
@@ -158,3 +175,47 @@ def test_another_workers_claim_is_not_taken(server: RedisServer) -> None:
     redis.Redis.from_url(server.url).set(claim, "someone-else", ex=60)
     app.backend.on_chord_part_return(request, states.SUCCESS, {"reward": 1.0})
     assert _finalizers_sent(server.url) == []
+
+
+def test_a_count_that_times_out_on_a_paused_broker_is_sent_again(server: RedisServer) -> None:
+    # A paused broker (or a network that drops packets) answers nothing: the count times out, perhaps after
+    # it ran; sent again, it still sends the finalizer.
+    app = _app(server.url)
+    app.conf.redis_socket_timeout = 0.5
+    request = _one_trial_chord(app)
+    proc = server.proc
+    assert proc is not None
+    _count_while_away(app, request, lambda: proc.send_signal(signal.SIGSTOP),
+                      lambda: proc.send_signal(signal.SIGCONT), 1.5)  # fmt: skip
+    assert _finalizers_sent(server.url) == [FINALIZE_JOB]
+
+
+def test_the_finalizer_sent_while_the_broker_is_away_is_sent_once_it_is_back(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    # The count lands (the result backend is up) and then sends the finalizer to a broker that is away for
+    # 12 s. Each try to reach it gives up after 0.5 s here; with Celery's own publish policy the finalizer's
+    # send then gives up within 9 s, the chord fails ("Callback error") and nothing is sent.
+    backend = RedisServer(tmp_path / "backend")
+    backend.start()
+    try:
+        app = _app(server.url, backend.url)
+        app.conf.broker_connection_timeout = 0.5
+        _count_while_away(app, _one_trial_chord(app), server.stop, server.start, 12.0)
+    finally:
+        backend.stop()
+    assert _finalizers_sent(server.url) == [FINALIZE_JOB]
+
+
+def test_a_refused_login_fails_at_once(tmp_path: Path) -> None:
+    # A wrong password is an answer, not an outage: nothing waits for it.
+    locked = RedisServer(tmp_path / "locked", password="right")
+    locked.start()
+    try:
+        app = _app(locked.url.replace(":right@", ":wrong@"))
+        started = time.monotonic()
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            app.backend.client.ping()
+        assert time.monotonic() - started < PatientRedisBackend.outage_sec / 10
+    finally:
+        locked.stop()
