@@ -86,7 +86,8 @@ def test_a_run_whose_worker_died_before_pier_ended_runs_again_and_leaves_nothing
     path = cluster.selection({"001": {"sleep_sec": 2.0, "reward": 1.0}})
     submitted = cluster.submit(path, job, wait=False)
     assert submitted.returncode == 0, submitted.stderr
-    wait_for(lambda: pier_procs(job_dir), 60, "the trial's Pier to run")
+    # Its Pier has logged its start (a process alone may not have yet: killed then, it never would).
+    wait_for(lambda: pier_procs(job_dir) and cluster.pier_runs_started(), 60, "the trial's Pier to run")
     victim.kill_all()
     (other,) = cluster.start_workers(1)
     wait_for(lambda: (job_dir / "summary.csv").exists(), SETTLE_SEC, "the job's summary")
