@@ -20,7 +20,7 @@ from sciencebench.coordination.result_backend import Loader
 from sciencebench.core.settings import RESULT_EXPIRES_SEC, Settings
 
 # Publishing (a trial, a copy, the chord's finalizer) waits out a broker outage as long as the store's
-# calls do (OUTAGE_SEC): tries 1 s apart at first, then 10 s apart. Celery's default gives up within seconds,
+# calls do (OUTAGE_SEC): tries 1 s apart at first, then 10 s apart. Celery's default gave up after 25 s,
 # and a finalizer not sent then ends the job's chord in error.
 PUBLISH_RETRY_POLICY = {"max_retries": int(OUTAGE_SEC // 10) + 6, "interval_start": 0, "interval_step": 1,
                         "interval_max": 10}  # fmt: skip
