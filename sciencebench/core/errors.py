@@ -20,14 +20,17 @@ escape a Celery task (the chord finalizer must always run).
         ├── SecretsMismatchError    env file changed since submit
         ├── PullError               image pull or digest verification failed
         │   └── NoRoomError         the image budget cannot fit the trial's images now (handed back)
-        ├── PolicyError             network policy refused or inspection failed
+        ├── PolicyError             network policy (raised inside Pier): deterministic
+        │   ├── PolicyRefused       refused before anything started
+        │   ├── PolicyViolation     started containers/networks break the policy
+        │   ├── TransferRefused     a copy to the host refused what a container wrote
+        │   └── AgentImageMismatch  `agent_image` names another agent's image
         ├── HarnessError            Pier crashed, timed out or could not start
         │   └── HarnessTimeoutError Pier outran the trial's whole budget
         ├── CollectError            Pier produced no usable trial directory
         └── Cancelled               the job was cancelled before or while the trial ran
 
-Elsewhere in the package (each a SciencebenchError too): `network.errors`
-(PolicyError's subclasses, raised inside Pier), `bake.recipes.RecipeError`,
+Elsewhere in the package (each a SciencebenchError too): `bake.recipes.RecipeError`,
 `bake.builder.BakeError`, `bake.command.BakeFailed`, `worker.pier.zygote.ZygoteError`.
 
 Every class says where a trial failed (`stage`, the record's stage) and whether
@@ -38,6 +41,7 @@ try it again). Pier records a failure raised inside it by class name only;
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import ClassVar
 
@@ -157,9 +161,62 @@ class NoRoomError(PullError):
 
 
 class PolicyError(TrialError):
-    """The network policy refused the trial or its inspection failed."""
+    """The network policy refused the trial or its inspection failed.
+
+    The policy environment (`sciencebench.network`) raises these inside Pier;
+    Pier records the class name and message of each in the trial's
+    `result.json` (`exception_info`), so messages name every failed check.
+    They live here, not beside the environment, so that the worker finds
+    them by name (`failure_class`) without importing the environment.
+    """
 
     stage = Stage.POLICY
+
+
+class PolicyRefused(PolicyError):
+    """The trial cannot run under the offline network policy; nothing was started.
+
+    The task allows internet, a gateway URL or the proxy image is unusable, or
+    a compose task wants egress.
+    """
+
+
+class PolicyViolation(PolicyError):
+    """Inspection found deviations from the policy; `violations` lists each failed check.
+
+    The environment was stopped.
+    """
+
+    def __init__(self, violations: Sequence[str]) -> None:
+        self.violations = list(violations)
+        super().__init__(
+            f"network policy inspection failed ({len(self.violations)} check(s)): "
+            + "; ".join(self.violations)
+        )
+
+    def __reduce__(self) -> tuple[type[PolicyViolation], tuple[list[str]]]:
+        # Exceptions pickle through their args; ours takes the list, not the message.
+        return (type(self), (self.violations,))
+
+
+class TransferRefused(PolicyError):
+    """A copy between a container and the host refused what the container wrote (a link, a device, ...).
+
+    `refusals` names each refused item (`network.transfer.Refusal`, or a string).
+    """
+
+    def __init__(self, refusals: Sequence[object]) -> None:
+        self.refusals = list(refusals)
+        shown = "; ".join(str(r) for r in self.refusals[:10])
+        more = f"; and {len(self.refusals) - 10} more" if len(self.refusals) > 10 else ""
+        super().__init__(f"host-side transfer refused {len(self.refusals)} item(s): {shown}{more}")
+
+    def __reduce__(self) -> tuple[type[TransferRefused], tuple[list[object]]]:
+        return (type(self), (self.refusals,))
+
+
+class AgentImageMismatch(PolicyError):
+    """The `agent_image` keyword names an image baked for another agent or version."""
 
 
 class HarnessError(TrialError):
@@ -191,8 +248,8 @@ class Cancelled(TrialError):
 def failure_class(name: str | None) -> type[SciencebenchError] | None:
     """The class of the tree named `name` (as Pier records one raised inside it), else None.
 
-    Only classes of modules imported in this process are found: the worker
-    imports `network.errors`, whose classes Pier raises.
+    Only classes of modules imported in this process are found; those Pier
+    may record (the policy's) are defined in this module.
     """
     if not name:
         return None

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from sciencebench.dockerhost.labels import MANAGED_LABEL, OWNER_LABEL
 from sciencebench.network.squid import PROXY_PORT, SQUID_AUTH_FILE, SQUID_CONF_PATH
-from sciencebench.worker.docker.labels import MANAGED_LABEL, OWNER_LABEL
 
 Mode = Literal["none", "isolated-allowlist"]
 

@@ -48,10 +48,12 @@ import requests
 from docker.errors import DockerException
 from pier.environments.agent_setup import new_proxy_token, proxy_environment
 
+from sciencebench.core.errors import PolicyViolation, TransferRefused
 from sciencebench.core.settings import raw_setting
+from sciencebench.dockerhost.hostlocks import owner_id
+from sciencebench.dockerhost.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
 from sciencebench.network.compose import PROXY_SERVICE, ProxyFiles, policy_compose
 from sciencebench.network.egress import EgressPlan, plan_egress
-from sciencebench.network.errors import PolicyViolation, TransferRefused
 from sciencebench.network.extract import extract_file
 from sciencebench.network.inspection import (
     INSPECT_TIMEOUT_SEC,
@@ -62,8 +64,6 @@ from sciencebench.network.inspection import (
 from sciencebench.network.policycompose import PolicyComposeEnvironment
 from sciencebench.network.squid import PROXY_PORT, passwd_line, render_squid_conf
 from sciencebench.network.transfer import ChunkReader, open_dir, open_trial_dir
-from sciencebench.worker.docker.hostlocks import owner_id
-from sciencebench.worker.docker.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
 
 # The proxy's access log, kept in the trial's policy directory when the trial stops.
 PROXY_ACCESS_LOG = "squid-access.log"

@@ -27,7 +27,7 @@ import tarfile
 from collections.abc import Sequence
 from typing import IO
 
-from sciencebench.network.errors import TransferRefused
+from sciencebench.core.errors import TransferRefused
 from sciencebench.network.transfer import (
     DIR_MODE,
     EXEC_MODE,

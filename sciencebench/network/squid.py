@@ -26,8 +26,8 @@ import ipaddress
 import re
 from collections.abc import Iterable, Sequence
 
+from sciencebench.core.errors import PolicyRefused
 from sciencebench.core.gateways import Gateway
-from sciencebench.network.errors import PolicyRefused
 
 PROXY_PORT = 8080
 PROXY_USER = "agent"

@@ -51,7 +51,6 @@ from sciencebench.core.failures import failure_record, recorded_failure, trial_r
 from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec
 from sciencebench.core.paths import JobPaths, ScratchPaths, open_job_dir
 from sciencebench.core.pier_argv import render_argv
-from sciencebench.network import errors as policy_errors
 from sciencebench.worker.context import HostRuntime, WorkerContext
 from sciencebench.worker.pier import process
 from sciencebench.worker.pier.agentconfig import redact_pier_files, write_agent_config
@@ -69,9 +68,6 @@ from sciencebench.worker.snapshot import snapshot_task
 
 CANCELLED = Cancelled.__name__
 PIER_JOB = "job"  # Pier's --job-name in a try's scratch directory: `<try dir>/job/<trial dirs>`
-# Pier records the policy's failures by class name; `recorded_failure` finds the classes imported here.
-POLICY_ERRORS = (policy_errors.PolicyRefused, policy_errors.PolicyViolation, policy_errors.TransferRefused,
-                 policy_errors.AgentImageMismatch)  # fmt: skip
 
 
 @dataclass(frozen=True)

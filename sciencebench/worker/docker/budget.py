@@ -52,8 +52,8 @@ import docker.errors
 from sciencebench.core.errors import NoRoomError, PullError, WorkspaceError
 from sciencebench.core.images import image_digest, repo_digest_name, repo_digests_contain
 from sciencebench.core.sizes import format_size
+from sciencebench.dockerhost.hostlocks import host_lock, open_state_file
 from sciencebench.worker.docker.engine import ENGINE_ERRORS, one_line
-from sciencebench.worker.docker.hostlocks import host_lock, open_state_file
 from sciencebench.worker.docker.imageholds import image_lock_path, pull_lock_path, release_holds, take_holds
 
 log = logging.getLogger(__name__)

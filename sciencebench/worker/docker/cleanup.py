@@ -27,14 +27,14 @@ import docker
 import docker.errors
 
 from sciencebench.core.errors import PreflightError
-from sciencebench.worker.docker.engine import ENGINE_ERRORS, connect, one_line
-from sciencebench.worker.docker.hostlocks import live_trial_locks, owner_id
-from sciencebench.worker.docker.labels import COMPOSE_PROJECT_LABEL, MANAGED_LABEL, OWNER_LABEL
-from sciencebench.worker.pier.naming import (
+from sciencebench.dockerhost.hostlocks import live_trial_locks, owner_id
+from sciencebench.dockerhost.labels import COMPOSE_PROJECT_LABEL, MANAGED_LABEL, OWNER_LABEL
+from sciencebench.dockerhost.naming import (
     compose_project_name,
     is_pier_project,
     projects_of_trial,
 )
+from sciencebench.worker.docker.engine import ENGINE_ERRORS, connect, one_line
 
 
 @dataclass

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from sciencebench.core.images import image_digest
-from sciencebench.worker.docker.hostlocks import open_state_file
+from sciencebench.dockerhost.hostlocks import open_state_file
 
 IMAGES_DIR = "images"
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from sciencebench.core.errors import PullError, WorkspaceError
 from sciencebench.core.settings import STATE_DIR_ENV, state_dir_from_env
-from sciencebench.worker.pier.naming import compose_project_name
+from sciencebench.dockerhost.naming import compose_project_name
 
 LIVE_DIR = "live"
 
