@@ -1,42 +1,12 @@
-"""The exception tree.
+"""The exception tree, drawn in `SciencebenchError`'s docstring.
 
 Errors a user can fix before anything runs exit the CLI with code 2 and one
-line; errors inside a trial become part of that trial's record and never
-escape a Celery task (the chord finalizer must always run).
-
-    SciencebenchError
-    ├── InputError                  bad input on the login node: exit 2, nothing written
-    │   ├── SelectionError          --path / selection.json / --task-id
-    │   ├── TaskSpecError           task.toml, image refs, missing task files
-    │   ├── ProfileError            --env-file and provider settings
-    │   ├── JobConflictError        --job-name already used by another selection
-    │   └── SettingsError           a SCIENCEBENCH_* environment variable is invalid
-    ├── BrokerUnavailableError      Redis cannot be reached
-    ├── PreflightError              a worker host cannot run trials now (one line why)
-    ├── UnfitError                  a worker host cannot serve one job (cannot see its files)
-    └── TrialError                  one trial failed in a named stage
-        ├── RefusedError            the job asks for what a worker refuses to do; nothing ran
-        ├── WorkspaceError          task dir unreadable / jobs dir unwritable
-        ├── SecretsMismatchError    env file changed since submit
-        ├── PullError               image pull or digest verification failed
-        │   └── NoRoomError         the image budget cannot fit the trial's images now (handed back)
-        ├── PolicyError             network policy (raised inside Pier): deterministic
-        │   ├── PolicyRefused       refused before anything started
-        │   ├── PolicyViolation     started containers/networks break the policy
-        │   ├── TransferRefused     a copy to the host refused what a container wrote
-        │   └── AgentImageMismatch  `agent_image` names another agent's image
-        ├── HarnessError            Pier crashed, timed out or could not start
-        │   └── HarnessTimeoutError Pier outran the trial's whole budget
-        ├── CollectError            Pier produced no usable trial directory
-        └── Cancelled               the job was cancelled before or while the trial ran
-
-Elsewhere in the package (each a SciencebenchError too): `bake.recipes.RecipeError`,
-`bake.builder.BakeError`, `bake.command.BakeFailed`, `worker.pier.zygote.ZygoteError`.
-
-Every class says where a trial failed (`stage`, the record's stage) and whether
-another try would fail the same (`deterministic`: then --max-retries does not
-try it again). Pier records a failure raised inside it by class name only;
-`failure_class` finds the class again.
+line (`InputError`); errors inside a trial (`TrialError`) become part of
+that trial's record and never escape a Celery task (the chord finalizer
+must always run). Every class says where a trial failed (`stage`) and
+whether another try would fail the same (`deterministic`: then
+--max-retries does not try it again). Pier records a failure raised inside
+it by class name only; `failure_class` finds the class again.
 """
 
 from __future__ import annotations
@@ -67,6 +37,35 @@ class SciencebenchError(Exception):
 
     `stage`: where a trial that met it failed; `deterministic`: another try
     would fail the same (not tried again under --max-retries).
+
+        SciencebenchError
+        ├── InputError                  bad input on the login node: exit 2, nothing written
+        │   ├── SelectionError          --path / selection.json / --task-id
+        │   ├── TaskSpecError           task.toml, image refs, missing task files
+        │   ├── ProfileError            --env-file and provider settings
+        │   ├── JobConflictError        --job-name already used by another selection
+        │   └── SettingsError           a SCIENCEBENCH_* environment variable is invalid
+        ├── BrokerUnavailableError      Redis cannot be reached
+        ├── PreflightError              a worker host cannot run trials now (one line why)
+        ├── UnfitError                  a worker host cannot serve one job (cannot see its files)
+        └── TrialError                  one trial failed in a named stage
+            ├── RefusedError            the job asks for what a worker refuses to do; nothing ran
+            ├── WorkspaceError          task dir unreadable / jobs dir unwritable
+            ├── SecretsMismatchError    env file changed since submit
+            ├── PullError               image pull or digest verification failed
+            │   └── NoRoomError         the image budget cannot fit the trial's images now (handed back)
+            ├── PolicyError             network policy (raised inside Pier): deterministic
+            │   ├── PolicyRefused       refused before anything started
+            │   ├── PolicyViolation     started containers/networks break the policy
+            │   ├── TransferRefused     a copy to the host refused what a container wrote
+            │   └── AgentImageMismatch  `agent_image` names another agent's image
+            ├── HarnessError            Pier crashed, timed out or could not start
+            │   └── HarnessTimeoutError Pier outran the trial's whole budget
+            ├── CollectError            Pier produced no usable trial directory
+            └── Cancelled               the job was cancelled before or while the trial ran
+
+    Elsewhere in the package (each a SciencebenchError too): `bake.recipes.RecipeError`,
+    `bake.builder.BakeError`, `bake.command.BakeFailed`, `worker.pier.zygote.ZygoteError`.
     """
 
     stage: ClassVar[Stage] = Stage.WORKER

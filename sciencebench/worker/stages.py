@@ -1,28 +1,12 @@
 """One try of a claimed trial on a worker host: its stages, each timed into the record.
 
-    snapshot   jobs directory writable; the task directory copied into the
-               try's scratch directory (`worker.snapshot`), no link followed:
-               every check below and Pier read only this copy
-    workspace  the copy's task hash is the submit's
-    secrets    env files read locally, hashes and keys checked
-    preflight  what this job needs of the host (its platform)
-    pull       pinned images present, pulled by digest at most once per host
-    harness    one Pier process in a private scratch job directory, with a
-               clean environment (`process.pier_environment`)
-    collect    Pier's result read, patch boundary checked (also for a try whose
-               process died after Pier ended: `ended_try`, `worker.recovery`)
-
-What Pier's compose projects left (containers, networks, derived images) is
-removed by `clean_up`: a try run again, before its back-off (`worker.tries`);
-the last one once its record is committed (`worker.trial`), so a host lost in between
-runs the trial again only if it was lost before the record was stored, and
-the four engine listings of a cleanup are no longer in that window. A try
-that raises is cleaned up here before its error goes up.
-
-A stage fails by raising its TrialError; `worker.trial` turns that into the
-try's record and decides on another try. Nothing is moved into the job
-directory here: `worker.publish` does that once the record is committed, so a
-host that lost its lease never touches the job's files.
+The stages (listed in `run_try`'s docstring) run on the try's own snapshot
+of the task: every check and Pier read only that copy. A stage fails by
+raising its TrialError; `worker.trial` turns that into the try's record and
+decides on another try. Nothing is moved into the job directory here:
+`worker.publish` does that once the record is committed, so a host that
+lost its lease never touches the job's files. What a try's compose projects
+left is removed by `clean_up`, whose docstring says when.
 """
 
 from __future__ import annotations
@@ -141,6 +125,18 @@ def run_try(
     """Run the stages of try `number` in the run's scratch `root`; its Try, or the stage's TrialError.
 
     `owner_uid` owns the job's directory (admission's `Admitted.owner_uid`): the secrets must be its own.
+
+    snapshot   jobs directory writable; the task directory copied into the
+               try's scratch directory (`worker.snapshot`), no link followed:
+               every check below and Pier read only this copy
+    workspace  the copy's task hash is the submit's
+    secrets    env files read locally, hashes and keys checked
+    preflight  what this job needs of the host (its platform)
+    pull       pinned images present, pulled by digest at most once per host
+    harness    one Pier process in a private scratch job directory, with a
+               clean environment (`process.pier_environment`)
+    collect    Pier's result read, patch boundary checked (also for a try whose
+               process died after Pier ended: `ended_try`, `worker.recovery`)
     """
     timings: dict[str, float] = {}
 
@@ -265,7 +261,15 @@ def _disk_full(paths: JobPaths) -> str:
 
 
 def clean_up(runtime: HostRuntime, leftovers: tuple[str, ...]) -> None:
-    """Remove what the compose projects of these trial directories left on the host (best effort)."""
+    """Remove what the compose projects of these trial directories left on the host (best effort).
+
+    Containers, networks and derived images: for a try run again, before its
+    back-off (`worker.tries`); for the last one once its record is committed
+    (`worker.trial`), so a host lost in between runs the trial again only if it
+    was lost before the record was stored, and the four engine listings of a
+    cleanup are no longer in that window. A try that raises is cleaned up in
+    `run_try` before its error goes up.
+    """
     for name in leftovers:
         runtime.cleanup_trial(name)
 
