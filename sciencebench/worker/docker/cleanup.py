@@ -2,15 +2,11 @@
 
 `--no-delete` runs `compose down` (containers and networks go, images stay);
 a crashed or killed Pier leaves containers, networks and volumes as well.
-Every container, network and volume compose creates carries the label
-`com.docker.compose.project=<project>`. When Pier builds (installed agents,
-or tasks without a prebuilt image) compose tags the result
-`<project>-main:latest` and labels it the same way; a prebuilt task image
-run as is carries no such label (and has RepoDigests from its registry).
-
-`remove_projects` removes named projects, `remove_trial` one trial's
-(all four listings once, filtered by the compose label on the engine's side), and
-`sweep_leftovers` (at worker start) those of crashed trials of this host that no live-trial lock covers.
+All of them, and the `<project>-main:latest` images compose builds, carry
+the label `com.docker.compose.project=<project>`; a prebuilt task image run
+as is carries none. `remove_projects` removes named projects, `remove_trial`
+one trial's, and `sweep_leftovers` (at worker start) those of crashed
+trials of this host that no live-trial lock covers.
 """
 
 from __future__ import annotations
