@@ -1,16 +1,13 @@
 """A small, self-contained demo selection with real images and real Pier.
 
 Two tasks share one agent image (a git repository with a bug in `add`) and
-one verifier image (a clean copy of that repository plus `/tests/test.sh`,
-which applies the agent's `model.patch` and grades it):
-
-    task_001  its solution fixes the bug          oracle -> reward 1
-    task_002  its solution makes a wrong change   oracle -> reward 0
-
-Images are built on top of a digest-pinned base image by running a setup
-script in a network-less container and committing it, then pushed to a
-registry so tasks can pin them by digest. The docker tier of the tests uses
-the same selection.
+one verifier image (a clean copy plus `/tests/test.sh`, which applies the
+agent's `model.patch` and grades it): task_001's solution fixes the bug
+(oracle -> reward 1), task_002's makes a wrong change (oracle -> reward 0).
+Images are built on a digest-pinned base image by running a setup script in
+a network-less container and committing it, then pushed to a registry so
+tasks can pin them by digest. The docker tier of the tests uses the same
+selection.
 """
 
 from __future__ import annotations

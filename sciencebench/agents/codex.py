@@ -1,22 +1,12 @@
 """`ScienceBenchCodex`: Pier's Codex agent pointed at one model gateway.
 
-Passed to Pier as ``--agent-import-path sciencebench.agents.codex:ScienceBenchCodex``
-(never together with ``--agent codex``, so Pier's built-in agent cannot
-shadow it) with ``--ak base_url=... --ak wire_api=...`` and Pier's own
-``version`` and ``reasoning_effort`` keywords.
-
-The adapter generates the Codex provider block and hands it to Pier's
-``config_toml`` mechanism (Pier appends it to ``$CODEX_HOME/config.toml``):
-a custom provider ``sciencebench`` reading its key from ``OPENAI_API_KEY``,
-HTTP/SSE only (``supports_websockets = false``) and hosted web search off.
-Its network allowlist is the gateway host alone; the environment adds the
-gateway's port from ``inference_urls``.
-
-Without ``base_url`` (``submit --no-auto-provider``) it generates nothing:
-a ``config_toml`` of the job's own is passed on unchanged, and the
-allowlist is only the hosts the job configured (``OPENAI_BASE_URL``, the
-``base_url`` entries of that ``config_toml``) — never Pier's default
-``api.openai.com``.
+Passed to Pier as `--agent-import-path sciencebench.agents.codex:ScienceBenchCodex`
+(never together with `--agent codex`, so Pier's built-in agent cannot
+shadow it) with `--ak base_url=... --ak wire_api=...` and Pier's own
+`version` and `reasoning_effort` keywords. It generates the Codex provider
+block for Pier's `config_toml` mechanism; its network allowlist is the
+gateway host alone. Without `base_url` it generates nothing and never
+allows Pier's default `api.openai.com` (the class docstring says more).
 """
 
 from __future__ import annotations
@@ -48,6 +38,16 @@ class ScienceBenchCodex(Codex):
     conflict; without it (no generated provider) `config_toml` is the job's.
     Raises ProfileError for a bad base URL, wire API or an IPv6-literal host
     (Pier's allowlist cannot express one).
+
+    The provider block (Pier appends it to `$CODEX_HOME/config.toml`): a custom
+    provider `sciencebench` reading its key from `OPENAI_API_KEY`, HTTP/SSE
+    only (`supports_websockets = false`) and hosted web search off. The
+    environment adds the gateway's port from `inference_urls`.
+
+    Without `base_url` (`submit --no-auto-provider`) a `config_toml` of the
+    job's own is passed on unchanged, and the allowlist is only the hosts the
+    job configured (`OPENAI_BASE_URL`, the `base_url` entries of that
+    `config_toml`).
     """
 
     def __init__(

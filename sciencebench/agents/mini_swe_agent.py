@@ -3,13 +3,11 @@
 Pier's mini-swe-agent allows its model provider's default host as well as
 any configured base URL: with `--model openai/...` and
 `OPENAI_BASE_URL=http://gw:4000/v1`, the trial's proxy lets the agent reach
-`gw` *and* `api.openai.com`. Pass this adapter instead
-(`--agent mini-swe-agent --agent-import-path
-sciencebench.agents.mini_swe_agent:ScienceBenchMiniSweAgent`): when a base
-URL variable is set, the allowlist is those gateways' hosts alone; without
-one (or with a `config_yaml`, which may name others), it is Pier's.
-Everything else, its name (`mini-swe-agent`, so a baked image is recognised
-as its preinstalled install) included, is Pier's.
+`gw` *and* `api.openai.com`. With this adapter, when a base URL variable is
+set, the allowlist is those gateways' hosts alone; without one (or with a
+`config_yaml`, which may name others), it is Pier's. Everything else, its
+name (so a baked image is recognised as its preinstalled install) included,
+is Pier's.
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
 """`sciencebench images bake`: agent-ready images for a selection, built once and recorded.
 
 For each distinct agent image of the selection's tasks (once per task image
-digest, agent and version): render the recipe from the host-fetched
-artifacts (`sciencebench.bake.recipes`), look the resulting tag up in the
-registry, build and push it only when the registry lacks it, and record the
-digest-pinned result in `<selection>/.sciencebench/agent-images.json`
-(`sciencebench.core.agentimages`). The login node checks that record at
-submit; workers run the recorded digests.
-
-Runs on a build host, neither the login node nor a worker: Docker, the
-registry and the artifact directory (`scripts/agent-artifacts.sh`) must be
-there. No network is used inside any build or container.
+digest, agent and version): render the recipe (`sciencebench.bake.recipes`),
+look the resulting tag up in the registry, build and push it only when the
+registry lacks it, and record the digest-pinned result in the selection
+(`sciencebench.core.agentimages`). Runs on a build host, neither the login
+node nor a worker: Docker, the registry and the artifact directory
+(`scripts/agent-artifacts.sh`) must be there. No network is used inside any
+build or container.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """How each harness is preinstalled into a task image from host-fetched artifacts (pure).
 
-Pinned releases, fetched on the build host by `scripts/agent-artifacts.sh`
-into an artifact directory (default `/var/tmp/sciencebench-agents`):
-
-    codex/<version>/{codex, rg, MANIFEST}              npm @openai/codex@<version>-linux-x64
-    claude-code/<version>/{claude, MANIFEST}           npm @anthropic-ai/claude-code-linux-x64@<version>
-    mini-swe-agent/<version>/py3.11/{*.whl, MANIFEST}  PyPI mini-swe-agent==<version> and its wheels
-
-`MANIFEST` is `sha256sum` output over the files beside it (plus the package
-spec): it identifies the artifacts without hashing hundreds of megabytes on
-every bake. A recipe is a shell script that runs as root in a network-less
-container of the task image with the artifacts mounted read-only, and is
-then committed: nothing is downloaded, and the artifacts themselves never
-become a layer (only what the install leaves behind does).
-
-The recipe leaves the image as Pier's preinstalled-agent path expects it:
-`codex`, `claude` and `mini-swe-agent` on the default PATH (/usr/local/bin),
-and `$HOME/.local/bin/env` for root (Pier's mini-swe-agent command sources it).
+Pinned releases are fetched on the build host by `scripts/agent-artifacts.sh`
+into an artifact directory (default `/var/tmp/sciencebench-agents`; its
+layout: `artifact_dir`). A `Recipe` is a shell script that runs as root in a
+network-less container of the task image with the artifacts mounted
+read-only, and is then committed: nothing is downloaded, and the artifacts
+never become a layer. It leaves the image as Pier's preinstalled-agent path
+expects it: `codex`, `claude` and `mini-swe-agent` on the default PATH, and
+`$HOME/.local/bin/env` for root (Pier's mini-swe-agent command sources it).
 """
 
 from __future__ import annotations
@@ -69,7 +60,16 @@ class Recipe:
 
 
 def artifact_dir(artifacts: Path, agent: str, version: str) -> Path:
-    """The directory holding `agent` `version`'s artifacts."""
+    """The directory holding `agent` `version`'s artifacts.
+
+        codex/<version>/{codex, rg, MANIFEST}              npm @openai/codex@<version>-linux-x64
+        claude-code/<version>/{claude, MANIFEST}           npm @anthropic-ai/claude-code-linux-x64@<version>
+        mini-swe-agent/<version>/py3.11/{*.whl, MANIFEST}  PyPI mini-swe-agent==<version> and its wheels
+
+    `MANIFEST` is `sha256sum` output over the files beside it (plus the package
+    spec): it identifies the artifacts without hashing hundreds of megabytes on
+    every bake.
+    """
     return artifacts / agent / version
 
 

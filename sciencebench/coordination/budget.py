@@ -1,23 +1,12 @@
 """A job's budget: what its trials spent, cluster-wide, and whether another trial may start.
 
 `submit --max-cost USD` and `--max-tokens N` cap a job. The store keeps one
-ledger per job (`sciencebench:J:budget`, a hash; over Redis its Lua functions
-run inside `commit_result` and `start`):
-
-    spend    each committed record's Pier totals (`TrialRecord.n_input_tokens`
-             + `n_output_tokens`, `cost_usd`) are added in the very step that
-             stores the record, so two hosts committing at once never lose one
-    check    `Leases.start` refuses to start a trial (`Start.over_budget`) once
-             the spend has reached a limit, in the step that claims it; the
-             trials it lets start are noted with the store's clock
-             (`sciencebench:J:budget:started`, only for a job with limits)
-    reached  the commit that first reaches a limit stamps `reached_at` (the
-             store's clock) and how many trials had started by then
-
-A trial Pier cannot price (`cost_usd` None, a custom model name) still
-counts its tokens; the first record with tokens says whether it had a cost
-(`first_priced`): with `--max-cost` and no price, only tokens can be capped.
-Every job keeps the spend; only a job with limits is ever refused.
+ledger per job (`sciencebench:J:budget`; over Redis its Lua functions run
+inside `commit_result` and `start`): the spend is added in the very step
+that stores a record, and `Leases.start` refuses to start a trial once the
+spend has reached a limit (`Budgets` says how). A trial Pier cannot price
+still counts its tokens; with `--max-cost` and no price, only tokens can be
+capped. Every job keeps the spend; only a job with limits is ever refused.
 """
 
 from __future__ import annotations
@@ -116,7 +105,21 @@ def total_spend(spends: list[Spend]) -> Spend:
 
 
 class Budgets(Protocol):
-    """A job's budget: its limits, what its committed trials spent, which trials it let start."""
+    """A job's budget: its limits, what its committed trials spent, which trials it let start.
+
+        spend    each committed record's Pier totals (`TrialRecord.n_input_tokens`
+                 + `n_output_tokens`, `cost_usd`) are added in the very step that
+                 stores the record, so two hosts committing at once never lose one
+        check    `Leases.start` refuses to start a trial (`Start.over_budget`) once
+                 the spend has reached a limit, in the step that claims it; the
+                 trials it lets start are noted with the store's clock
+                 (`sciencebench:J:budget:started`, only for a job with limits)
+        reached  the commit that first reaches a limit stamps `reached_at` (the
+                 store's clock) and how many trials had started by then
+
+    The first record with tokens says whether the job's trials had a cost
+    (`first_priced`).
+    """
 
     def set_budget(
         self, job: str, max_cost_usd: float | None, max_tokens: int | None, spent: Spend | None = None

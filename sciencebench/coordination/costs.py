@@ -2,16 +2,10 @@
 
 The store's history (`coordination.protocol.History`) keeps numbers per key,
 the newest `coordination.history.SAMPLES` of each, a job's replacing what it
-added before. Costs use it under keys of their own:
-
-    key      cost/<task id>/<task hash>/<agent digest> (`cost_key`): the
-             duration entry's key (`coordination.history.history_key`) under
-             `cost/`, so a changed task, agent or model starts without costs
-    value    US dollars of one trial, as Pier priced it (`TrialRecord.cost_usd`);
-             a trial Pier could not price, a provider failure or a trial
-             never started adds nothing
-
-Nothing secret is kept: task ids, hashes, dollars and job ids.
+added before. Costs use it under keys of their own (`cost_key`); a value is
+the US dollars of one trial, as Pier priced it (`TrialRecord.cost_usd`). A
+trial Pier could not price, a provider failure or a trial never started
+adds nothing. Nothing secret is kept: task ids, hashes, dollars and job ids.
 """
 
 from __future__ import annotations
@@ -31,7 +25,12 @@ COST_PREFIX = "cost/"
 
 
 def cost_key(history_key: str) -> str:
-    """The history key of a task's costs, beside its durations' `history_key`."""
+    """The history key of a task's costs, beside its durations' `history_key`.
+
+    `cost/<task id>/<task hash>/<agent digest>`: the duration entry's key
+    (`coordination.history.history_key`) under `cost/`, so a changed task,
+    agent or model starts without costs.
+    """
     return COST_PREFIX + history_key
 
 

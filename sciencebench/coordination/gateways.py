@@ -2,21 +2,12 @@
 
 Every job's trials that send inference to the same gateway authority
 (`host:port` of the job's provider base URL) share one limit, kept in the
-store: it starts at the first job's `--n-concurrent`, halves (never below 1)
-when a trial ends in a provider error (`TrialRecord.provider_status`), once
-per round (a try that took its slot before the last halving saw the old
-concurrency and halves nothing again), and
-grows back by one, up to the largest `--n-concurrent` seen, on each trial
-that got its answers. A trial takes one of the authority's slots before its
-Pier run starts and gives it back after; a slot is a lease that its holder
-renews (`GatewaySlot`), so a lost worker's slot lapses by itself. Other
-authorities, and so other jobs' gateways, are not affected.
-
-Keys (Redis):
-
-    sciencebench:gateways                         set of authorities ever limited
-    sciencebench:gateway:<authority>              hash: limit, ceiling, status, reason, at
-    sciencebench:gateway:<authority>:slots        zset member -> lease expiry (ms, server clock)
+store: it halves (never below 1) when a trial ends in a provider error and
+grows back by one on each trial that got its answers (`GatewayLimits`). A
+trial takes one of the authority's slots before its Pier run starts and
+gives it back after; a slot is a lease its holder renews (`GatewaySlot`),
+so a lost worker's slot lapses by itself. Other authorities are not
+affected. Its keys are listed in `coordination.keys`.
 """
 
 from __future__ import annotations
@@ -57,7 +48,14 @@ class GatewayLimit:
 
 
 class GatewayLimits(ABC):
-    """The per-authority limits of a store (see the module docstring)."""
+    """The per-authority limits of a store.
+
+    A limit starts at the first job's `--n-concurrent`, halves (never below 1)
+    when a trial ends in a provider error (`TrialRecord.provider_status`), once
+    per round (a try that took its slot before the last halving saw the old
+    concurrency and halves nothing again), and grows back by one, up to the
+    largest `--n-concurrent` seen, on each trial that got its answers.
+    """
 
     @abstractmethod
     def acquire(self, authority: str, member: str, n_concurrent: int, ttl_sec: float) -> bool:

@@ -1,35 +1,12 @@
 """Measured trial durations: what a task took before, so the next job can send its longest first.
 
 Task timeouts are a poor guide to how long a trial runs (most tasks share the
-default), so the finalizer keeps, per task, what its trials measured, and the
-login node orders the next job of the same tasks by it (`login.plan`).
-
-    key      <task id>/<task hash>/<agent digest>: a changed task (its hash:
-             task.toml, instruction.md, pre_artifacts.sh, compose files) or
-             another agent, model or harness starts without history
-    value    the last `SAMPLES` measured seconds, each with the job it came from
-    measure  the record's `harness` stage (the Pier process: environment, agent
-             and verifier), not the image pull, which a host pays once; a
-             cancelled trial, or one that never reached Pier, measures nothing.
-             Computed once, when the record is written: its `measured_sec`
-             (`core.models.TrialRecord`), which every reader reads
-
-A first run of a task version by an agent has no entry of its own; what
-other agents measured of the same version stands in (`ordering_estimates`),
-scaled by how the two agents compare on the task versions both ran (the
-median of this agent's / the other's seconds over them, `agent_scale`);
-with none in common, the other's seconds unscaled: they can only rank the
-tasks among themselves. Only then do a task's timeouts (`login.plan`).
-
-Nothing secret is kept: task ids, SHA-256 hashes, seconds and job ids. The
-agent digest hashes the harness, agent name, import path and models only
-(never `--agent-kwarg` or env values). The store keeps the values
-(`coordination.protocol.History`; over Redis the hash `sciencebench:history`,
-which nothing expires).
-
-While a job runs, the store reads a first finished attempt's `measured_sec`
-to re-rank its task's held trials (`Slots.next_waiting`, in Lua over Redis);
-a record without the field (written by an older worker) re-ranks nothing.
+default), so the finalizer keeps, per task, what its trials measured
+(`record_durations`), and the login node orders the next job of the same
+tasks by it (`login.plan`, `ordering_estimates`). The key is
+`history_key`; what is measured is `measured_seconds`. Nothing secret is
+kept: task ids, SHA-256 hashes, seconds and job ids (`agent_digest` hashes
+the harness, agent name, import path and models only).
 """
 
 from __future__ import annotations
@@ -67,7 +44,19 @@ def agent_digest(plan: AgentPlan) -> str:
 
 
 def history_key(task_id: str, task_hash: str, digest: str) -> str:
-    """The history entry of one task, at one version, with one agent."""
+    """The history entry of one task, at one version, with one agent.
+
+        key      <task id>/<task hash>/<agent digest>: a changed task (its hash:
+                 task.toml, instruction.md, pre_artifacts.sh, compose files) or
+                 another agent, model or harness starts without history
+        value    the last `SAMPLES` measured seconds, each with the job it came from
+
+    The store keeps the values (`coordination.protocol.History`; over Redis the
+    hash `sciencebench:history`, which nothing expires). While a job runs, the
+    store reads a first finished attempt's `measured_sec` to re-rank its task's
+    held trials (`Slots.next_waiting`, in Lua over Redis); a record without the
+    field (written by an older worker) re-ranks nothing.
+    """
     return f"{task_id}/{task_hash}/{digest}"
 
 
@@ -86,6 +75,12 @@ def measured_seconds(record: Mapping[str, Any]) -> float | None:
 
     The record stores it when written (`TrialRecord.measured_sec`); a record
     written before that field existed measures its harness stage here instead.
+
+    The record's `harness` stage (the Pier process: environment, agent and
+    verifier), not the image pull, which a host pays once; a cancelled trial,
+    or one that never reached Pier, measures nothing. Computed once, when the
+    record is written: its `measured_sec` (`core.models.TrialRecord`), which
+    every reader reads.
     """
     if "measured_sec" not in record:
         return measured_seconds_of(record.get("exception_type"), record.get("timings_sec"))
@@ -178,6 +173,12 @@ def ordering_estimates(store: History, job: JobSpec) -> dict[str, float]:
     otherwise the whole history is read once (`History.all_durations`)
     for `borrowed_estimates`. Tasks without either are left out: their
     timeouts order them (`login.plan.expected_seconds`).
+
+    A first run of a task version by an agent has no entry of its own; what
+    other agents measured of the same version stands in, scaled by how the two
+    agents compare on the task versions both ran (the median of this agent's /
+    the other's seconds over them, `agent_scale`); with none in common, the
+    other's seconds unscaled: they can only rank the tasks among themselves.
     """
     own = estimates(store, job)
     missing = {t: job.task_hashes[t] for t in job.task_ids if t in job.task_hashes and t not in own}

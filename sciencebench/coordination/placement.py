@@ -1,58 +1,12 @@
 """Image-aware placement: which host's free slot the trial fair share chose takes.
 
-Fair share (`coordination.shares`) decides which job's trial a free slot of
-the cluster takes, and in which order; placement decides whose slot. Each
-worker host reports the pinned task images it holds, with their sizes and
-the throughput its pulls measured (`HostImages`, from its pull log and its
-Engine: at start, after each pull or eviction, and every lease period). A
-trial takes a free slot of the host missing the fewest bytes of its images,
-counting images a host holds and those it is pulling (placement marks an
-image as pulling on the host it sent the image's first trial to). A busy
-host that holds more of them is worth waiting for when it is expected to be
-ready within the bound of a wait (`wait_bound`: the pull the wait saves, at
-the hosts' measured pull throughput, between `WAIT_FLOOR_SEC` and
-`WAIT_CAP_SEC`). Ready: its next slot frees (`HostView.frees_in`: its
-running trials' expected ends, then the trials already on their way to it,
-each with the pull it was sent for), then its own pull of what it lacks. A
-running trial's expected end does not count a pull it may still be doing
-(the store does not tie a host's pulling marks to its running trials): a
-host sent an image's first trial in an earlier fill can look ready up to
-that pull sooner than it is. Then the trial is
-sent to wait on that host's own queue, and fill goes on with the next trial
-for the free slot; otherwise the free host takes it and pulls. A running
-trial ends at its start (its `running` state) plus what the store measured
-of its task in the job (an earlier attempt's record, `measured_sec`), and
-one past that goes on as long again as it has overrun it; one nothing
-measured is expected to go on as long again as it has run so far
-(`remaining`): trial durations are heavy-tailed, and
-the longer a trial has run the longer it is likely to go on, so a fresh
-trial's host is worth waiting for and one whose trial has already run long
-is not (its timeouts are only an upper bound: counting them would make
-every holder look busy for an hour, and a job's first trials would pull
-every image on every host). A trial sent to a host and not started holds a
-slot there, as counted, for its measured seconds (at least `MIN_LINE_SEC`)
-or `UNMEASURED_LINE_SEC` when nothing measured it (`line_seconds`), plus
-the pull it was sent for. The floor is the price of a second copy: a duplicate pull
-costs more than its seconds (another host's disk and budget, the
-registry's bandwidth that every host shares, and a pull measured alone is
-slower when many hosts pull at once), so a holder that frees within a short
-trial's time is waited for even when a pull would be a little quicker. The
-cap: beyond it the cluster has changed too much for the estimate to mean
-much. Once the bound has passed the trial's parked lease lapses and the
-watchdog sends it to the shared queue, where any host takes it; a host that
-pauses or dies meanwhile loses nothing: its routed trials come back the
-same way (their running entry and parked lease, as every held trial taken
-from the store).
-
-A trial is routed to `<default queue>.host.<host>` (`host_queue`), which
-every worker consumes beside the shared default queue, and stops consuming
-while its host is paused.
-
-Keys (Redis):
-
-    sciencebench:hosts:holds          hash host -> HostImages JSON: the pinned task images it holds
-    sciencebench:place:routed         hash <job>/<K> -> Routed JSON: the host a trial was sent to
-    sciencebench:place:pulling        hash repository@digest -> Pulling JSON: the host sent to pull it
+Fair share (`coordination.shares`) decides which job's trial a free slot
+takes; placement decides whose slot. Each host reports the pinned task
+images it holds (`HostImages`); a trial takes a free slot of the host
+missing the fewest bytes of its images, or waits on a busy host that holds
+more of them when it is expected ready within `wait_bound` (`Placement`).
+A routed trial goes to its host's own queue (`host_queue`); when its parked
+lease lapses (the host paused or died) the watchdog sends it to the shared queue.
 """
 
 from __future__ import annotations
@@ -82,7 +36,7 @@ if TYPE_CHECKING:
 
 # The bound on a trial's wait for a host that holds its images: the pull it saves (the free host's,
 # at the pull throughput the hosts measured), at least the floor (what a second copy of the image
-# costs beyond its pull's seconds, see the module docstring), at most the cap (beyond it the cluster
+# costs beyond its pull's seconds, see `Placement`), at most the cap (beyond it the cluster
 # has changed too much for the estimate to mean much). A holder is waited for only when it is
 # expected to be ready within that bound (`Placement.holder`).
 WAIT_FLOOR_SEC = 10.0
@@ -218,7 +172,46 @@ def wait_bound(missing_bytes: int, bytes_per_sec: float) -> float:
 
 @dataclass
 class Placement:
-    """The cluster's hosts for one fill: chooses a host per trial and keeps count of what it placed."""
+    """The cluster's hosts for one fill: chooses a host per trial and keeps count of what it placed.
+
+    Each worker host reports the pinned task images it holds, with their sizes
+    and the throughput its pulls measured (`HostImages`, from its pull log and
+    its Engine: at start, after each pull or eviction, and every lease period).
+    A trial takes a free slot of the host missing the fewest bytes of its
+    images, counting images a host holds and those it is pulling (placement
+    marks an image as pulling on the host it sent the image's first trial to).
+    A busy host that holds more of them is worth waiting for when it is
+    expected to be ready within the bound of a wait (`wait_bound`: the pull the
+    wait saves, at the hosts' measured pull throughput, between
+    `WAIT_FLOOR_SEC` and `WAIT_CAP_SEC`). Ready: its next slot frees
+    (`HostView.frees_in`: its running trials' expected ends, then the trials
+    already on their way to it, each with the pull it was sent for), then its
+    own pull of what it lacks. A running trial's expected end does not count a
+    pull it may still be doing (the store does not tie a host's pulling marks
+    to its running trials): a host sent an image's first trial in an earlier
+    fill can look ready up to that pull sooner than it is. Then the trial is
+    sent to wait on that host's own queue, and fill goes on with the next trial
+    for the free slot; otherwise the free host takes it and pulls.
+
+    A running trial ends at its start plus what the store measured of its task
+    in the job (`remaining`); trial durations are heavy-tailed, so a fresh
+    trial's host is worth waiting for and one whose trial has already run long
+    is not (its timeouts are only an upper bound: counting them would make
+    every holder look busy for an hour, and a job's first trials would pull
+    every image on every host). A trial sent to a host and not started holds a
+    slot there for its measured seconds (`line_seconds`), plus the pull it was
+    sent for. The floor is the price of a second copy: a duplicate pull costs
+    more than its seconds (another host's disk and budget, the registry's
+    bandwidth that every host shares, and a pull measured alone is slower when
+    many hosts pull at once), so a holder that frees within a short trial's
+    time is waited for even when a pull would be a little quicker. The cap:
+    beyond it the cluster has changed too much for the estimate to mean much.
+    Once the bound has passed the trial's parked lease lapses and the watchdog
+    sends it to the shared queue, where any host takes it; a host that pauses
+    or dies meanwhile loses nothing: its routed trials come back the same way.
+    A routed trial's queue, `<default queue>.host.<host>`, is consumed by its
+    host beside the shared default queue, and not while the host is paused.
+    """
 
     hosts: dict[str, HostView]
     sizes: dict[str, int]
@@ -311,7 +304,7 @@ class Placement:
 
 
 class PlacementStore(ABC):
-    """What placement keeps in the store (see the module docstring).
+    """What placement keeps in the store (its keys: `coordination.keys`).
 
     Over Redis `coordination.redis.placement.RedisPlacementStore`, in one
     process `coordination.memory.placement.MemoryPlacementStore`.
@@ -401,7 +394,7 @@ def line_seconds(measured: float | None) -> float:
 def expected_of(records: Iterable[str | None]) -> float | None:
     """A trial's measured seconds: the first of `records` (its task's earlier attempts') that has them.
 
-    None when none does (see the module docstring for how placement counts
+    None when none does (see `Placement` for how placement counts
     such a trial).
     """
     for record in records:

@@ -1,24 +1,13 @@
 """The coordination contract: what the login node and the workers share besides the broker.
 
-One protocol in seven parts, with two implementations that one conformance
-suite checks alike (`tests/coordination/`): `RedisCoordinator` for a
-cluster, `MemoryCoordinator` for the embedded single-process mode.
-
-    Results     the one record of each trial, and whether the chord counted it
-    Leases      which process runs a trial (fenced: once a trial is sent elsewhere
-                its old holder can neither renew nor commit); re-dispatch payloads
-    Slots       the job's --n-concurrent cap, across the whole cluster; the trials
-                waiting for a slot and those held back from the broker
-    JobControl  the cancel flag; hosts unfit for the job; retiring its state
-    Board       each trial's display state; each worker host's heartbeat and health
-    History     what each task's trials measured, across jobs (`coordination.history`)
-    Budgets     a job's --max-cost/--max-tokens and what its trials spent (`coordination.budget`)
-    Shares      which job's held trial a free slot of the cluster takes (`coordination.shares`)
-
-The store's keys are listed in `coordination.keys`; what the parts answer
-besides records (`Start`, `Held`, `HostKit`, ...) is `coordination.models`.
-Times that several hosts compare (slot expiry, host heartbeats) come from
-one clock: the store's (`now`).
+One protocol in parts (`Coordinator`, whose docstring lists them), with two
+implementations that one conformance suite checks alike
+(`tests/coordination/`): `RedisCoordinator` for a cluster,
+`MemoryCoordinator` for the embedded single-process mode. The store's keys
+are listed in `coordination.keys`; what the parts answer besides records
+(`Start`, `Held`, `HostKit`, ...) is `coordination.models`. Times that
+several hosts compare (slot expiry, host heartbeats) come from one clock:
+the store's (`now`).
 """
 
 from __future__ import annotations
@@ -378,7 +367,19 @@ class History(Protocol):
 
 
 class Coordinator(Results, Leases, Slots, JobControl, Board, History, Budgets, Shares, Protocol):
-    """All seven parts, and how the implementation lives with broker outages."""
+    """All seven parts, and how the implementation lives with broker outages.
+
+    Results     the one record of each trial, and whether the chord counted it
+    Leases      which process runs a trial (fenced: once a trial is sent elsewhere
+                its old holder can neither renew nor commit); re-dispatch payloads
+    Slots       the job's --n-concurrent cap, across the whole cluster; the trials
+                waiting for a slot and those held back from the broker
+    JobControl  the cancel flag; hosts unfit for the job; retiring its state
+    Board       each trial's display state; each worker host's heartbeat and health
+    History     what each task's trials measured, across jobs (`coordination.history`)
+    Budgets     a job's --max-cost/--max-tokens and what its trials spent (`coordination.budget`)
+    Shares      which job's held trial a free slot of the cluster takes (`coordination.shares`)
+    """
 
     @property
     def recovered_at(self) -> float:

@@ -1,27 +1,12 @@
 """The result backend: Celery's Redis backend, whose every command waits out a broker outage.
 
 Celery counts a returned trial towards its job's chord in the result backend
-(`on_chord_part_return`: one Lua script, then the finalizer's send). It
-retries storing a task's result (`result_backend_always_retry`) but not this
-count, and the Redis client it makes retries nothing: a broker restarting at
-that moment made the count raise, Celery then stored the trial as failed
-with that ConnectionError and counted the failure, and the job's chord ended
-in error though every record was stored.
-
-Here each connection of the backend's client sends a command again while it
-cannot reach the broker (refused, closed, loading its data, timed out), for
-up to `OUTAGE_SEC`, as the coordinator's calls wait
-(`coordination.redis.base`); a longer outage raises, and so does a refused
-login at once. Celery's own retries around the client are turned off
-(`coordination.celery_app`): they would multiply the wait. A command whose
-reply was lost (or timed out) may run twice, which the backend's commands
-bear: Celery's count adds a trial once (keyed by task id and index), and
-its claim of the finalizer's send is recognised by the token it was sent
-with (`_Count`), so a count sent again still sends the finalizer. (Celery's
-`add_to_chord`, an `INCR`, would not bear it; sciencebench never calls it.)
-
-`Loader` makes Celery use this backend for `redis://` and `rediss://` URLs
-(`coordination.celery_app`).
+(`on_chord_part_return`), and retries storing a result but not this count:
+a broker restarting at that moment turned a stored trial into the chord's
+failure. Here each connection sends a command again while it cannot reach
+the broker, for up to `OUTAGE_SEC` (`PatientRedisBackend`, whose docstring
+says why a command sent twice is borne). `Loader` makes Celery use this
+backend for `redis://` and `rediss://` URLs (`coordination.celery_app`).
 """
 
 from __future__ import annotations
@@ -106,7 +91,25 @@ class _Count:
 
 
 class PatientRedisBackend(RedisBackend):
-    """Celery's Redis result backend; its connections wait out an outage (`OutageRetry`)."""
+    """Celery's Redis result backend; its connections wait out an outage (`OutageRetry`).
+
+    The Redis client Celery makes retries nothing: a broker restarting while a
+    trial was counted made the count raise, Celery then stored the trial as
+    failed with that ConnectionError and counted the failure, and the job's
+    chord ended in error though every record was stored.
+
+    Each connection of this backend's client sends a command again while it
+    cannot reach the broker (refused, closed, loading its data, timed out), for
+    up to `OUTAGE_SEC`, as the coordinator's calls wait
+    (`coordination.redis.base`); a longer outage raises, and so does a refused
+    login at once. Celery's own retries around the client are turned off
+    (`coordination.celery_app`): they would multiply the wait. A command whose
+    reply was lost (or timed out) may run twice, which the backend's commands
+    bear: Celery's count adds a trial once (keyed by task id and index), and
+    its claim of the finalizer's send is recognised by the token it was sent
+    with (`_Count`), so a count sent again still sends the finalizer. (Celery's
+    `add_to_chord`, an `INCR`, would not bear it; sciencebench never calls it.)
+    """
 
     outage_sec = OUTAGE_SEC
 

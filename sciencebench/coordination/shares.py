@@ -1,22 +1,12 @@
 """Fair share between jobs and users: which job's held trial a free slot of the cluster takes.
 
 Every trial of a job waits in the store (`Slots.hold`); only what may start
-now goes to the broker. A slot is free when the trials running or sent (a
-message on its way, not yet started) number fewer than the cluster's slots
-(the `--concurrency` of the live, unpaused worker hosts, as they report it in
-their `HostKit`). A free slot takes the next trial of the job furthest below
-its share (`choose`): first the submitting user with the fewest trials per
-unit of weight, then that user's job with the fewest per unit of weight,
-never a job at its `--n-concurrent`, ties to the earlier submit. Within the
-job the trial is the one `Slots.next_waiting` hands out (longest expected
-first). `fill` runs at a submit, at each trial's end and at every watchdog
-scan, so a lost wake-up costs at most one scan.
-
-Keys (Redis):
-
-    sciencebench:shares               hash job id -> Share JSON (user, weight, cap, name, at)
-    sciencebench:shares:weights       hash user:<name> | job:<job id> -> weight set by an operator
-    sciencebench:J:share:sent         set of trial keys sent by `fill`, not yet started
+now goes to the broker. A free slot takes the next trial of the job furthest
+below its share (`choose`: first the user, then that user's job, with the
+fewest trials per unit of weight). Within the job the trial is the one
+`Slots.next_waiting` hands out (longest expected first). `fill` runs at a
+submit, at each trial's end and at every watchdog scan, so a lost wake-up
+costs at most one scan. Its keys are listed in `coordination.keys`.
 """
 
 from __future__ import annotations
@@ -130,6 +120,13 @@ def choose(
     `--n-concurrent`, then that user's such job with the fewest per weight
     (users that tie are told apart by their jobs' ratio), then the earlier
     submit, then the job id.
+
+    A slot is free when the trials running or sent (a message on its way, not
+    yet started) number fewer than the cluster's slots (the `--concurrency` of
+    the live, unpaused worker hosts, as they report it in their `HostKit`).
+    The job: first the submitting user with the fewest trials per unit of
+    weight, then that user's job with the fewest per unit of weight, never a
+    job at its `--n-concurrent`, ties to the earlier submit.
     """
     user_w, job_w = weights_of(shares, weights)
     busy_by_user: dict[str, int] = {}

@@ -1,16 +1,12 @@
 """Lost-host recovery: re-dispatch trials whose lease expired, and held trials nobody will send.
 
 Every worker's main process runs one watchdog thread. A trial whose worker
-died (host killed, network cut) stops renewing its lease; within one lease
-period plus one scan the watchdog sends the same task again (same task id,
-same chord membership), long before the broker's hours-long visibility
-timeout would. A per-trial lock keeps two watchdogs from both sending it.
-
-Held trials (`Slots.hold`) are sent one per ended trial; should those
-wake-ups all be lost (a worker killed between its commit and its wake-up,
-the broker gone meanwhile), the job would wait for nothing. A job with held
-trials, none running or waiting, an empty broker queue and no release for
-two lease periods gets its window's worth sent (`release_stalled`).
+died stops renewing its lease; within one lease period plus one scan the
+watchdog sends the same task again (same task id, same chord membership),
+long before the broker's hours-long visibility timeout would. A per-trial
+lock keeps two watchdogs from both sending it. Held trials whose wake-ups
+were all lost (a worker killed between its commit and its wake-up, the
+broker gone meanwhile) are sent by `release_stalled`.
 """
 
 from __future__ import annotations

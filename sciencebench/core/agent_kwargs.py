@@ -1,20 +1,12 @@
 """Agent keyword arguments a job may hand to Pier: checked at submit and again on the worker.
 
 Pier's agents read some keywords as paths on the host that runs Pier
-(`config_toml_file`, `config_file`, `prompt_template_path`, ...): on a
-worker host that is any file the worker can read, shipped into the agent's
-container. A job passes the content itself instead (`config_toml`).
-
-An agent's `version` must be a plain version (`AGENT_VERSION`, or `latest`):
-Pier's installed agents put it unquoted into their install script
-(`npm install -g @openai/codex@<version>` in a `bash -c`), run by the online
-agent-install build, which keeps the network.
-
-Any other keyword travels, whatever its name. One whose name looks like a
-credential (`max_thinking_tokens`, `api_key`, ...) is redacted in every
-record, as the original runner redacts it: its value rides in a private
-file beside the selection (never in `job.json` or a broker message) and
-reaches Pier in the trial's private config file, never on a command line.
+(`config_toml_file`, ...): on a worker that is any file the worker can
+read, so a job passes the content itself instead (`config_toml`). An
+agent's `version` must be a plain version (`agent_kwarg_problem` says
+why). Any other keyword travels; one whose name looks like a credential is
+redacted in every record and reaches Pier only in the trial's private
+config file (`split_secret_kwargs`).
 """
 
 from __future__ import annotations
@@ -35,7 +27,15 @@ AGENT_VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}")
 
 
 def agent_kwarg_problem(key: str, value: str) -> str | None:
-    """Why the agent keyword `key` (with `value`) may not travel in a job, or None when it may."""
+    """Why the agent keyword `key` (with `value`) may not travel in a job, or None when it may.
+
+    Path keywords (`config_toml_file`, `config_file`, `prompt_template_path`,
+    ...) would ship any file the worker can read into the agent's container.
+    An agent's `version` must be a plain version (`AGENT_VERSION`, or
+    `latest`): Pier's installed agents put it unquoted into their install
+    script (`npm install -g @openai/codex@<version>` in a `bash -c`), run by
+    the online agent-install build, which keeps the network.
+    """
     if key.endswith(HOST_PATH_SUFFIXES):
         return (
             f"--agent-kwarg {key}: names a file on the worker hosts, which a job may not read; "
@@ -64,7 +64,13 @@ def is_sensitive_name(key: str) -> bool:
 
 
 def split_secret_kwargs(kwargs: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """`(kwargs with credential-looking values replaced by REDACTED, those values by key)`."""
+    """`(kwargs with credential-looking values replaced by REDACTED, those values by key)`.
+
+    A credential-looking name (`max_thinking_tokens`, `api_key`, ...) is
+    redacted as the original runner redacts it: its value rides in a private
+    file beside the selection (never in `job.json` or a broker message) and
+    reaches Pier in the trial's private config file, never on a command line.
+    """
     secret = {key: value for key, value in kwargs.items() if is_sensitive_name(key)}
     public = {key: REDACTED if key in secret else value for key, value in kwargs.items()}
     return public, secret

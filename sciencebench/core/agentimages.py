@@ -1,22 +1,13 @@
 """Agent-ready images: task images with a harness preinstalled, and the file recording them (pure).
 
-Pier installs an installed agent (codex, claude-code, mini-swe-agent, ...)
-by building a derived image whose steps download nvm, Node or uv and then
-the agent: impossible on offline worker hosts. `sciencebench images bake`
-instead builds, once per (task image digest, agent, version), the task
-image with the agent preinstalled from artifacts fetched on the build host,
-pushes it by digest and records it in the selection:
-
-    <selection>/.sciencebench/agent-images.json
-    {"images": [{"base_image": "reg/task@sha256:...", "agent": "codex",
-                 "version": "0.169.0", "image": "reg/sciencebench-agents/codex:...@sha256:...",
-                 "inputs_sha256": "...", "wire_apis": ["responses"], "built_at": "..."}]}
-
-The login node reads this file (never Docker) when a job is submitted: a
-missing baked image is refused there, once, instead of failing an install
-on every worker. Workers run the recorded digest: the trial's Pier command
-carries it as the environment keyword `agent_image`, and the environment
-starts it as the prebuilt image, so Pier skips its install.
+Pier installs an installed agent by building a derived image that downloads
+nvm, Node or uv and then the agent: impossible on offline worker hosts.
+`sciencebench images bake` instead builds, once per (task image digest,
+agent, version), the task image with the agent preinstalled, pushes it by
+digest and records it in the selection (`AgentImages`). The login node
+reads this file (never Docker) at submit: a missing baked image is refused
+there, once. Workers run the recorded digest as the environment keyword
+`agent_image`, so Pier skips its install.
 """
 
 from __future__ import annotations
@@ -59,7 +50,13 @@ class BakedImage(BaseModel):
 
 
 class AgentImages(BaseModel):
-    """The recorded baked images of a selection."""
+    """The recorded baked images of a selection.
+
+    <selection>/.sciencebench/agent-images.json
+    {"images": [{"base_image": "reg/task@sha256:...", "agent": "codex",
+                 "version": "0.169.0", "image": "reg/sciencebench-agents/codex:...@sha256:...",
+                 "inputs_sha256": "...", "wire_apis": ["responses"], "built_at": "..."}]}
+    """
 
     images: list[BakedImage] = Field(default_factory=list)
 

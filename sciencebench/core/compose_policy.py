@@ -1,32 +1,12 @@
 """What a task may ask of Docker through its compose files and env tables (pure): an allowlist.
 
-A task directory may hold compose files (`core.taskdir.COMPOSE_FILES`: the
-agent environment's, the separate verifier's, a step's) that Pier merges
-into the trial's `docker compose` project, and env tables whose keys reach
-the environment of Pier's `docker compose`. Docker runs them with the worker
-host's privileges, so everything is checked against an allowlist:
-
-- statically at submit (`core.taskreview.review_task`, exit 2) and again on
-  the worker before Pier starts (`review_task_dir`), on the YAML as written;
-- by the network policy environment, on the model `docker compose config`
-  renders from Pier's exact file list and environment, before each
-  command that builds, creates or starts anything (`compose_problems(rendered=True)`).
-
-What passes: one service, `main` (the inspection after start accepts no
-other container), with the keys below; top-level `services`, `volumes`
-(plain named volumes) and `x-*` extensions. Everything else is refused:
-`extends`, `include`, `env_file`, `volumes_from`, `secrets`, `configs`,
-networks, devices, capabilities, namespaces other than `private`,
-`cgroup_parent`, `gpus`, build secrets/ssh/network or a context outside the
-compose file's directory (rendered, a build's network must be `none`: the
-policy's override sets it), bind mounts outside the task (and, rendered, the
-trial) directory, a writable bind mount of the task's (`read_only: true` or
-`:ro` is required), unpinned images. Compose interpolation (`$VAR`, `${VAR}`,
-`${VAR:-default}`, `${VAR:?error}`) may appear only in `command`,
-`entrypoint`, `environment`, `working_dir` and `healthcheck`; nested
-defaults and the alternative-value forms (`${VAR:+x}`, `${VAR+x}`) are
-refused everywhere.
-The task around the compose files: `core.taskreview`.
+A task's compose files (`core.taskdir.COMPOSE_FILES`) are merged by Pier
+into the trial's `docker compose` project, and its env tables reach the
+environment of Pier's `docker compose`; Docker runs them with the worker
+host's privileges. So everything is checked against an allowlist
+(`compose_problems`, which lists what passes): statically at submit and on
+the worker (`core.taskreview`), and on the model `docker compose config`
+renders before each command that builds, creates or starts anything.
 """
 
 from __future__ import annotations
@@ -285,6 +265,27 @@ def compose_problems(
     compose config --format json` printed for project `project` (paths
     absolute, variables substituted), not a file as written. Never raises
     on malformed input.
+
+    Where it runs: statically at submit (`core.taskreview.review_task`, exit
+    2) and again on the worker before Pier starts (`review_task_dir`), on the
+    YAML as written; by the network policy environment, on the model `docker
+    compose config` renders from Pier's exact file list and environment
+    (`rendered=True`).
+
+    What passes: one service, `main` (the inspection after start accepts no
+    other container), with the allowed keys; top-level `services`, `volumes`
+    (plain named volumes) and `x-*` extensions. Everything else is refused:
+    `extends`, `include`, `env_file`, `volumes_from`, `secrets`, `configs`,
+    networks, devices, capabilities, namespaces other than `private`,
+    `cgroup_parent`, `gpus`, build secrets/ssh/network or a context outside the
+    compose file's directory (rendered, a build's network must be `none`: the
+    policy's override sets it), bind mounts outside the task (and, rendered, the
+    trial) directory, a writable bind mount of the task's (`read_only: true` or
+    `:ro` is required), unpinned images. Compose interpolation (`$VAR`, `${VAR}`,
+    `${VAR:-default}`, `${VAR:?error}`) may appear only in `command`,
+    `entrypoint`, `environment`, `working_dir` and `healthcheck`; nested
+    defaults and the alternative-value forms (`${VAR:+x}`, `${VAR+x}`) are
+    refused everywhere.
     """
     if not isinstance(compose, Mapping):
         return ["not a compose file (expected a mapping)"]

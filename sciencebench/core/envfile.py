@@ -2,25 +2,11 @@
 
 An env file holds credentials. Messages and job specs carry only its
 identity (`EnvFile`: path and SHA-256); each side parses the file itself.
-
-Its values, `--agent-env` values and the env tables of a task.toml become
-part of the environment of Pier or of its `docker compose` on a worker host,
-which holds the Docker socket. So a key that would change the harness rather
-than inform the agent (the loader and C library, OpenSSL, interpreters and
-shells, the Docker and compose clients, Pier's compose variables, proxies,
-sciencebench's and LiteLLM's settings, files Pier or LiteLLM would read) is
-refused by one function, `harness_key_problem`: at submit and again on the
-worker.
-
-An env file's and `--agent-env`'s keys reach Pier's own process on the
-worker host, where Pier and the libraries it runs (git, curl, Java tools,
-Kerberos, ...) read variables no denylist can name in full
-(`JAVA_TOOL_OPTIONS`, `KRB5_CONFIG`, `CURL_HOME`, `WGETRC`). So those keys
-must also be on an allowlist, `AGENT_KEYS`: the values sciencebench's
-profiles read and the names Pier's installed agents read (provider
-credentials, base URLs and the agents' documented settings), checked by
-`agent_key_problem` with the denylist as a second line. Task env tables go
-into containers through compose and keep the denylist alone.
+Its values, `--agent-env` values and a task.toml's env tables reach the
+environment of Pier or of its `docker compose` on a worker host, which holds
+the Docker socket. So a key that would change the harness is refused by
+`harness_key_problem`, and an env file's or `--agent-env`'s key must also be
+on an allowlist (`agent_key_problem`): at submit and again on the worker.
 """
 
 from __future__ import annotations
@@ -140,6 +126,11 @@ def harness_key_problem(key: str) -> str | None:
     The answer starts with the key and names its group's reason, never a
     value. Matching is case-insensitive; a name that is not a shell
     variable name (possible as a task.toml key) is refused too.
+
+    Refused: a key that would change the harness rather than inform the agent
+    (the loader and C library, OpenSSL, interpreters and shells, the Docker and
+    compose clients, Pier's compose variables, proxies, sciencebench's and
+    LiteLLM's settings, files Pier or LiteLLM would read).
     """
     if not VARIABLE_NAME.fullmatch(key):
         return f"{key!r} is not a variable name"
@@ -189,6 +180,16 @@ def agent_key_problem(key: str) -> str | None:
 
     First the denylist (`harness_key_problem`, its reasons), then the
     allowlist `AGENT_KEYS`. The answer starts with the key, never a value.
+
+    An env file's and `--agent-env`'s keys reach Pier's own process on the
+    worker host, where Pier and the libraries it runs (git, curl, Java tools,
+    Kerberos, ...) read variables no denylist can name in full
+    (`JAVA_TOOL_OPTIONS`, `KRB5_CONFIG`, `CURL_HOME`, `WGETRC`). So those keys
+    must also be on an allowlist, `AGENT_KEYS`: the values sciencebench's
+    profiles read and the names Pier's installed agents read (provider
+    credentials, base URLs and the agents' documented settings), with the
+    denylist as a second line. Task env tables go into containers through
+    compose and keep the denylist alone.
     """
     if problem := harness_key_problem(key):
         return problem

@@ -1,43 +1,17 @@
-"""The exception tree.
+"""The exception tree, drawn in `SciencebenchError`'s docstring.
 
 Errors a user can fix before anything runs exit the CLI with code 2 and one
-line; errors inside a trial become part of that trial's record and never
-escape a Celery task (the chord finalizer must always run).
-
-    SciencebenchError
-    ├── InputError                  bad input on the login node: exit 2, nothing written
-    │   ├── SelectionError          --path / selection.json / --task-id
-    │   ├── TaskSpecError           task.toml, image refs, missing task files
-    │   ├── ProfileError            --env-file and provider settings
-    │   ├── JobConflictError        --job-name already used by another selection
-    │   └── SettingsError           a SCIENCEBENCH_* environment variable is invalid
-    ├── BrokerUnavailableError      Redis cannot be reached
-    ├── PreflightError              a worker host cannot run trials now (one line why)
-    ├── UnfitError                  a worker host cannot serve one job (cannot see its files)
-    └── TrialError                  one trial failed in a named stage
-        ├── RefusedError            the job asks for what a worker refuses to do; nothing ran
-        ├── WorkspaceError          task dir unreadable / jobs dir unwritable
-        ├── SecretsMismatchError    env file changed since submit
-        ├── PullError               image pull or digest verification failed
-        │   └── NoRoomError         the image budget cannot fit the trial's images now (handed back)
-        ├── PolicyError             network policy refused or inspection failed
-        ├── HarnessError            Pier crashed, timed out or could not start
-        │   └── HarnessTimeoutError Pier outran the trial's whole budget
-        ├── CollectError            Pier produced no usable trial directory
-        └── Cancelled               the job was cancelled before or while the trial ran
-
-Elsewhere in the package (each a SciencebenchError too): `network.errors`
-(PolicyError's subclasses, raised inside Pier), `bake.recipes.RecipeError`,
-`bake.builder.BakeError`, `bake.command.BakeFailed`, `worker.pier.zygote.ZygoteError`.
-
-Every class says where a trial failed (`stage`, the record's stage) and whether
-another try would fail the same (`deterministic`: then --max-retries does not
-try it again). Pier records a failure raised inside it by class name only;
-`failure_class` finds the class again.
+line (`InputError`); errors inside a trial (`TrialError`) become part of
+that trial's record and never escape a Celery task (the chord finalizer
+must always run). Every class says where a trial failed (`stage`) and
+whether another try would fail the same (`deterministic`: then
+--max-retries does not try it again). Pier records a failure raised inside
+it by class name only; `failure_class` finds the class again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import ClassVar
 
@@ -63,6 +37,35 @@ class SciencebenchError(Exception):
 
     `stage`: where a trial that met it failed; `deterministic`: another try
     would fail the same (not tried again under --max-retries).
+
+        SciencebenchError
+        ├── InputError                  bad input on the login node: exit 2, nothing written
+        │   ├── SelectionError          --path / selection.json / --task-id
+        │   ├── TaskSpecError           task.toml, image refs, missing task files
+        │   ├── ProfileError            --env-file and provider settings
+        │   ├── JobConflictError        --job-name already used by another selection
+        │   └── SettingsError           a SCIENCEBENCH_* environment variable is invalid
+        ├── BrokerUnavailableError      Redis cannot be reached
+        ├── PreflightError              a worker host cannot run trials now (one line why)
+        ├── UnfitError                  a worker host cannot serve one job (cannot see its files)
+        └── TrialError                  one trial failed in a named stage
+            ├── RefusedError            the job asks for what a worker refuses to do; nothing ran
+            ├── WorkspaceError          task dir unreadable / jobs dir unwritable
+            ├── SecretsMismatchError    env file changed since submit
+            ├── PullError               image pull or digest verification failed
+            │   └── NoRoomError         the image budget cannot fit the trial's images now (handed back)
+            ├── PolicyError             network policy (raised inside Pier): deterministic
+            │   ├── PolicyRefused       refused before anything started
+            │   ├── PolicyViolation     started containers/networks break the policy
+            │   ├── TransferRefused     a copy to the host refused what a container wrote
+            │   └── AgentImageMismatch  `agent_image` names another agent's image
+            ├── HarnessError            Pier crashed, timed out or could not start
+            │   └── HarnessTimeoutError Pier outran the trial's whole budget
+            ├── CollectError            Pier produced no usable trial directory
+            └── Cancelled               the job was cancelled before or while the trial ran
+
+    Elsewhere in the package (each a SciencebenchError too): `bake.recipes.RecipeError`,
+    `bake.builder.BakeError`, `bake.command.BakeFailed`, `worker.pier.zygote.ZygoteError`.
     """
 
     stage: ClassVar[Stage] = Stage.WORKER
@@ -157,9 +160,62 @@ class NoRoomError(PullError):
 
 
 class PolicyError(TrialError):
-    """The network policy refused the trial or its inspection failed."""
+    """The network policy refused the trial or its inspection failed.
+
+    The policy environment (`sciencebench.network`) raises these inside Pier;
+    Pier records the class name and message of each in the trial's
+    `result.json` (`exception_info`), so messages name every failed check.
+    They live here, not beside the environment, so that the worker finds
+    them by name (`failure_class`) without importing the environment.
+    """
 
     stage = Stage.POLICY
+
+
+class PolicyRefused(PolicyError):
+    """The trial cannot run under the offline network policy; nothing was started.
+
+    The task allows internet, a gateway URL or the proxy image is unusable, or
+    a compose task wants egress.
+    """
+
+
+class PolicyViolation(PolicyError):
+    """Inspection found deviations from the policy; `violations` lists each failed check.
+
+    The environment was stopped.
+    """
+
+    def __init__(self, violations: Sequence[str]) -> None:
+        self.violations = list(violations)
+        super().__init__(
+            f"network policy inspection failed ({len(self.violations)} check(s)): "
+            + "; ".join(self.violations)
+        )
+
+    def __reduce__(self) -> tuple[type[PolicyViolation], tuple[list[str]]]:
+        # Exceptions pickle through their args; ours takes the list, not the message.
+        return (type(self), (self.violations,))
+
+
+class TransferRefused(PolicyError):
+    """A copy between a container and the host refused what the container wrote (a link, a device, ...).
+
+    `refusals` names each refused item (`network.transfer.Refusal`, or a string).
+    """
+
+    def __init__(self, refusals: Sequence[object]) -> None:
+        self.refusals = list(refusals)
+        shown = "; ".join(str(r) for r in self.refusals[:10])
+        more = f"; and {len(self.refusals) - 10} more" if len(self.refusals) > 10 else ""
+        super().__init__(f"host-side transfer refused {len(self.refusals)} item(s): {shown}{more}")
+
+    def __reduce__(self) -> tuple[type[TransferRefused], tuple[list[object]]]:
+        return (type(self), (self.refusals,))
+
+
+class AgentImageMismatch(PolicyError):
+    """The `agent_image` keyword names an image baked for another agent or version."""
 
 
 class HarnessError(TrialError):
@@ -191,8 +247,8 @@ class Cancelled(TrialError):
 def failure_class(name: str | None) -> type[SciencebenchError] | None:
     """The class of the tree named `name` (as Pier records one raised inside it), else None.
 
-    Only classes of modules imported in this process are found: the worker
-    imports `network.errors`, whose classes Pier raises.
+    Only classes of modules imported in this process are found; those Pier
+    may record (the policy's) are defined in this module.
     """
     if not name:
         return None

@@ -1,24 +1,11 @@
 """The harness registry: every fact about one harness in one entry (pure; the login node imports it).
 
-A harness is a Pier agent sciencebench knows something about. Its entry says
-
-- `name`: Pier's agent name (`--agent NAME`);
-- `installed_by_pier`: Pier installs it into a derived image of every trial
-  (online), unless a baked image replaces that install;
-- `adapter`, `auto_adapter`: sciencebench's adapter of Pier's agent (same
-  name, so the same baked images), and whether `submit` runs it for
-  `--agent NAME` by itself (`--no-auto-agent-adapter` turns that off);
-- `gateway_variables`: the allowlist rule, the profile variables naming its
-  model gateways, which become the trial proxy's only hosts (docs/network-policy.md);
-- `profile`: how `submit` turns a provider profile into agent keywords
-  (auto provider; `--no-auto-provider` turns it off);
-- `exact_model`: Pier's agent strips a model's provider prefix unless it is
-  given `command_model_name` (so sciencebench gives it);
-- `bake`: how `sciencebench images bake` preinstalls it (also the choices of
-  `images bake --agent`), and the pinned release `scripts/agent-artifacts.sh` fetches.
-
-Every consumer looks a harness up here when it runs (`find`, `bakeable`, ...):
-adding a harness is one entry of `REGISTRY`.
+A harness is a Pier agent sciencebench knows something about; its entry
+(`Harness`, whose docstring lists the fields) says how Pier installs it,
+sciencebench's adapter, its proxy allowlist rule, how `submit` turns a
+provider profile into its keywords, and how `images bake` preinstalls it.
+Every consumer looks a harness up here when it runs (`find`, `bakeable`,
+...): adding a harness is one entry of `REGISTRY`.
 """
 
 from __future__ import annotations
@@ -83,7 +70,23 @@ class Bake:
 
 @dataclass(frozen=True)
 class Harness:
-    """One harness: a Pier agent and everything sciencebench does differently for it."""
+    """One harness: a Pier agent and everything sciencebench does differently for it.
+
+    - `name`: Pier's agent name (`--agent NAME`);
+    - `installed_by_pier`: Pier installs it into a derived image of every trial
+      (online), unless a baked image replaces that install;
+    - `adapter`, `auto_adapter`: sciencebench's adapter of Pier's agent (same
+      name, so the same baked images), and whether `submit` runs it for
+      `--agent NAME` by itself (`--no-auto-agent-adapter` turns that off);
+    - `gateway_variables`: the allowlist rule, the profile variables naming its
+      model gateways, which become the trial proxy's only hosts (docs/network-policy.md);
+    - `profile`: how `submit` turns a provider profile into agent keywords
+      (auto provider; `--no-auto-provider` turns it off);
+    - `exact_model`: Pier's agent strips a model's provider prefix unless it is
+      given `command_model_name` (so sciencebench gives it);
+    - `bake`: how `sciencebench images bake` preinstalls it (also the choices of
+      `images bake --agent`), and the pinned release `scripts/agent-artifacts.sh` fetches.
+    """
 
     name: str
     installed_by_pier: bool = True

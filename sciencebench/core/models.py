@@ -1,8 +1,6 @@
 """The data both sides exchange: what a submit decided, one trial, one trial's record.
 
-All are pydantic models: the login node builds them, `job.json`, broker
-messages and Redis carry them as JSON, workers read them back with
-`model_validate`. None holds a secret value.
+Pydantic models carried as JSON by `job.json`, broker messages and Redis; none holds a secret value.
 
     RunOptions      the options of a submit that every trial runs with
     └── JobSpec     + the selection, the agent plan, env-file identities  (job.json)

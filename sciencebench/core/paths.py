@@ -1,37 +1,12 @@
-"""The jobs layout: one frozen paths object.
-
-    <jobs-dir>/<job-name>/
-    ├── result.json                  Pier JobResult shape, written by the finalizer
-    ├── summary.json                 {generated_at, jobs_dir, trial_count, rows}
-    ├── summary.csv                  one row per trial directory
-    ├── task_002__a1b2c3d/           a trial directory exactly as Pier writes it
-    │   ├── result.json, config.json, trial.log, agent/, artifacts/
-    │   ├── verifier/{reward.txt, reward.json, ctrf.json, test-stdout.txt}
-    │   └── network-policy-<session>.json
-    └── .sciencebench/
-        ├── job.json                 the JobSpec of the submit
-        ├── trials/002-1.json        the latest TrialRecord of task 002, attempt 1
-        └── superseded/              trial directories replaced by a later run
-
-    <selection>/                     `SelectionPaths`
-    ├── task_002/                    a task directory
-    ├── batch-run.json               the run record of the latest submit
-    └── .sciencebench/
-        ├── agent-images.json        the baked agent images (`images bake`), and its .agent-images.lock
-        └── secrets/                 a running job's --agent-env and --agent-kwarg values (0700)
-
-    <scratch root>/<job id>/         `ScratchPaths`, host-local, the worker's own (`worker.journal`)
-    ├── <task id>-<attempt>.<owner>.lock     flock held by the owner process while the run lives
-    └── <task id>-<attempt>.<owner>/         one run of a trial
-        ├── claim.json                       its message, lease owner and start
-        └── try-<n>/                         one try: the task snapshot, Pier's job, try.json (how it ended)
+"""The jobs layout: one frozen paths object per place (`JobPaths`, `SelectionPaths`, `ScratchPaths`).
 
 The job directory belongs to its submitter, who may rename, swap or link
 anything in it at any time. A worker therefore keeps nothing there while a
 trial runs (its scratch is host-local: `Settings.scratch_dir`) and writes
 into it only through directory descriptors opened one component at a time
 without following a link (`open_job_dir`, `write_atomic_at`): whatever the
-submitter does, the worker's writes stay inside the job directory.
+submitter does, the worker's writes stay inside the job directory. Each
+class's docstring draws its tree.
 """
 
 from __future__ import annotations
@@ -53,7 +28,21 @@ SCRATCH_DIR_NAME = "scratch"
 
 @dataclass(frozen=True)
 class JobPaths:
-    """The paths of one job under its jobs directory (see the module docstring)."""
+    """The paths of one job under its jobs directory.
+
+    <jobs-dir>/<job-name>/
+    ├── result.json                  Pier JobResult shape, written by the finalizer
+    ├── summary.json                 {generated_at, jobs_dir, trial_count, rows}
+    ├── summary.csv                  one row per trial directory
+    ├── task_002__a1b2c3d/           a trial directory exactly as Pier writes it
+    │   ├── result.json, config.json, trial.log, agent/, artifacts/
+    │   ├── verifier/{reward.txt, reward.json, ctrf.json, test-stdout.txt}
+    │   └── network-policy-<session>.json
+    └── .sciencebench/
+        ├── job.json                 the JobSpec of the submit
+        ├── trials/002-1.json        the latest TrialRecord of task 002, attempt 1
+        └── superseded/              trial directories replaced by a later run
+    """
 
     jobs_dir: Path
     job_name: str
@@ -114,7 +103,15 @@ class JobPaths:
 
 @dataclass(frozen=True)
 class SelectionPaths:
-    """The paths of a materialized selection, and the files sciencebench keeps in it (module docstring)."""
+    """The paths of a materialized selection, and the files sciencebench keeps in it.
+
+    <selection>/
+    ├── task_002/                    a task directory
+    ├── batch-run.json               the run record of the latest submit
+    └── .sciencebench/
+        ├── agent-images.json        the baked agent images (`images bake`), and its .agent-images.lock
+        └── secrets/                 a running job's --agent-env and --agent-kwarg values (0700)
+    """
 
     selection: Path
 
@@ -150,7 +147,14 @@ class SelectionPaths:
 
 @dataclass(frozen=True)
 class ScratchPaths:
-    """A worker host's scratch of running trials: host-local, the worker's own, never in a job directory."""
+    """A worker host's scratch of running trials: host-local, the worker's own, never in a job directory.
+
+    <scratch root>/<job id>/         host-local, the worker's own (`worker.journal`)
+    ├── <task id>-<attempt>.<owner>.lock     flock held by the owner process while the run lives
+    └── <task id>-<attempt>.<owner>/         one run of a trial
+        ├── claim.json                       its message, lease owner and start
+        └── try-<n>/                         one try: the task snapshot, Pier's job, try.json (how it ended)
+    """
 
     root: Path
 

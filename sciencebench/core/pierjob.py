@@ -1,20 +1,12 @@
 """Pier's job-level files without Pier: `result.json` (its JobResult) and `config.json` (its JobConfig).
 
-`pier view` and `pier job resume` read a job directory through
-`pier.models.job.result.JobResult` and `pier.models.job.config.JobConfig`;
-this module builds what Pier's own job runner would have written for the
-trials on disk, as the models of `core.pierfiles`. Core is pure and the
-login node need not have Pier, so Pier's code is reproduced, not imported:
-`job_stats` is what `pier.job.Job.run` leaves in `JobResult.stats`
-(`JobStats.increment` per trial, `Mean` per eval, `pier.utils.pass_at_k`),
-computed from the fields of each trial's `result.json` that those functions
-read (`core.piertrial.PierTrial`). tests/unit/test_pierjob.py holds every
-function here to Pier's own.
-
-A trial with a record but no `result.json` Pier could read (it failed
-before Pier ran, or Pier died) counts as Pier counts a trial that ended with
-an exception before its verifier: completed, errored, without rewards, its
-exception type the record's.
+`pier view` and `pier job resume` read a job directory through Pier's
+JobResult and JobConfig; this module builds what Pier's own job runner
+would have written for the trials on disk (`core.pierfiles`). Core is pure
+and the login node need not have Pier, so Pier's code is reproduced, not
+imported: `job_stats` is what `pier.job.Job.run` leaves in
+`JobResult.stats`. tests/unit/test_pierjob.py holds every function here to
+Pier's own.
 """
 
 from __future__ import annotations
@@ -80,6 +72,13 @@ def pier_trials(
     stopped the trial); a record without a usable result takes the agent
     and dataset of the job's other trials, its own model (as Pier names it)
     and its task's name.
+
+    `job_stats` counts them as `JobStats.increment` per trial, `Mean` per eval
+    and `pier.utils.pass_at_k` do, from the fields those functions read
+    (`core.piertrial.PierTrial`). A trial with a record but no `result.json`
+    Pier could read (it failed before Pier ran, or Pier died) counts as Pier
+    counts a trial that ended with an exception before its verifier:
+    completed, errored, without rewards, its exception type the record's.
     """
     parsed = [None if data is None else parse_trial_result(data) for data in results]
     template = next((p for p in parsed if p is not None), None) or _fallback_trial(job)

@@ -23,6 +23,9 @@ type Number = int | float
 type Rewards = dict[str, Number]
 type Tokens = tuple[int | None, int | None, int | None, float | None]
 NO_TOKENS: Tokens = (None, None, None, None)
+# A file the network policy environment writes next to a trial's `result.json`: what it refused to
+# copy from a container (`network.refusals.record_refusals`, read by `worker.pier.layout`).
+TRANSFER_REFUSALS = "transfer-refusals.json"
 
 
 @dataclass(frozen=True)

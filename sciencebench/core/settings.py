@@ -1,11 +1,9 @@
 """Settings from SCIENCEBENCH_* environment variables layered over defaults, validated.
 
 One `Settings` object (pydantic-settings) serves both sides. A bad value is
-a `SettingsError` (an InputError: one line on stderr, exit 2) naming the
-variable, never a traceback.
-
-This module owns every SCIENCEBENCH_* variable: each is a `Settings` field,
-its name is `env_name(field)`, and no other module reads one from the
+a `SettingsError` (exit 2) naming the variable, never a traceback. This
+module owns every SCIENCEBENCH_* variable: each is a `Settings` field, its
+name is `env_name(field)`, and no other module reads one from the
 environment (`tests/unit/test_settings.py` checks the package's source).
 Code that holds no Settings (Pier's plugins, `images bake`) reads one
 setting alone with `state_dir_from_env` or `raw_setting`.

@@ -2,23 +2,11 @@
 
 Pure: the inputs are the trial records and the trials as Pier's statistics
 read them (`core.piertrial.PierTrial`), so the finalizer, `summarize` and
-`--local` compute the same numbers, and `summary.json` keeps them (`stats`).
-
-    evals        per agent and model (Pier's `stats.evals` keys): mean reward
-                 and pass@k exactly as Pier computes them (`core.pierjob.eval_metrics`,
-                 `core.pierjob.pass_at_k`), over the *scored* trials only:
-                 a provider failure or a trial never started (`TrialRecord.scored`
-                 False) is not the model's, and is counted apart
-    errors       the scored trials' failure classes (exception types, MissingPatch)
-    spend        Pier's token and cost totals summed over the records; how many
-                 trials Pier could price
-    time         wall time (first start to last finish), the trials' summed
-                 durations, the job's slots (`--n-concurrent`), utilisation =
-                 summed durations / (wall time x slots), and the most trials seen
-                 running at once
-
-The ETA (`finish_in`) places the waiting trials, longest first, on the first
-slot to free, each slot starting with what its running trial has left.
+`--local` compute the same numbers, and `summary.json` keeps them
+(`stats`). Mean reward and pass@k are Pier's, over the *scored* trials only
+(a provider failure or a trial never started is not the model's); what
+each number is: `job_numbers`. The ETA (`finish_in`) places the waiting
+trials, longest first, on the first slot to free.
 """
 
 from __future__ import annotations
@@ -167,6 +155,19 @@ def job_numbers(
 
     `trials` and `classes` are aligned with `records` (`core.pierjob.pier_trials`,
     `core.summary.failure_class`); `slots` is the job's `--n-concurrent`.
+
+    evals        per agent and model (Pier's `stats.evals` keys): mean reward
+                 and pass@k exactly as Pier computes them (`core.pierjob.eval_metrics`,
+                 `core.pierjob.pass_at_k`), over the *scored* trials only:
+                 a provider failure or a trial never started (`TrialRecord.scored`
+                 False) is not the model's, and is counted apart
+    errors       the scored trials' failure classes (exception types, MissingPatch)
+    spend        Pier's token and cost totals summed over the records; how many
+                 trials Pier could price
+    time         wall time (first start to last finish), the trials' summed
+                 durations, the job's slots (`--n-concurrent`), utilisation =
+                 summed durations / (wall time x slots), and the most trials seen
+                 running at once
     """
     provider: Counter[str] = Counter()
     not_started: Counter[str] = Counter()

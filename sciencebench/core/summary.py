@@ -1,17 +1,10 @@
 """A job's summary from what is on disk: Pier's job files and sciencebench's rows.
 
 The inputs are only the trial records and the trial directories Pier left,
-so the chord finalizer and `sciencebench summarize` write the same files:
-
-    <job>/result.json    Pier's JobResult of the trials (core.pierjob.job_result)
-    <job>/config.json    Pier's JobConfig of the job (core.pierjob.job_config)
-    <job>/summary.json   sciencebench's rows: {generated_at, jobs_dir, trial_count, rows, stats}
-                         (`stats`: the job's numbers, `core.stats.job_numbers`)
-    <job>/summary.csv    the same rows in the original runner's columns
-
-Pier's files hold only what Pier's models define (`pier view` reads them as
-it reads a job `pier run` wrote); what sciencebench adds lives in its own
-files.
+so the chord finalizer and `sciencebench summarize` write the same files
+(`write_summary` lists them). Pier's files hold only what Pier's models
+define (`pier view` reads them as it reads a job `pier run` wrote); what
+sciencebench adds lives in its own files.
 """
 
 from __future__ import annotations
@@ -229,6 +222,12 @@ def write_summary(job: JobSpec, now: datetime | None = None) -> Summary:
 
     Raises OSError when the job directory cannot be written and ValueError
     when a trial record is not a TrialRecord.
+
+    <job>/result.json    Pier's JobResult of the trials (core.pierjob.job_result)
+    <job>/config.json    Pier's JobConfig of the job (core.pierjob.job_config)
+    <job>/summary.json   sciencebench's rows: {generated_at, jobs_dir, trial_count, rows, stats}
+                         (`stats`: the job's numbers, `core.stats.job_numbers`)
+    <job>/summary.csv    the same rows in the original runner's columns
     """
     now = now or datetime.now(UTC)
     paths = JobPaths(job.jobs_dir, job.job_name)

@@ -1,16 +1,13 @@
 """A whole task against the policy (pure): its files, its task.toml, and the compose files in it.
 
-A task's compose files are checked by the allowlist (`core.compose_policy`);
-around them a compose project directory may not hold a `.env` file
-(compose would read it for interpolation), and nothing in a task may be a
-symlink or a special file, at any depth. No task.toml artifact path may
-hold `..`, and a step name must be one plain name (Pier joins both onto
-paths on the worker). Every user a task.toml names (`[agent]`,
-`[verifier]`, a step's `agent` and `verifier`) must be one plain user name
-or a `uid[:gid]`: Pier writes the agent's into its online agent-install
-Dockerfile as `USER <user>`, the one build that keeps the network. Env
-table keys that would steer the harness are refused, and the variables the
-task needs from the job (templates, compose variables) are listed.
+Compose files are checked by the allowlist (`core.compose_policy`); around
+them a compose project directory may not hold a `.env` file, and nothing in
+a task may be a symlink or a special file. No artifact path may hold `..`,
+a step name must be one plain name, and every user a task.toml names must
+be one plain user name or a `uid[:gid]` (Pier writes the agent's into its
+online agent-install Dockerfile as `USER <user>`, the one build that keeps
+the network). Env table keys that would steer the harness are refused, and
+the variables the task needs from the job are listed (`review_task`).
 """
 
 from __future__ import annotations
@@ -282,7 +279,7 @@ def _own_env(raw: Any) -> set[str]:
 
 
 def review_task(task_dir: Path, raw: Mapping[str, Any], scan: TaskScan | None = None) -> TaskReview:
-    """Check a task directory and its parsed task.toml `raw` against the policy (module docstring).
+    """Check a task directory and its parsed task.toml `raw` against the policy.
 
     The task directory is the one given (never derived from a symlink's
     target); bind mounts may come only from inside it. `scan`: the task

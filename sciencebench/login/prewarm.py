@@ -1,14 +1,12 @@
 """Pre-pull: the selection's images onto the live worker hosts, ahead of the trials.
 
-`submit --prepull` (before its trials) and a dry run with live workers (as
-its pre-warm) of a job with `--placement` give each image that no live host
-holds to one host, largest first to the host given the fewest bytes so far
-(`spread`), and mark it as pulling there (`coordination.placement`: the
-image's trials prefer that host); without `--placement` every host pulls
-what it lacks (`everywhere`: any host may take any trial). Each host gets
-one `prewarm_images` task on its direct queue (`worker_direct`) with its
-images. Pulls are deduplicated per host, so a
-trial that needs an image while its pull runs waits for that one pull.
+`submit --prepull` and a dry run with live workers of a job with
+`--placement` give each image that no live host holds to one host, largest
+first to the host given the fewest bytes so far (`spread`), and mark it as
+pulling there; without `--placement` every host pulls what it lacks
+(`everywhere`). Each host gets one `prewarm_images` task on its direct
+queue (`worker_direct`). Pulls are deduplicated per host, so a trial that
+needs an image while its pull runs waits for that one pull.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """A running job's live numbers: trials done/running/waiting, what they spent so far, an ETA.
 
-`status` and the progress line of `submit --wait` show them (`Watcher.poll`).
-
-    spend      Pier's token and cost totals of the committed records in the
-               store (each read once: a record does not change)
-    ETA        `core.stats.finish_in`: each running trial's expected seconds
-               minus how long it has run, the waiting ones' expected seconds,
-               placed on the job's slots = min(--n-concurrent, the live
-               cluster's slots) (`live_slots`; --n-concurrent when no worker
-               answers the question)
-    expected   per task, the first known of: what this job's own finished
-               trials of the task measured (their median), the store's history
-               of the task (`coordination.history.estimates`, as the scheduler
-               orders trials), what this job's finished trials measured across
-               tasks (their median), the task's timeouts (agent + verifier +
-               build, the bound the scheduler starts from)
+`status` and the progress line of `submit --wait` show them (`Watcher.poll`;
+what each number is: `Live`). A dry run's expected duration and cost come
+from `expected_job`.
 """
 
 from __future__ import annotations
@@ -43,7 +31,22 @@ FINISHED = (TrialState.DONE, TrialState.FAILED)
 
 @dataclass(frozen=True)
 class Live:
-    """A job's trials by where they are, their spend so far, and when the last should end."""
+    """A job's trials by where they are, their spend so far, and when the last should end.
+
+    spend      Pier's token and cost totals of the committed records in the
+               store (each read once: a record does not change)
+    ETA        `core.stats.finish_in`: each running trial's expected seconds
+               minus how long it has run, the waiting ones' expected seconds,
+               placed on the job's slots = min(--n-concurrent, the live
+               cluster's slots) (`live_slots`; --n-concurrent when no worker
+               answers the question)
+    expected   per task, the first known of: what this job's own finished
+               trials of the task measured (their median), the store's history
+               of the task (`coordination.history.estimates`, as the scheduler
+               orders trials), what this job's finished trials measured across
+               tasks (their median), the task's timeouts (agent + verifier +
+               build, the bound the scheduler starts from)
+    """
 
     done: int
     failed: int

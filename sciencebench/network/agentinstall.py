@@ -24,9 +24,9 @@ from pier.environments.agent_setup import write_agent_dockerfile
 
 from sciencebench.core.agentimages import parse_agent_image_keyword
 from sciencebench.core.compose_policy import AGENT_SERVICE
+from sciencebench.core.errors import AgentImageMismatch, PolicyRefused
 from sciencebench.core.taskreview import task_user_problem
 from sciencebench.network.containerfiles import ContainerFilesEnvironment
-from sciencebench.network.errors import AgentImageMismatch, PolicyRefused
 from sciencebench.network.onbuild import onbuild_triggers
 
 # The `agent_install` keyword: whether Pier's agent install may build with the network.

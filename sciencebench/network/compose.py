@@ -1,24 +1,13 @@
 """The compose override that puts a trial's containers under the policy (pure).
 
-Pier composes `main` from its own files; this override comes last and adds:
-
-- `none` mode (no inference egress: nop, oracle, verifiers): `main` gets
-  `network_mode: none`;
-- `isolated-allowlist` mode: `main` joins only `sb-internal`, an internal
-  bridge with IPv6 off whose IPv4 gateway mode is `isolated` (the bridge
-  gets no address, so there is no route to the host either); the proxy
-  service joins `sb-internal` and `sb-egress` with IPv4/IPv6 forwarding off.
-
-In both modes every service drops NET_ADMIN and NET_RAW, is not privileged,
-and `main` stops with SIGKILL: Pier runs `sh -c "sleep infinity"` as PID 1,
-which ignores SIGTERM, so `compose down` would otherwise wait out the 10 s
-grace period on every trial.
-
-When `main` is built for the trial (a Dockerfile-only task, a task's own
-`build:`, a verifier without an image, Pier's derived agent build), the
-override gives the build `network: none`; it adds `build` to nothing else,
-since a `build` key would turn a service that only names its image into a
-built one. `build_network_problems` checks the rendered model for it.
+Pier composes `main` from its own files; this override (`policy_compose`,
+whose docstring gives each mode) comes last: `main` gets `network_mode:
+none`, or joins only an internal bridge with no route out but the proxy.
+Every service drops NET_ADMIN and NET_RAW and is not privileged, and `main`
+stops with SIGKILL: Pier runs `sh -c "sleep infinity"` as PID 1, which
+ignores SIGTERM, so `compose down` would otherwise wait out the 10 s grace
+period on every trial. A build for the trial gets `network: none`
+(`build_network_problems` checks the rendered model for it).
 """
 
 from __future__ import annotations
@@ -28,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from sciencebench.dockerhost.labels import MANAGED_LABEL, OWNER_LABEL
 from sciencebench.network.squid import PROXY_PORT, SQUID_AUTH_FILE, SQUID_CONF_PATH
-from sciencebench.worker.docker.labels import MANAGED_LABEL, OWNER_LABEL
 
 Mode = Literal["none", "isolated-allowlist"]
 
@@ -79,6 +68,19 @@ def policy_compose(
 
     Raises ValueError when `proxy` and `mode` disagree (a programming error,
     not a policy decision).
+
+    - `none` mode (no inference egress: nop, oracle, verifiers): `main` gets
+      `network_mode: none`;
+    - `isolated-allowlist` mode: `main` joins only `sb-internal`, an internal
+      bridge with IPv6 off whose IPv4 gateway mode is `isolated` (the bridge
+      gets no address, so there is no route to the host either); the proxy
+      service joins `sb-internal` and `sb-egress` with IPv4/IPv6 forwarding off.
+
+    When `main` is built for the trial (a Dockerfile-only task, a task's own
+    `build:`, a verifier without an image, Pier's derived agent build), the
+    override gives the build `network: none`; it adds `build` to nothing else,
+    since a `build` key would turn a service that only names its image into a
+    built one.
     """
     main: dict[str, Any] = _hardening("agent", owner)
     if offline_build:

@@ -1,19 +1,11 @@
 """The environment of each `docker compose` the policy environment runs (pure): an allowlist.
 
 Pier gives `docker compose` its whole process environment, then the task's
-env table and its persistent env on top (`DockerEnvironment.
-_run_docker_compose_command`): a task setting `PATH`, `LD_PRELOAD`,
-`DOCKER_HOST`, `DOCKER_CONFIG` or one of Pier's own compose variables would
-choose what runs as root on the worker or where Pier's bind mounts point.
-Here the compose process gets only:
-
-- from the worker's own environment (the Pier process's, which a job cannot
-  extend with such names: `core.envfile.harness_key_problem`): `PATH`,
-  `HOME`, the user and locale, `TMPDIR`, and the Docker client's `DOCKER_*`;
-- Pier's compose variables as Pier computed them (they win over anything);
-- the variables the compose files interpolate, and those an `exec` passes by
-  name (`-e NAME`), from what Pier would have given; never a name that
-  steers the harness.
+env table and its persistent env on top: a task setting `PATH`,
+`LD_PRELOAD`, `DOCKER_HOST`, `DOCKER_CONFIG` or one of Pier's own compose
+variables would choose what runs as root on the worker or where Pier's
+bind mounts point. So the compose process gets only what
+`compose_environment` lists.
 """
 
 from __future__ import annotations
@@ -43,6 +35,14 @@ def compose_environment(
     `names` the variables to take from `values` (interpolated, or passed to
     an exec by name). A name that steers the harness is never taken from
     `values`: it is the worker's or absent.
+
+    - from the worker's own environment (the Pier process's, which a job cannot
+      extend with such names: `core.envfile.harness_key_problem`): `PATH`,
+      `HOME`, the user and locale, `TMPDIR`, and the Docker client's `DOCKER_*`;
+    - Pier's compose variables as Pier computed them (they win over anything);
+    - the variables the compose files interpolate, and those an `exec` passes by
+      name (`-e NAME`), from what Pier would have given; never a name that
+      steers the harness.
     """
     env = {key: value for key, value in worker.items() if from_worker(key)}
     for name in names:

@@ -28,7 +28,8 @@ from pier.environments.base import ExecResult
 from pier.environments.capabilities import EnvironmentCapabilities
 from pier.environments.docker.docker import _sanitize_docker_compose_project_name
 
-from sciencebench.network.errors import TransferRefused
+from sciencebench.core.errors import TransferRefused
+from sciencebench.dockerhost.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
 from sciencebench.network.execenv import SecretSafeExecEnvironment
 from sciencebench.network.extract import extract, extract_file
 from sciencebench.network.refusals import record_refusals
@@ -42,7 +43,6 @@ from sciencebench.network.transfer import (
     posix_parts,
     trial_relative,
 )
-from sciencebench.worker.docker.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
 
 # Per-request timeout of the Engine's archive API (a transfer of up to 2 GiB streams within it).
 TRANSFER_TIMEOUT_SEC = 300

@@ -11,12 +11,11 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sciencebench.core.errors import ProfileError
+from sciencebench.core.errors import PolicyRefused, ProfileError
 from sciencebench.core.gateways import Gateway, parse_gateway
 from sciencebench.core.images import check_image_ref
 from sciencebench.core.settings import PROXY_IMAGE_ENV
 from sciencebench.network.compose import Mode
-from sciencebench.network.errors import PolicyRefused
 from sciencebench.network.squid import normalize_domains, render_squid_conf
 
 

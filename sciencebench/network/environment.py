@@ -1,37 +1,13 @@
-r"""`IsolatedDockerEnvironment`: Pier's Docker environment under the offline network policy.
+"""`IsolatedDockerEnvironment`: Pier's Docker environment under the offline network policy.
 
-Selected with::
-
-    pier run ... --environment-import-path \\
-        sciencebench.network.environment:IsolatedDockerEnvironment \\
-        --ek 'inference_urls=["http://gw:4000/v1"]'
-
-Pier builds the separate verifier environment from the same class and
-keywords. Each environment decides its mode from the agent's provider
-allowlist: an allowlist (codex, claude-code, ...) gives `isolated-allowlist`
-(agent on an internal isolated bridge, a pinned squid proxy as the only way
-out); no allowlist (nop, oracle, verifiers) gives `network_mode: none`.
-
-Lifecycle (`start`): plan (refuse what the policy cannot run) -> check the
-task's files as written (`core.taskreview.review_task_dir`) -> Pier's own
-start with the policy compose override, where each compose command that
-could build, create or start anything is preceded by its own `docker compose
-config` over Pier's exact file list and environment, and the rendered model
-is checked against the same allowlist -> inspect the real containers and networks
-within 15 s -> stop and raise on any deviation, otherwise write
-`network-policy-<session>.json` into the trial directory. The agent is set up
-by Pier only after `start` returns.
-
-The class is built in layers, one concept each: `ContainerFilesEnvironment`
-(`network.containerfiles`: nothing mounted, every copy through the archive
-API and `network.transfer`), `AgentInstallEnvironment`
-(`network.agentinstall`: a baked image, or Pier's online install under its
-checks), `PolicyComposeEnvironment` (`network.policycompose`: the task's
-files and every rendered compose model checked, each `docker compose` with
-an allowlisted environment), then this one: the egress plan
-(`network.egress`), the policy compose override and proxy, inspection and
-the record. Every image build the trial causes gets `build.network: none`
-from the policy override, except Pier's online agent install.
+Selected with `pier run ... --environment-import-path
+sciencebench.network.environment:IsolatedDockerEnvironment --ek
+'inference_urls=["http://gw:4000/v1"]'`; Pier builds the separate verifier
+environment from the same class and keywords. An agent with a provider
+allowlist gets `isolated-allowlist` (an internal isolated bridge, a pinned
+squid proxy as the only way out); nop, oracle and verifiers get
+`network_mode: none`. The class is built in layers, one concept each (see
+the class docstring); `start` checks, starts and inspects.
 """
 
 from __future__ import annotations
@@ -48,10 +24,12 @@ import requests
 from docker.errors import DockerException
 from pier.environments.agent_setup import new_proxy_token, proxy_environment
 
+from sciencebench.core.errors import PolicyViolation, TransferRefused
 from sciencebench.core.settings import raw_setting
+from sciencebench.dockerhost.hostlocks import owner_id
+from sciencebench.dockerhost.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
 from sciencebench.network.compose import PROXY_SERVICE, ProxyFiles, policy_compose
 from sciencebench.network.egress import EgressPlan, plan_egress
-from sciencebench.network.errors import PolicyViolation, TransferRefused
 from sciencebench.network.extract import extract_file
 from sciencebench.network.inspection import (
     INSPECT_TIMEOUT_SEC,
@@ -62,8 +40,6 @@ from sciencebench.network.inspection import (
 from sciencebench.network.policycompose import PolicyComposeEnvironment
 from sciencebench.network.squid import PROXY_PORT, passwd_line, render_squid_conf
 from sciencebench.network.transfer import ChunkReader, open_dir, open_trial_dir
-from sciencebench.worker.docker.hostlocks import owner_id
-from sciencebench.worker.docker.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
 
 # The proxy's access log, kept in the trial's policy directory when the trial stops.
 PROXY_ACCESS_LOG = "squid-access.log"
@@ -88,6 +64,27 @@ class IsolatedDockerEnvironment(PolicyComposeEnvironment):
     environment holds none of its settings. `start` raises PolicyRefused or
     PolicyViolation (both PolicyError), and AgentImageMismatch for an image
     baked for another agent or version.
+
+    Lifecycle (`start`): plan (refuse what the policy cannot run) -> check the
+    task's files as written (`core.taskreview.review_task_dir`) -> Pier's own
+    start with the policy compose override, where each compose command that
+    could build, create or start anything is preceded by its own `docker compose
+    config` over Pier's exact file list and environment, and the rendered model
+    is checked against the same allowlist -> inspect the real containers and networks
+    within 15 s -> stop and raise on any deviation, otherwise write
+    `network-policy-<session>.json` into the trial directory. The agent is set up
+    by Pier only after `start` returns.
+
+    The layers: `ContainerFilesEnvironment` (`network.containerfiles`: nothing
+    mounted, every copy through the archive API and `network.transfer`),
+    `AgentInstallEnvironment` (`network.agentinstall`: a baked image, or Pier's
+    online install under its checks), `PolicyComposeEnvironment`
+    (`network.policycompose`: the task's files and every rendered compose model
+    checked, each `docker compose` with an allowlisted environment), then this
+    one: the egress plan (`network.egress`), the policy compose override and
+    proxy, inspection and the record. Every image build the trial causes gets
+    `build.network: none` from the policy override, except Pier's online agent
+    install.
     """
 
     def __init__(

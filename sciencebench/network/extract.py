@@ -2,19 +2,10 @@
 
 `extract` (a directory) and `extract_file` (one file) write what the
 Engine's archive API sends (`network.transfer`'s bounds and host paths):
-
-- only regular files and directories are created; a symbolic link, hard
-  link, device, FIFO or any other member is skipped and named in the
-  returned refusals, and so is an absolute name or one with `..`;
-- modes are masked: directories 0755, files 0644 (0755 when any execute bit
-  is set), never setuid, setgid or sticky; owners are the host user's;
-- at most `MAX_TOTAL_BYTES` of file data and `MAX_MEMBERS` members: what
-  exceeds a bound is refused and extraction stops there;
-- every host path is opened one component at a time relative to a directory
-  fd with O_NOFOLLOW (O_DIRECTORY for directories, O_CREAT and O_NONBLOCK
-  for files, truncated only once fstat shows a regular file with one link),
-  so a link on the host side is never followed either: the kernel answers
-  ELOOP or ENOTDIR and the member is refused.
+only regular files and directories, modes masked, within `MAX_TOTAL_BYTES`
+and `MAX_MEMBERS`, every host path opened one component at a time with
+O_NOFOLLOW; what is skipped is named in the returned refusals (`extract`
+gives each rule).
 """
 
 from __future__ import annotations
@@ -27,7 +18,7 @@ import tarfile
 from collections.abc import Sequence
 from typing import IO
 
-from sciencebench.network.errors import TransferRefused
+from sciencebench.core.errors import TransferRefused
 from sciencebench.network.transfer import (
     DIR_MODE,
     EXEC_MODE,
@@ -144,6 +135,19 @@ def extract(
     Returns what was written and what was refused; raises TransferRefused
     when the archived path itself is not a directory, tarfile.TarError for a
     corrupt stream.
+
+    - only regular files and directories are created; a symbolic link, hard
+      link, device, FIFO or any other member is skipped and named in the
+      returned refusals, and so is an absolute name or one with `..`;
+    - modes are masked: directories 0755, files 0644 (0755 when any execute bit
+      is set), never setuid, setgid or sticky; owners are the host user's;
+    - at most `MAX_TOTAL_BYTES` of file data and `MAX_MEMBERS` members: what
+      exceeds a bound is refused and extraction stops there;
+    - every host path is opened one component at a time relative to a directory
+      fd with O_NOFOLLOW (O_DIRECTORY for directories, O_CREAT and O_NONBLOCK
+      for files, truncated only once fstat shows a regular file with one link),
+      so a link on the host side is never followed either: the kernel answers
+      ELOOP or ENOTDIR and the member is refused.
     """
     result = Transfer()
     writer = _Writer(dest_fd, result)

@@ -18,6 +18,8 @@ import docker
 
 from sciencebench.core.harness import POLICY_NAME
 from sciencebench.core.versions import parse_version
+from sciencebench.dockerhost.labels import COMPOSE_PROJECT_LABEL as PROJECT_LABEL
+from sciencebench.dockerhost.labels import COMPOSE_SERVICE_LABEL as SERVICE_LABEL
 from sciencebench.network.compose import (
     AGENT_SERVICE,
     DROPPED_CAPS,
@@ -26,8 +28,6 @@ from sciencebench.network.compose import (
     PROXY_SERVICE,
     Mode,
 )
-from sciencebench.worker.docker.labels import COMPOSE_PROJECT_LABEL as PROJECT_LABEL
-from sciencebench.worker.docker.labels import COMPOSE_SERVICE_LABEL as SERVICE_LABEL
 
 MIN_ENGINE_MAJOR = 28
 INSPECT_TIMEOUT_SEC = 15.0

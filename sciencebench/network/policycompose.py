@@ -23,12 +23,12 @@ from pier.environments.base import ExecResult
 
 from sciencebench.core.compose_policy import compose_problems
 from sciencebench.core.envfile import harness_key_problem
+from sciencebench.core.errors import PolicyRefused
 from sciencebench.core.interpolation import interpolation
 from sciencebench.core.taskreview import review_task, review_task_dir
 from sciencebench.network.agentinstall import AgentInstallEnvironment
 from sciencebench.network.compose import build_network_problems
 from sciencebench.network.composeenv import compose_environment, exec_names, explicit_exec_values, from_worker
-from sciencebench.network.errors import PolicyRefused
 
 # Compose commands that build, create or run nothing: they need no rendered-model check first.
 _INERT_COMMANDS = frozenset({"config", "down", "stop", "ps"})

@@ -9,6 +9,7 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
+from sciencebench.core.piertrial import TRANSFER_REFUSALS
 from sciencebench.network.transfer import (
     FILE_MODE,
     MAX_RECORDED,
@@ -19,7 +20,6 @@ from sciencebench.network.transfer import (
     open_trial_dir,
     write_all,
 )
-from sciencebench.worker.pier.layout import TRANSFER_REFUSALS
 
 
 def _read_refusals(dir_fd: int) -> list[dict[str, str]]:

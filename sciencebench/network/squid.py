@@ -1,22 +1,12 @@
 """The inference proxy's configuration: a pure rendering of the allowlist.
 
-Two kinds of destinations are allowed, nothing else:
-
-- each configured gateway (`inference_urls`) on exactly its own port: an
-  http gateway for plain requests, an https gateway for `CONNECT` only;
-- the harness's provider allowlist, exact hosts only, on the standard
-  ports 80 and 443 (`CONNECT` to 443 only). The environment uses it only
-  when no gateway is configured (`network.environment.plan_egress`).
-
-No rule ever resolves a name: every host, name or IPv4 literal, is matched
-by `dstdomain -n`, and the first rule denies every other host. So squid
-looks up only the names it forwards to, never a denied one (a `dst` rule
-would make squid resolve every requested name before denying it, which
-sends the name, and whatever data an agent puts into it, to the resolver).
-
-Every name and address is validated before it reaches squid.conf, so a value
-can never add a directive; a leading-dot suffix is refused (anyone can
-own a name under a public suffix such as `.amazonaws.com`).
+Two kinds of destinations are allowed, nothing else: each configured
+gateway on exactly its own port, and (only when no gateway is configured)
+the harness's provider allowlist, exact hosts only, on ports 80 and 443
+(`render_squid_conf`). No rule ever resolves a name: a denied name never
+reaches the resolver, so an agent cannot smuggle data out through DNS.
+Every name and address is validated before it reaches squid.conf, so a
+value can never add a directive.
 """
 
 from __future__ import annotations
@@ -26,8 +16,8 @@ import ipaddress
 import re
 from collections.abc import Iterable, Sequence
 
+from sciencebench.core.errors import PolicyRefused
 from sciencebench.core.gateways import Gateway
-from sciencebench.network.errors import PolicyRefused
 
 PROXY_PORT = 8080
 PROXY_USER = "agent"
@@ -112,6 +102,19 @@ def render_squid_conf(
     authentication as `agent`. Raises PolicyRefused when there is nothing to
     allow (a proxy that allows nothing is a bug) or for an entry
     `normalize_domains` refuses.
+
+    - each configured gateway (`inference_urls`) on exactly its own port: an
+      http gateway for plain requests, an https gateway for `CONNECT` only;
+    - the harness's provider allowlist, exact hosts only, on the standard
+      ports 80 and 443 (`CONNECT` to 443 only). The environment uses it only
+      when no gateway is configured (`network.environment.plan_egress`).
+
+    Every host, name or IPv4 literal, is matched by `dstdomain -n`, and the
+    first rule denies every other host. So squid looks up only the names it
+    forwards to, never a denied one (a `dst` rule would make squid resolve
+    every requested name before denying it, which sends the name, and whatever
+    data an agent puts into it, to the resolver). A leading-dot suffix is
+    refused (anyone can own a name under a public suffix such as `.amazonaws.com`).
     """
     if not domains and not gateways:
         raise PolicyRefused("inference proxy requested with an empty allowlist")

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from sciencebench.network.errors import TransferRefused
+from sciencebench.core.errors import TransferRefused
 from sciencebench.network.transfer import (
     DIR_MODE,
     EXEC_MODE,

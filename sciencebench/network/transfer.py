@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from sciencebench.network.errors import TransferRefused
+from sciencebench.core.errors import TransferRefused
 
 # What one transfer may carry: 2 GiB of file data (a trial's logs and patch are
 # megabytes; a container filling its log directory is stopped here, not the disk).

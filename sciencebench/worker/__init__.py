@@ -4,5 +4,6 @@
 a trial runs in `stages` against the host's engine (`runtime`, `docker/`)
 and Pier (`pier/`). The Pier plugins it loads (`sciencebench.network`,
 `sciencebench.agents`) live beside this folder because their import paths
-are public.
+are public; the worker never imports them (Pier does, by those paths), and
+what both sides share is in `sciencebench.dockerhost` and `sciencebench.core`.
 """

@@ -5,23 +5,8 @@ write to the broker or to the shared filesystem can write them, and a worker
 holds the Docker socket. So every path they name must resolve (symlinks
 followed) under a root the worker is configured with, and the job must be
 the one its submit wrote (the `job_id` in the message and in `job.json`).
-
-A job uses only its own submitter's secrets. The job's owner is the account
-that owns its directory `<jobs dir>/<job name>`; its `.sciencebench/` and
-`job.json` must be that account's too (none of the three a symlink), and
-`job.json` is read from the descriptor whose owner was checked. The secrets
-stage then reads the env file and the `--agent-env` file only when they are
-that same account's (`worker.secrets`): knowing another user's env file's
-path and SHA-256 is not enough to run with it.
-
-Two verdicts besides admission:
-
-- `UnfitError`: this host cannot serve the job (its jobs directory, selection
-  or env file is outside what it serves or not visible here). Another host
-  may; the trial is handed back.
-- `RefusedError`: the job asks for what no worker does (a task directory
-  outside its selection, an agent that is not importable here, a secrets file
-  elsewhere). The trial gets a refused record and nothing runs.
+A job uses only its own submitter's secrets (`load_owned_job`); the two
+verdicts besides admission are in `admit`'s docstring.
 """
 
 from __future__ import annotations
@@ -64,7 +49,23 @@ def _roots_text(roots: Sequence[Path]) -> str:
 
 
 def admit(spec: TrialSpec, settings: Settings) -> Admitted:
-    """Admit `spec` on this host, or raise UnfitError / RefusedError (see the module docstring)."""
+    """Admit `spec` on this host, or raise UnfitError / RefusedError.
+
+    A job uses only its own submitter's secrets. The job's owner is the account
+    that owns its directory `<jobs dir>/<job name>`; its `.sciencebench/` and
+    `job.json` must be that account's too (none of the three a symlink), and
+    `job.json` is read from the descriptor whose owner was checked. The secrets
+    stage then reads the env file and the `--agent-env` file only when they are
+    that same account's (`worker.secrets`): knowing another user's env file's
+    path and SHA-256 is not enough to run with it.
+
+    - `UnfitError`: this host cannot serve the job (its jobs directory, selection
+      or env file is outside what it serves or not visible here). Another host
+      may; the trial is handed back.
+    - `RefusedError`: the job asks for what no worker does (a task directory
+      outside its selection, an agent that is not importable here, a secrets file
+      elsewhere). The trial gets a refused record and nothing runs.
+    """
     jobs_dir = spec.jobs_dir
     if not jobs_dir.is_absolute() or not under(jobs_dir, settings.jobs_roots):
         raise UnfitError(

@@ -2,26 +2,11 @@
 
 `handle` (`worker.trial`) ends with an `Outcome`: a record for the chord, a
 duplicate (answer nothing), or a hand-back. Who may hand back is the
-`Dispatch`:
-
-    Clustered   a Celery worker host: the trial is parked under its message's
-                token (`Redispatch`) and sent again by the watchdog when the
-                park lapses, or as soon as a slot of its job frees; no worker
-                process waits, and no host's clock is trusted
-    Embedded    `submit --local`: this process is the job's only worker; no
-                host is lost and nothing is handed back, a trial waits here
-                for its slot and a host fault is its record
-
-A trial answered with a committed record (`Answer.leased`) gives back its
-slot at once (`Leases.free_slot`: its run is over) and ends (`Leases.finish`:
-its lease and running entry given back) when its answer is counted. On a
-Celery worker that is after the task returns: Celery counts it towards the
-job's chord in the result backend, then sends task_success (`worker.tasks`),
-which calls `counted`. Until then the lease is renewed and the running entry
-stays, so a host lost between the commit and the count leaves an orphan the
-watchdog sends again, and the copy answers with the stored record
-(`Claim.RECORDED`) instead of running it; while the lease is renewed no
-other copy answers.
+`Dispatch`: `Clustered` on a Celery worker host (the trial is parked under
+its message's token and sent again later; no worker process waits, no
+host's clock is trusted) or `Embedded` in `submit --local` (the job's only
+worker: a trial waits here for its slot and a host fault is its record).
+An answered trial keeps its lease until the chord counts it (`counted`).
 """
 
 from __future__ import annotations
@@ -199,6 +184,17 @@ def counted(task_id: str) -> None:
 
     The caller marks the trial counted first (`Results.mark_counted`), so a
     copy sent meanwhile answers nothing.
+
+    A trial answered with a committed record (`Answer.leased`) gives back its
+    slot at once (`Leases.free_slot`: its run is over) and ends (`Leases.finish`:
+    its lease and running entry given back) when its answer is counted. On a
+    Celery worker that is after the task returns: Celery counts it towards the
+    job's chord in the result backend, then sends task_success (`worker.tasks`),
+    which calls this. Until then the lease is renewed and the running entry
+    stays, so a host lost between the commit and the count leaves an orphan the
+    watchdog sends again, and the copy answers with the stored record
+    (`Claim.RECORDED`) instead of running it; while the lease is renewed no
+    other copy answers.
     """
     if (counting := _take_counting(task_id)) is not None:
         end_trial(counting.ctx, counting.job, counting.key, counting.heartbeat)

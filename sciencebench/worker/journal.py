@@ -2,19 +2,10 @@
 
 A run's scratch directory (`core.paths.ScratchPaths`) is host-local and the
 worker's own. From the claim until the run is over its owner process holds
-`<run>.lock` beside it, an flock the kernel drops when the process dies, and
-keeps in it:
-
-    claim.json         the trial's message, the owner of its lease, when the run started (`Claimed`)
-    try-<n>/try.json   how try n ended, once known (`TryEnd`): its record, Pier's trial
-                       directory, whether it was worth another try
-
-A run whose lock nobody holds belongs to a dead process (`dead_runs`):
-`worker.recovery` commits what it can of it and removes it. The lock file is
-unlinked by whoever holds it, before letting go, so a lock is held only while
-the file at its path is the one locked (`_take_lock`); a process forked while
-this one holds run locks closes its copies (`os.register_at_fork`), or a run
-would look alive for as long as the child lives.
+`<run>.lock` beside it, an flock the kernel drops when the process dies
+(`opened`, which lists what the journal keeps). A run whose lock nobody
+holds belongs to a dead process (`dead_runs`): `worker.recovery` commits
+what it can of it and removes it.
 """
 
 from __future__ import annotations
@@ -167,6 +158,16 @@ def opened(
     first, after what their compose projects left (`clean_up` of their Pier
     trial directories' names): the claim just taken makes them impossible to
     commit. Raises WorkspaceError when the scratch cannot take the run.
+
+        claim.json         the trial's message, the owner of its lease, when the run started (`Claimed`)
+        try-<n>/try.json   how try n ended, once known (`TryEnd`): its record, Pier's trial
+                           directory, whether it was worth another try
+
+    The lock file is unlinked by whoever holds it, before letting go, so a lock
+    is held only while the file at its path is the one locked (`_take_lock`); a
+    process forked while this one holds run locks closes its copies
+    (`os.register_at_fork`), or a run would look alive for as long as the child
+    lives.
     """
     root = scratch_root(settings, spec, owner)
     private_dir(settings.scratch_root)

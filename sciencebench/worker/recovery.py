@@ -1,34 +1,12 @@
 """Runs a dead worker process left between its Pier run's end and its record's commit, committed by another.
 
 A worker process killed after its trial's Pier run ended but before the
-record was stored (the host's worker restarted, an OOM kill, a deploy) used
-to leave the trial to the watchdog, which sent it again: the run, its time
-and its model spend, thrown away and paid twice. Its scratch directory still
-holds the run and its journal (`worker.journal`), so any worker process of
-the host finishes it instead, at its start and then every quarter lease
-(`recover_dead`):
-
-    wait       while a process still works in the run (its Pier ending after a
-               signal, a compose going down), it is looked at again later
-    claim      the dead run's claim: the trial's message and its lease's owner
-    tries      the tries it journaled; a last one it did not, taken from Pier's
-               files when Pier ran it to its end (`stages.ended_try`), and
-               journaled now
-    final?     only a last try no other try was due after (`tries.next_try`); an
-               errored one only while this host is healthy (else it was the host's)
-    commit     under the dead owner's lease (`trial.commit`), which stays
-               rightful until a watchdog sends the trial again (`rightful.lua`):
-               a resent copy runs it instead, and this commit is refused
-    slot       given back; the running entry stays, so once the lease lapses the
-               watchdog sends the trial again and that copy answers the chord with
-               the stored record (`Claim.RECORDED`), as after a host lost between
-               a commit and its count
-
-A run that died after its commit gets its files put in place. What its
-compose projects left on the Engine is removed, then the run itself; a run
-whose ending failed for a reason that may pass (the store away, the job
-directory unreadable here) is kept and looked at again, for at most
-`KEEP_MAX_SEC`.
+record was stored (a restart, an OOM kill, a deploy) used to leave the
+trial to the watchdog, which sent it again: the run, its time and its model
+spend thrown away and paid twice. Its scratch directory still holds the run
+and its journal (`worker.journal`), so any worker process of the host
+finishes it instead, at its start and then every quarter lease
+(`recover_dead`, whose docstring lists the steps).
 """
 
 from __future__ import annotations
@@ -76,6 +54,28 @@ def recover_dead(ctx: WorkerContext) -> list[str]:
     Returns a line for each run it ended, and for each it keeps the first
     time it keeps it. Never raises for one run. Raises WorkspaceError when the
     scratch root is not the worker's own (nothing in it is then looked at).
+
+        wait       while a process still works in the run (its Pier ending after a
+                   signal, a compose going down), it is looked at again later
+        claim      the dead run's claim: the trial's message and its lease's owner
+        tries      the tries it journaled; a last one it did not, taken from Pier's
+                   files when Pier ran it to its end (`stages.ended_try`), and
+                   journaled now
+        final?     only a last try no other try was due after (`tries.next_try`); an
+                   errored one only while this host is healthy (else it was the host's)
+        commit     under the dead owner's lease (`trial.commit`), which stays
+                   rightful until a watchdog sends the trial again (`rightful.lua`):
+                   a resent copy runs it instead, and this commit is refused
+        slot       given back; the running entry stays, so once the lease lapses the
+                   watchdog sends the trial again and that copy answers the chord with
+                   the stored record (`Claim.RECORDED`), as after a host lost between
+                   a commit and its count
+
+    A run that died after its commit gets its files put in place. What its
+    compose projects left on the Engine is removed, then the run itself; a run
+    whose ending failed for a reason that may pass (the store away, the job
+    directory unreadable here) is kept and looked at again, for at most
+    `KEEP_MAX_SEC`.
     """
     if not check_scratch(ctx.settings.scratch_root):
         return []

@@ -18,13 +18,13 @@ from sciencebench import coordination
 from sciencebench.core.errors import BrokerUnavailableError, PreflightError, PullError, RefusedError
 from sciencebench.core.models import JobSpec
 from sciencebench.core.settings import Settings
+from sciencebench.dockerhost.hostlocks import hold_live_trial, owner_id
+from sciencebench.dockerhost.naming import pier_trial_prefix
 from sciencebench.worker import preflight
 from sciencebench.worker.docker.budget import ImageBudget
 from sciencebench.worker.docker.cleanup import remove_trial, sweep_leftovers
 from sciencebench.worker.docker.engine import ClientPerProcess, connect
-from sciencebench.worker.docker.hostlocks import hold_live_trial, owner_id
 from sciencebench.worker.docker.images import ImagePuller, pull_log_path
-from sciencebench.worker.pier.naming import pier_trial_prefix
 
 log = logging.getLogger(__name__)
 

@@ -2,14 +2,12 @@
 
 Messages carry only a path and a SHA-256. A job uses only its own
 submitter's secrets: an env file or `--agent-env` file is read only when it
-belongs to the account that owns the job's directory (`owner_uid`, which
-admission took from the directory it read `job.json` from), checked on the
-descriptor the file is then read from (no symlink followed, no swap between
-check and read). A file that changed since submit is refused as a trial
-error rather than silently running with other keys; a key that is not one
-agents read, or that would steer the harness, is refused again here (the
-login node refused it at submit; a job.json may have been written by
-someone else).
+belongs to the account that owns the job's directory (`owner_uid`),
+checked on the descriptor the file is then read from (no symlink followed,
+no swap between check and read). A file that changed since submit is
+refused as a trial error; a key that agents do not read, or that would
+steer the harness, is refused again here (a job.json may have been written
+by someone else).
 """
 
 from __future__ import annotations

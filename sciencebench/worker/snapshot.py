@@ -6,22 +6,7 @@ build, while Pier copies `environment/` into an agent build context. So the
 worker copies the task into the try's scratch directory first
 (`<scratch>/task/task_NNN`, the name Pier derives the task's name from),
 and every check and Pier itself (`--path`) use that copy; nothing of the
-selection is read again.
-
-The copy follows no link: each entry is opened relative to its directory's
-file descriptor with `O_NOFOLLOW` (`O_NONBLOCK` for files, so a FIFO never
-blocks), its type checked on the descriptor; a symlink or a special file
-anywhere is refused, as the policy refuses it in a task
-(`core.compose_policy`), and an entry whose type changed since the listing
-is refused too. Each file is read exactly once; the task hash
-(`core.taskdir.definition_sha256`) is computed from the bytes copied. A hard
-link is copied as bytes (a fresh file). The copy's modes are the worker's:
-directories 0755, files 0644, or 0755 when executable; no setuid or setgid.
-
-Bounds (`SnapshotLimits`): `MAX_ENTRIES` files and directories,
-`MAX_BYTES` in all, `MAX_DEPTH` directories deep. A real task holds about
-ten files and tens of kilobytes; `environment/` may hold an image's build
-context, so the byte bound leaves room for one.
+selection is read again. How it copies: `snapshot_task`; its bounds: `SnapshotLimits`.
 """
 
 from __future__ import annotations
@@ -51,7 +36,13 @@ _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CL
 
 @dataclass(frozen=True)
 class SnapshotLimits:
-    """How much of a task directory a snapshot copies before refusing it."""
+    """How much of a task directory a snapshot copies before refusing it.
+
+    `MAX_ENTRIES` files and directories, `MAX_BYTES` in all, `MAX_DEPTH`
+    directories deep. A real task holds about ten files and tens of kilobytes;
+    `environment/` may hold an image's build context, so the byte bound leaves
+    room for one.
+    """
 
     max_entries: int = MAX_ENTRIES
     max_bytes: int = MAX_BYTES
@@ -222,6 +213,16 @@ def snapshot_task(
     beyond `limits`; WorkspaceError when `src` or an entry cannot be read,
     a defining file is missing, or an entry changed while it was copied.
     A refused copy may leave a partial `dst` (never a link in it).
+
+    The copy follows no link: each entry is opened relative to its directory's
+    file descriptor with `O_NOFOLLOW` (`O_NONBLOCK` for files, so a FIFO never
+    blocks), its type checked on the descriptor; a symlink or a special file
+    anywhere is refused, as the policy refuses it in a task
+    (`core.compose_policy`), and an entry whose type changed since the listing
+    is refused too. Each file is read exactly once; the task hash
+    (`core.taskdir.definition_sha256`) is computed from the bytes copied. A hard
+    link is copied as bytes (a fresh file). The copy's modes are the worker's:
+    directories 0755, files 0644, or 0755 when executable; no setuid or setgid.
     """
     copy = _Copy(Path(src), limits or SnapshotLimits(), before_open)
     try:

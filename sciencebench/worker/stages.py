@@ -1,28 +1,12 @@
 """One try of a claimed trial on a worker host: its stages, each timed into the record.
 
-    snapshot   jobs directory writable; the task directory copied into the
-               try's scratch directory (`worker.snapshot`), no link followed:
-               every check below and Pier read only this copy
-    workspace  the copy's task hash is the submit's
-    secrets    env files read locally, hashes and keys checked
-    preflight  what this job needs of the host (its platform)
-    pull       pinned images present, pulled by digest at most once per host
-    harness    one Pier process in a private scratch job directory, with a
-               clean environment (`process.pier_environment`)
-    collect    Pier's result read, patch boundary checked (also for a try whose
-               process died after Pier ended: `ended_try`, `worker.recovery`)
-
-What Pier's compose projects left (containers, networks, derived images) is
-removed by `clean_up`: a try run again, before its back-off (`worker.tries`);
-the last one once its record is committed (`worker.trial`), so a host lost in between
-runs the trial again only if it was lost before the record was stored, and
-the four engine listings of a cleanup are no longer in that window. A try
-that raises is cleaned up here before its error goes up.
-
-A stage fails by raising its TrialError; `worker.trial` turns that into the
-try's record and decides on another try. Nothing is moved into the job
-directory here: `worker.publish` does that once the record is committed, so a
-host that lost its lease never touches the job's files.
+The stages (listed in `run_try`'s docstring) run on the try's own snapshot
+of the task: every check and Pier read only that copy. A stage fails by
+raising its TrialError; `worker.trial` turns that into the try's record and
+decides on another try. Nothing is moved into the job directory here:
+`worker.publish` does that once the record is committed, so a host that
+lost its lease never touches the job's files. What a try's compose projects
+left is removed by `clean_up`, whose docstring says when.
 """
 
 from __future__ import annotations
@@ -51,7 +35,6 @@ from sciencebench.core.failures import failure_record, recorded_failure, trial_r
 from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec
 from sciencebench.core.paths import JobPaths, ScratchPaths, open_job_dir
 from sciencebench.core.pier_argv import render_argv
-from sciencebench.network import errors as policy_errors
 from sciencebench.worker.context import HostRuntime, WorkerContext
 from sciencebench.worker.pier import process
 from sciencebench.worker.pier.agentconfig import redact_pier_files, write_agent_config
@@ -69,9 +52,6 @@ from sciencebench.worker.snapshot import snapshot_task
 
 CANCELLED = Cancelled.__name__
 PIER_JOB = "job"  # Pier's --job-name in a try's scratch directory: `<try dir>/job/<trial dirs>`
-# Pier records the policy's failures by class name; `recorded_failure` finds the classes imported here.
-POLICY_ERRORS = (policy_errors.PolicyRefused, policy_errors.PolicyViolation, policy_errors.TransferRefused,
-                 policy_errors.AgentImageMismatch)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -145,6 +125,18 @@ def run_try(
     """Run the stages of try `number` in the run's scratch `root`; its Try, or the stage's TrialError.
 
     `owner_uid` owns the job's directory (admission's `Admitted.owner_uid`): the secrets must be its own.
+
+    snapshot   jobs directory writable; the task directory copied into the
+               try's scratch directory (`worker.snapshot`), no link followed:
+               every check below and Pier read only this copy
+    workspace  the copy's task hash is the submit's
+    secrets    env files read locally, hashes and keys checked
+    preflight  what this job needs of the host (its platform)
+    pull       pinned images present, pulled by digest at most once per host
+    harness    one Pier process in a private scratch job directory, with a
+               clean environment (`process.pier_environment`)
+    collect    Pier's result read, patch boundary checked (also for a try whose
+               process died after Pier ended: `ended_try`, `worker.recovery`)
     """
     timings: dict[str, float] = {}
 
@@ -269,7 +261,15 @@ def _disk_full(paths: JobPaths) -> str:
 
 
 def clean_up(runtime: HostRuntime, leftovers: tuple[str, ...]) -> None:
-    """Remove what the compose projects of these trial directories left on the host (best effort)."""
+    """Remove what the compose projects of these trial directories left on the host (best effort).
+
+    Containers, networks and derived images: for a try run again, before its
+    back-off (`worker.tries`); for the last one once its record is committed
+    (`worker.trial`), so a host lost in between runs the trial again only if it
+    was lost before the record was stored, and the four engine listings of a
+    cleanup are no longer in that window. A try that raises is cleaned up in
+    `run_try` before its error goes up.
+    """
     for name in leftovers:
         runtime.cleanup_trial(name)
 

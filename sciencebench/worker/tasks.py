@@ -1,16 +1,12 @@
 """Celery tasks: thin wrappers that deserialize, call the real logic, serialize.
 
 `run_trial` never raises for a failed trial: it returns the record so the
-chord's finalizer always runs. A duplicate delivery (the trial already
-answered the chord, or runs elsewhere) raises `Ignore`, which Celery does not
-count towards the chord; so does a hand-back, which the trial logic made
-(`worker.dispatch.Clustered`: it is sent again, same task id and chord
-membership, by the watchdog when the park lapses, or at once when it waits
-for a slot and a trial of its job ends); a hand-back that could not be stored
-rejects the message back to the broker.
-
-Each task runs with the process's `WorkerContext` (`context`): the one
-`worker.main` set, else `cluster_context` from the environment.
+chord's finalizer always runs. A duplicate delivery raises `Ignore`, which
+Celery does not count towards the chord; so does a hand-back, which the
+trial logic made (`worker.dispatch.Clustered`: sent again later, same task
+id and chord membership); a hand-back that could not be stored rejects the
+message back to the broker. Each task runs with the process's
+`WorkerContext` (`context`): the one `worker.main` set, else `cluster_context`.
 """
 
 from __future__ import annotations

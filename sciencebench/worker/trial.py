@@ -1,37 +1,11 @@
 """One trial on a worker host: admitted, claimed once, run in tries, committed, published.
 
-    admit    may this host run the job at all? (`worker.admission`)
-    host     is this host healthy now? (engine, state dir, its own Pier)
-    claim    take the trial's lease in one step with the result check
-    budget   once the job's --max-cost/--max-tokens is reached, a record that
-             it never started instead (`coordination.budget`)
-    slot     one of the job's --n-concurrent slots, or back to the queue
-    tries    the stages (`worker.stages`), again while the failure is worth
-             another try and --max-retries allows (`worker.tries`), in the
-             run's scratch and journal (`worker.journal`): should this process
-             die after Pier ended, another of the host commits the run
-             (`worker.recovery`)
-    commit   the record, stored only while the lease is still ours; the lease and
-             running entry are kept until the chord counts the answer
-             (`Dispatch.answered`)
-    publish  the trial directory moved into the job, the record written
-             (`worker.publish`)
-    clean up what the last try's compose projects left on the host removed
-             (`stages.clean_up`), after the commit: a host lost in between
-             leaves leftovers its next start sweeps, not a trial run again;
-             then the run's scratch and journal
-
-`handle` never raises. Its `Outcome` (`worker.dispatch`) says what the
-Celery task answers: a record (failed or not, so the chord always fires),
-nothing (a duplicate delivery, or a late copy whose lease was lost), or a
-hand-back, which `handle` has already made (another host or a later moment
-must run the trial: its lease is parked under its message's token for a
-while; when the park lapses the watchdog sends the trial again, and a trial
-waiting for a slot is sent again as soon as a trial of its job ends), or
-`Requeue` when it could not. Whether a trial may be handed back at all is
-its `Dispatch` (`Clustered` on a Celery worker, `Embedded` in `--local`).
-Whatever goes wrong unexpectedly becomes the trial's record with its
-traceback.
+`handle` never raises: whatever goes wrong unexpectedly becomes the
+trial's record with its traceback. Its `Outcome` (`worker.dispatch`) says
+what the Celery task answers: a record (failed or not, so the chord always
+fires), nothing (a duplicate delivery, or a late copy whose lease was
+lost), a hand-back `handle` has already made, or `Requeue` when it could
+not. The steps, in order, are listed in `handle`'s docstring.
 """
 
 from __future__ import annotations
@@ -71,7 +45,36 @@ __all__ = ["Answer", "Duplicate", "HandBack", "Outcome", "handle"]
 
 
 def handle(spec: TrialSpec, ctx: WorkerContext, dispatch: Dispatch) -> Outcome:
-    """Run one trial at most once per (job, task, attempt); see the module docstring."""
+    """Run one trial at most once per (job, task, attempt), in these steps.
+
+        admit    may this host run the job at all? (`worker.admission`)
+        host     is this host healthy now? (engine, state dir, its own Pier)
+        claim    take the trial's lease in one step with the result check
+        budget   once the job's --max-cost/--max-tokens is reached, a record that
+                 it never started instead (`coordination.budget`)
+        slot     one of the job's --n-concurrent slots, or back to the queue
+        tries    the stages (`worker.stages`), again while the failure is worth
+                 another try and --max-retries allows (`worker.tries`), in the
+                 run's scratch and journal (`worker.journal`): should this process
+                 die after Pier ended, another of the host commits the run
+                 (`worker.recovery`)
+        commit   the record, stored only while the lease is still ours; the lease and
+                 running entry are kept until the chord counts the answer
+                 (`Dispatch.answered`)
+        publish  the trial directory moved into the job, the record written
+                 (`worker.publish`)
+        clean up what the last try's compose projects left on the host removed
+                 (`stages.clean_up`), after the commit: a host lost in between
+                 leaves leftovers its next start sweeps, not a trial run again;
+                 then the run's scratch and journal
+
+    A hand-back: another host or a later moment must run the trial; its lease
+    is parked under its message's token for a while; when the park lapses the
+    watchdog sends the trial again, and a trial waiting for a slot is sent
+    again as soon as a trial of its job ends. Whether a trial may be handed
+    back at all is its `Dispatch` (`Clustered` on a Celery worker, `Embedded`
+    in `--local`).
+    """
     started = datetime.now(UTC)
     try:
         outcome = _handle(spec, ctx, dispatch, started)

@@ -30,10 +30,10 @@ import pytest
 from sciencebench.core import versions
 from sciencebench.core.errors import NoRoomError, PreflightError, PullError
 from sciencebench.core.settings import STATE_DIR_ENV
+from sciencebench.dockerhost import hostlocks, labels, naming
 from sciencebench.worker import preflight
-from sciencebench.worker.docker import budget, cleanup, engine, hostlocks, images, labels
+from sciencebench.worker.docker import budget, cleanup, engine, images
 from sciencebench.worker.docker.imageholds import hold_images
-from sciencebench.worker.pier import naming
 from tests.fixtures.engines import private_engine
 from tests.fixtures.registry import Published, present
 from tests.fixtures.registry import docker_cli as _docker

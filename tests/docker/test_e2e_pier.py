@@ -21,9 +21,9 @@ import docker
 import pytest
 import redis
 
+from sciencebench.dockerhost import naming
 from sciencebench.login.selection import load_selection
 from sciencebench.worker.docker import images
-from sciencebench.worker.pier import naming
 from tests.fixtures.pier_results import check_pier_job_files
 from tests.fixtures.pier_viewer import check_job_as_pier_shows_it, check_trials_as_pier_shows_them, pier_view
 from tests.fixtures.services import VENV_BIN, RedisServer, Worker

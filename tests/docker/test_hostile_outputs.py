@@ -22,9 +22,9 @@ from pathlib import Path
 import docker
 import pytest
 
+from sciencebench.dockerhost.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
 from sciencebench.network.compose import DROPPED_CAPS
 from sciencebench.network.inspection import collect_snapshot, inspect_policy
-from sciencebench.worker.docker.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
 from sciencebench.worker.pier.layout import TRANSFER_REFUSED, read_trial_outcome
 from tests.docker.test_network_pier_run import Task, pier_run
 

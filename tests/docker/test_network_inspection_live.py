@@ -27,8 +27,8 @@ from pier.models.agent.network import NetworkAllowlist
 from pier.models.task.config import EnvironmentConfig
 from pier.models.trial.paths import TrialPaths
 
+from sciencebench.core.errors import PolicyViolation
 from sciencebench.network.environment import IsolatedDockerEnvironment
-from sciencebench.network.errors import PolicyViolation
 
 pytestmark = pytest.mark.docker
 

@@ -31,8 +31,8 @@ import pytest
 from pier.models.task.config import EnvironmentConfig
 from pier.models.trial.paths import TrialPaths
 
+from sciencebench.core.errors import PolicyRefused
 from sciencebench.network.environment import IsolatedDockerEnvironment
-from sciencebench.network.errors import PolicyRefused
 from tests.fixtures.selection import make_selection, task_toml
 from tests.fixtures.services import VENV_BIN, local_host_env
 

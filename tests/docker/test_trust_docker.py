@@ -24,12 +24,12 @@ import pytest
 from pier.models.task.config import EnvironmentConfig
 from pier.models.trial.paths import TrialPaths
 
+from sciencebench.core.errors import PolicyRefused
+from sciencebench.dockerhost.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
 from sciencebench.network import environment as environment_module
 from sciencebench.network.compose import DROPPED_CAPS
 from sciencebench.network.environment import IsolatedDockerEnvironment
-from sciencebench.network.errors import PolicyRefused
 from sciencebench.network.inspection import collect_snapshot, inspect_policy
-from sciencebench.worker.docker.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
 from tests.docker.test_network_pier_run import Task, pier_run
 from tests.docker.test_network_pier_run import task as task
 

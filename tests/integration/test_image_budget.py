@@ -26,8 +26,8 @@ import docker
 import pytest
 
 from sciencebench.core.images import repo_digests_contain
+from sciencebench.dockerhost.hostlocks import host_lock
 from sciencebench.worker.docker import budget, imageholds, images
-from sciencebench.worker.docker.hostlocks import host_lock
 from tests.fixtures.engines import Engine, EngineFactory
 from tests.fixtures.registry import Published
 from tests.integration.conftest import Cluster

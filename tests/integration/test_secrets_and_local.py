@@ -13,9 +13,9 @@ import docker.errors
 import pytest
 import redis
 
-from sciencebench.worker.docker.hostlocks import owner_id
-from sciencebench.worker.docker.labels import COMPOSE_PROJECT_LABEL, MANAGED_LABEL, OWNER_LABEL
-from sciencebench.worker.pier.naming import compose_project_name
+from sciencebench.dockerhost.hostlocks import owner_id
+from sciencebench.dockerhost.labels import COMPOSE_PROJECT_LABEL, MANAGED_LABEL, OWNER_LABEL
+from sciencebench.dockerhost.naming import compose_project_name
 from tests.fixtures.services import FAKE_PIER, VENV_BIN
 from tests.integration.conftest import Cluster
 

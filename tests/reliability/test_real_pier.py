@@ -29,9 +29,9 @@ import docker
 import pytest
 import redis
 
-from sciencebench.worker.docker import cleanup, labels
+from sciencebench.dockerhost import labels, naming
+from sciencebench.worker.docker import cleanup
 from sciencebench.worker.docker.build import commit_image
-from sciencebench.worker.pier import naming
 from tests.fixtures.flower import Flower
 from tests.fixtures.services import VENV_BIN, RedisServer, Worker
 from tests.integration.test_secrets_and_local import _all_redis_text, _tree_text

@@ -23,11 +23,8 @@ import pytest
 
 from sciencebench.core.errors import PullError, WorkspaceError
 from sciencebench.core.images import normalize_repository, platform_matches
-from sciencebench.worker.docker import cleanup, hostlocks, images, labels
-from sciencebench.worker.docker.cleanup import derived_image_removable, leftover_projects
-from sciencebench.worker.docker.images import ImagePuller, pinned_name, repo_digests_contain
-from sciencebench.worker.pier import naming
-from sciencebench.worker.pier.naming import (
+from sciencebench.dockerhost import hostlocks, labels, naming
+from sciencebench.dockerhost.naming import (
     compose_project_name,
     is_pier_project,
     project_trial_key,
@@ -35,6 +32,9 @@ from sciencebench.worker.pier.naming import (
     trial_project_names,
     verifier_session_id,
 )
+from sciencebench.worker.docker import cleanup, images
+from sciencebench.worker.docker.cleanup import derived_image_removable, leftover_projects
+from sciencebench.worker.docker.images import ImagePuller, pinned_name, repo_digests_contain
 
 pytestmark = pytest.mark.unit
 
@@ -222,7 +222,7 @@ def test_trial_lease_is_seen_until_released(tmp_path: Path) -> None:
 
 def test_trial_lease_of_a_dead_process_is_released(tmp_path: Path) -> None:
     script = (
-        "import sys, time; from pathlib import Path; from sciencebench.worker.docker import hostlocks\n"
+        "import sys, time; from pathlib import Path; from sciencebench.dockerhost import hostlocks\n"
         "with hostlocks.hold_live_trial('task_005__', Path(sys.argv[1])):\n"
         "    print('held', flush=True); time.sleep(60)\n"
     )

@@ -1,7 +1,11 @@
-"""docs/architecture.md's layout tree names every module of the package, and only modules that exist."""
+"""docs/architecture.md reads in one sitting and names every module; module docstrings are short.
+
+The tree names every module of the package, and only modules that exist.
+"""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -10,6 +14,9 @@ import pytest
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
+# Each bound keeps one text readable at once; the detail belongs in the code it describes.
+ARCHITECTURE_MAX_LINES = 500
+MODULE_DOCSTRING_MAX_LINES = 10
 # One entry of the tree: its depth is where the branch starts, in steps of four columns.
 ENTRY = re.compile(r"^(?P<indent>(?:[│ ]   )*)[├└]── (?P<name>[\w.]+/?)")
 
@@ -54,3 +61,18 @@ def test_the_parser_follows_nesting() -> None:
     assert documented_modules(text) == {
         "sciencebench/a.py", "sciencebench/core/b.py", "sciencebench/core/deep/c.py", "sciencebench/d.py",
     }  # fmt: skip
+
+
+def test_architecture_md_reads_in_one_sitting() -> None:
+    lines = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= ARCHITECTURE_MAX_LINES
+
+
+def test_every_module_docstring_is_short() -> None:
+    long: dict[str, int] = {}
+    for path in sorted((REPO / "sciencebench").rglob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False)
+        lines = len((doc or "").strip("\n").splitlines())
+        if lines > MODULE_DOCSTRING_MAX_LINES:
+            long[path.relative_to(REPO).as_posix()] = lines
+    assert long == {}, "module docstrings over 10 lines: move detail to the class or function it describes"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from sciencebench.dockerhost.labels import OWNER_LABEL
 from sciencebench.network.compose import ProxyFiles, build_network_problems, policy_compose
-from sciencebench.worker.docker.labels import OWNER_LABEL
 
 pytestmark = pytest.mark.unit
 

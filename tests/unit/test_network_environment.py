@@ -18,10 +18,10 @@ from pier.models.agent.network import NetworkAllowlist
 from pier.models.task.config import EnvironmentConfig
 from pier.models.trial.paths import TrialPaths
 
+from sciencebench.core.errors import PolicyRefused, PolicyViolation
+from sciencebench.dockerhost import hostlocks
 from sciencebench.network.egress import parse_inference_urls, plan_egress
 from sciencebench.network.environment import IsolatedDockerEnvironment
-from sciencebench.network.errors import PolicyRefused, PolicyViolation
-from sciencebench.worker.docker import hostlocks
 
 pytestmark = pytest.mark.unit
 

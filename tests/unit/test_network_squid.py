@@ -7,8 +7,8 @@ import re
 
 import pytest
 
+from sciencebench.core.errors import PolicyRefused
 from sciencebench.core.gateways import Gateway, parse_gateway
-from sciencebench.network.errors import PolicyRefused
 from sciencebench.network.squid import normalize_domains, passwd_line, render_squid_conf
 
 pytestmark = pytest.mark.unit

@@ -22,13 +22,13 @@ import pytest
 from pier.environments.base import BaseEnvironment
 from pier.environments.docker.docker import DockerEnvironment
 
+from sciencebench.core.errors import TransferRefused
+from sciencebench.core.piertrial import TRANSFER_REFUSALS as TRANSFER_REFUSALS_NAME
 from sciencebench.network.environment import IsolatedDockerEnvironment
-from sciencebench.network.errors import TransferRefused
 from sciencebench.network.extract import extract, extract_file
 from sciencebench.network.refusals import record_refusals
 from sciencebench.network.tarbuild import build_tar
 from sciencebench.network.transfer import ChunkReader, Refusal, open_dir, trial_relative
-from sciencebench.worker.pier.layout import TRANSFER_REFUSALS as TRANSFER_REFUSALS_NAME
 from sciencebench.worker.pier.layout import TRANSFER_REFUSED, read_transfer_refusals, read_trial_outcome
 
 pytestmark = pytest.mark.unit

@@ -1,16 +1,13 @@
 """The coordination contract over Redis: every operation is one round trip or one script.
 
-`RedisCoordinator` is made of one part per concept of `coordination.protocol`,
-each a module here over one shared client (`base`: the outage rule):
+`RedisCoordinator`: one part per concept of `coordination.protocol`, each a module over one client (`base`).
 
     leases   Results, Leases          records, fenced leases, running entries, locks
     holds    Slots                    the job's cap, trials waiting for a slot, held trials
-    jobs     JobControl, History,     cancel flags, unfit hosts, chords, retiring;
-             Budgets                  measured durations; a job's spend
+    jobs     JobControl, History, Budgets: cancel flags, unfit hosts, chords; durations; spend
     board    Board, Shares            trial states, worker hosts; fair share
 
-Their scripts are the Lua files of `coordination/lua/` (`coordination.scripts`).
-Keys are listed in `coordination.protocol`.
+Scripts: `coordination/lua/` (`coordination.scripts`); keys: `coordination.keys`.
 """
 
 from __future__ import annotations

@@ -1,35 +1,12 @@
 """A worker host's disk budget for task images: the least recently used go first.
 
-    <state>/images/<digest hex>.lock    one per task image this host used:
-                                        a shared flock while a trial of the
-                                        host needs the image; its mtime is the
-                                        image's last use by a trial
-
-`worker.docker.imageholds.hold_images` takes those shared locks for a trial
-before its images are made present and keeps them until its Pier run and
-cleanup are over.
-`ImageBudget.make_room` runs before a pull (and again after it) under one
-host-wide lock. What the budget counts is what this host's trials leave on
-its Engine: the task images this host pulled (its pull log) and what Pier's
-builds leave behind, the build cache no image shares and the dangling images
-of compose builds (no tag, no digest: a rebuild took their tag). While these
-take more than the budget it frees, in this order, the build leftovers
-(dangling build images a container does not use, then the build cache, least
-recently used first, down to what fits), then the least recently used task
-image that no live trial of the host holds (an exclusive, non-blocking flock
-on its lock file proves that; a trial that wants the image meanwhile waits
-for the removal to end and pulls it again). It never touches an image the
-host did not pull for a trial (the proxy image, baked agent images, an
-operator's images), nor one a running or claimed trial of this host needs.
-When every image the budget could free is held, the pull does not fit:
-`NoRoomError`, and the trial goes back to the queue for a host with room —
-the host is not paused. A trial's end (`ImageBudget.hold`) settles the host
-again under the same lock: images over the budget that only ended trials
-held go at once, so the host holds more than its budget only while its
-running trials need it. Each eviction and prune is a line of the pull log.
-
-The budget is per Engine: one worker host, one Engine, one image store. Two
-hosts sharing an Engine share its images, its build cache and this count.
+What the budget counts is what this host's trials leave on its Engine: the
+task images it pulled and what Pier's builds leave behind. `ImageBudget`
+frees build leftovers first, then the least recently used task image no
+live trial of the host holds (`worker.docker.imageholds`); it never touches
+an image the host did not pull for a trial. When everything it could free
+is held, the pull does not fit: `NoRoomError`, and the trial goes back to
+the queue for a host with room. The budget is per Engine.
 """
 
 from __future__ import annotations
@@ -52,8 +29,8 @@ import docker.errors
 from sciencebench.core.errors import NoRoomError, PullError, WorkspaceError
 from sciencebench.core.images import image_digest, repo_digest_name, repo_digests_contain
 from sciencebench.core.sizes import format_size
+from sciencebench.dockerhost.hostlocks import host_lock, open_state_file
 from sciencebench.worker.docker.engine import ENGINE_ERRORS, one_line
-from sciencebench.worker.docker.hostlocks import host_lock, open_state_file
 from sciencebench.worker.docker.imageholds import image_lock_path, pull_lock_path, release_holds, take_holds
 
 log = logging.getLogger(__name__)
@@ -102,7 +79,33 @@ class Eviction:
 
 
 class ImageBudget:
-    """The task images and build leftovers of one host kept within `budget` bytes (0: no budget)."""
+    """The task images and build leftovers of one host kept within `budget` bytes (0: no budget).
+
+        <state>/images/<digest hex>.lock    one per task image this host used:
+                                            a shared flock while a trial of the
+                                            host needs the image; its mtime is the
+                                            image's last use by a trial
+
+    `worker.docker.imageholds.hold_images` takes those shared locks for a trial
+    before its images are made present and keeps them until its Pier run and
+    cleanup are over. `make_room` runs before a pull (and again after it) under
+    one host-wide lock. The build leftovers are the build cache no image shares
+    and the dangling images of compose builds (no tag, no digest: a rebuild
+    took their tag). While these take more than the budget it frees, in this
+    order, the build leftovers (dangling build images a container does not use,
+    then the build cache, least recently used first, down to what fits), then
+    the least recently used task image that no live trial of the host holds (an
+    exclusive, non-blocking flock on its lock file proves that; a trial that
+    wants the image meanwhile waits for the removal to end and pulls it again).
+    It never touches the proxy image, baked agent images or an operator's
+    images, nor one a running or claimed trial of this host needs; when the
+    pull does not fit, the host is not paused. A trial's end (`hold`) settles
+    the host again under the same lock: images over the budget that only ended
+    trials held go at once, so the host holds more than its budget only while
+    its running trials need it. Each eviction and prune is a line of the pull
+    log. One worker host, one Engine, one image store: two hosts sharing an
+    Engine share its images, its build cache and this count.
+    """
 
     def __init__(self, budget: int, state: Path, log_path: Path) -> None:
         self.budget = budget

@@ -2,15 +2,11 @@
 
 `--no-delete` runs `compose down` (containers and networks go, images stay);
 a crashed or killed Pier leaves containers, networks and volumes as well.
-Every container, network and volume compose creates carries the label
-`com.docker.compose.project=<project>`. When Pier builds (installed agents,
-or tasks without a prebuilt image) compose tags the result
-`<project>-main:latest` and labels it the same way; a prebuilt task image
-run as is carries no such label (and has RepoDigests from its registry).
-
-`remove_projects` removes named projects, `remove_trial` one trial's
-(all four listings once, filtered by the compose label on the engine's side), and
-`sweep_leftovers` (at worker start) those of crashed trials of this host that no live-trial lock covers.
+All of them, and the `<project>-main:latest` images compose builds, carry
+the label `com.docker.compose.project=<project>`; a prebuilt task image run
+as is carries none. `remove_projects` removes named projects, `remove_trial`
+one trial's, and `sweep_leftovers` (at worker start) those of crashed
+trials of this host that no live-trial lock covers.
 """
 
 from __future__ import annotations
@@ -27,14 +23,14 @@ import docker
 import docker.errors
 
 from sciencebench.core.errors import PreflightError
-from sciencebench.worker.docker.engine import ENGINE_ERRORS, connect, one_line
-from sciencebench.worker.docker.hostlocks import live_trial_locks, owner_id
-from sciencebench.worker.docker.labels import COMPOSE_PROJECT_LABEL, MANAGED_LABEL, OWNER_LABEL
-from sciencebench.worker.pier.naming import (
+from sciencebench.dockerhost.hostlocks import live_trial_locks, owner_id
+from sciencebench.dockerhost.labels import COMPOSE_PROJECT_LABEL, MANAGED_LABEL, OWNER_LABEL
+from sciencebench.dockerhost.naming import (
     compose_project_name,
     is_pier_project,
     projects_of_trial,
 )
+from sciencebench.worker.docker.engine import ENGINE_ERRORS, connect, one_line
 
 
 @dataclass

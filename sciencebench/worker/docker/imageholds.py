@@ -1,16 +1,13 @@
 """A trial's holds on its task images: a shared flock per image, so no eviction removes one it needs.
 
-    <state>/images/<digest hex>.lock    one per task image this host used:
-                                        a shared flock while a trial of the
-                                        host needs the image; its mtime is the
-                                        image's last use by a trial
-    <state>/locks/<digest hex>.lock     one per task image pulled: an
-                                        exclusive flock while a process of
-                                        the host pulls it (`pull_lock_path`)
+    <state>/images/<digest hex>.lock    one per task image this host used: a shared flock
+                                        while a trial of the host needs the image; its
+                                        mtime is the image's last use by a trial
+    <state>/locks/<digest hex>.lock     one per task image pulled: an exclusive flock
+                                        while a process of the host pulls it (`pull_lock_path`)
 
-The image budget (`worker.docker.budget`) evicts only an image whose lock it
-can take exclusively (no live trial of the host holds it), least recently
-used first by the lock's mtime.
+The image budget (`worker.docker.budget`) evicts only an image whose lock it can take
+exclusively (no live trial of the host holds it), least recently used first by its mtime.
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from sciencebench.core.images import image_digest
-from sciencebench.worker.docker.hostlocks import open_state_file
+from sciencebench.dockerhost.hostlocks import open_state_file
 
 IMAGES_DIR = "images"
 

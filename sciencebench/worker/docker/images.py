@@ -32,9 +32,9 @@ from sciencebench.core.images import (
     repo_digest_name,
     repo_digests_contain,
 )
+from sciencebench.dockerhost.hostlocks import host_lock, open_state_file, state_dir
 from sciencebench.worker.docker.budget import ImageBudget, expected_sizes
 from sciencebench.worker.docker.engine import ENGINE_ERRORS, ClientPerProcess, connect, one_line
-from sciencebench.worker.docker.hostlocks import host_lock, open_state_file, state_dir
 from sciencebench.worker.docker.imageholds import pull_lock_path
 
 

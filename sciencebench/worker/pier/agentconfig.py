@@ -1,15 +1,13 @@
 """The agent part of a trial's Pier run in a private config file; credential-looking keywords out of records.
 
 `pier run --config FILE` starts from a JobConfig file and applies the
-command line over it. The worker writes the agents (agent or import path,
-models, keywords, `--ae` templates) there, readable by its owner only, in
-the try's private scratch directory: no keyword value is on Pier's command
-line. The values of credential-looking keywords come from the private file
-submit wrote beside the selection (its path and SHA-256 are in the job
-spec), read as the env files are (`worker.secrets.read_owned`): not through
-a symlink, and only when the job directory's owner owns it. Once Pier ran,
-they are redacted again in the files Pier wrote (`config.json`,
-`result.json`), so they never reach the job directory.
+command line over it. The worker writes the agents there, readable by its
+owner only, in the try's private scratch: no keyword value is on Pier's
+command line. Credential-looking keywords' values come from the private
+file submit wrote beside the selection, read as env files are
+(`worker.secrets.read_owned`); once Pier ran, they are redacted again in
+the files Pier wrote (`config.json`, `result.json`), so they never reach
+the job directory.
 """
 
 from __future__ import annotations

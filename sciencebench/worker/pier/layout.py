@@ -13,13 +13,11 @@ from typing import Any
 
 from sciencebench.core.paths import write_atomic
 from sciencebench.core.pierjob import CANCELLED_TYPES
-from sciencebench.core.piertrial import NO_TOKENS, Tokens, parse_trial_result
+from sciencebench.core.piertrial import NO_TOKENS, TRANSFER_REFUSALS, Tokens, parse_trial_result
 
 # Pier names trial directories `<task dir name[:32]>__<7 random chars>`.
 TRIAL_DIR = re.compile(r"^(task_\d{3,})__([A-Za-z0-9]+)$")
 STAGES = ("environment_setup", "agent_setup", "agent_execution", "verifier")
-# What the policy environment refused to copy from a container (`network.refusals.record_refusals`).
-TRANSFER_REFUSALS = "transfer-refusals.json"
 # The exception type a trial's record gets when something was refused and Pier recorded no exception.
 TRANSFER_REFUSED = "TransferRefused"
 _MESSAGE_CHARS = 2000

@@ -1,14 +1,13 @@
 """Running Pier: one process per trial, in its own process group, started warm or cold.
 
-Pier runs in its own process group so a
-timeout or a cancel stops the whole tree (Pier, docker compose, docker exec).
-Credentials reach Pier only through its process environment (`pier_environment`);
-the argv (`sciencebench.core.pier_argv`) carries `--ae KEY=${KEY}` templates.
-
-When `pier` is the console script of this very environment, it starts warm:
-forked from a zygote that imported it once (see `zygote.py`), which saves
-about 7 s of CPU per trial. Anything else (another installation, a test
-double) is executed cold, as is every run when the zygote is unavailable.
+Pier runs in its own process group so a timeout or a cancel stops the whole
+tree (Pier, docker compose, docker exec). Credentials reach Pier only
+through its process environment (`pier_environment`); the argv
+(`sciencebench.core.pier_argv`) carries `--ae KEY=${KEY}` templates. When
+`pier` is the console script of this very environment, it starts warm:
+forked from a zygote that imported it once (`zygote.py`), which saves about
+7 s of CPU per trial. Anything else (another installation, a test double)
+is executed cold, as is every run when the zygote is unavailable.
 """
 
 from __future__ import annotations

@@ -4,27 +4,9 @@ A provider failure is a trial whose agent could not get answers from its
 gateway: an HTTP 429 or 5xx, a connection reset or refused, a request never
 answered. It is told apart from a model's failure by the model calls the
 trial's files show: all of them failed, or the run ended on a failed one.
-A trial with a reward above 0 is never one (whatever its last call did).
-
-Signals, per path (docs/agents.md lists them per harness):
-
-    proxy log   the trial proxy's access log (`network-policy/<session>/squid-access.log`, kept by
-                the policy environment when the trial stops): each plain-HTTP call to the gateway with
-                its status, squid's own error for a reset, refused or timed-out connection, and the
-                gateway's Retry-After. A TLS gateway is one CONNECT tunnel: no status. A call the proxy
-                denied (the gateway off the allowlist) is the policy's refusal, never the provider's.
-    codex.txt   Codex's `exec --json` events: `turn.failed`/`error` messages ("exceeded retry limit,
-                last status: 429 Too Many Requests", "stream disconnected before completion", and for
-                a 5xx "We're currently experiencing high demand"); answered items and turns.
-    claude-code.txt  Claude Code's stream-json: assistant messages (an API error is one whose text
-                is "API Error: ..."), and the final `result`.
-    mini-swe-agent.trajectory.json  the trajectory's messages and its `info.exit_status` /
-                `info.submission` (LiteLLM's exception: `RateLimitError`, `InternalServerError`, ...).
-
-The first path that shows model calls decides: the proxy log (exact
-statuses) where the gateway is plain HTTP, else the harness's own log. The
-status is what `TrialRecord.provider_status` holds: an HTTP status ("429",
-"500", ...), or "reset", "refused", "timeout".
+A trial with a reward above 0 is never one. `detect` lists the files read
+per harness (docs/agents.md too); the status is what
+`TrialRecord.provider_status` holds ("429", "500", "reset", "refused", "timeout").
 """
 
 from __future__ import annotations
@@ -120,10 +102,29 @@ def status_of(message: str) -> str | None:
 def detect(
     trial_dir: Path, *, rewarded: bool, exception_type: str | None, authority: str | None
 ) -> ProviderFailure | None:
-    """The trial's provider failure (see the module docstring), or None when it was not one.
+    """The trial's provider failure, or None when it was not one.
 
     `authority` is the job's gateway (`host:port`): only its calls count in
     the proxy log. Unreadable or malformed logs are no evidence.
+
+    Signals, per path:
+
+        proxy log   the trial proxy's access log (`network-policy/<session>/squid-access.log`, kept by
+                    the policy environment when the trial stops): each plain-HTTP call to the gateway
+                    with its status, squid's own error for a reset, refused or timed-out connection,
+                    and the gateway's Retry-After. A TLS gateway is one CONNECT tunnel: no status. A
+                    call the proxy denied (the gateway off the allowlist) is the policy's refusal.
+        codex.txt   Codex's `exec --json` events: `turn.failed`/`error` messages ("exceeded retry
+                    limit, last status: 429 Too Many Requests", "stream disconnected before
+                    completion", and for a 5xx "We're currently experiencing high demand"); answered
+                    items and turns.
+        claude-code.txt  Claude Code's stream-json: assistant messages (an API error is one whose
+                    text is "API Error: ..."), and the final `result`.
+        mini-swe-agent.trajectory.json  the trajectory's messages and its `info.exit_status` /
+                    `info.submission` (LiteLLM's exception: `RateLimitError`, ...).
+
+    The first path that shows model calls decides: the proxy log (exact
+    statuses) where the gateway is plain HTTP, else the harness's own log.
     """
     if rewarded:
         return None

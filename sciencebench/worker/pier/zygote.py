@@ -3,28 +3,10 @@
 Pier's start-up is mostly importing LiteLLM: about 7 s of CPU per run on our
 worker hosts, more than the rest of a trivial trial together. A zygote pays
 that once: a long-lived helper process imports a console script's module,
-then forks a fresh copy of itself for every run. Each copy becomes the same
-process a cold `pier ...` would have been:
-
-    requester (worker)                 zygote (imported pier.cli.main)
-      spawn(argv, env, cwd, log) ──────▶ fork ─▶ child: own session,
-      ◀── pid ─────────────────────────            stdin /dev/null, stdout and
-      ◀── exit code (as Popen's) ──────  reap       stderr the log, cwd, exactly
-                                                    `env`, title = argv; runs the
-                                                    entry point; exits normally
-
-- The zygote's own environment is the worker's without any trial secret;
-  a run's environment (secrets included) exists only in its own child.
-- Requests go over one SOCK_SEQPACKET socket (one message each, so forked
-  worker processes that inherited it can share one zygote). Each run has
-  a private socket pair for its pid and exit code.
-- A run dies with whoever asked for it: when its requester's end of the
-  pair closes (the worker process died), the zygote stops the run's whole
-  process group. When no process holds the request socket any more, it
-  does so for every run, then exits. When the zygote itself dies, its runs
-  get SIGTERM (PR_SET_PDEATHSIG).
-
-Nothing here knows Pier: `sciencebench.worker.pier.process` decides when to use it.
+then forks a fresh copy of itself for every run, which becomes the same
+process a cold `pier ...` would have been. How runs are asked for, and die
+with their requester, is in `Zygote`'s docstring. Nothing here knows Pier:
+`sciencebench.worker.pier.process` decides when to use it.
 """
 
 from __future__ import annotations
@@ -134,7 +116,26 @@ class Run:
 
 
 class Zygote:
-    """The requester's handle on one zygote process (shared by forked children)."""
+    """The requester's handle on one zygote process (shared by forked children).
+
+        requester (worker)                 zygote (imported pier.cli.main)
+          spawn(argv, env, cwd, log) ──────▶ fork ─▶ child: own session,
+          ◀── pid ─────────────────────────            stdin /dev/null, stdout and
+          ◀── exit code (as Popen's) ──────  reap       stderr the log, cwd, exactly
+                                                        `env`, title = argv; runs the
+                                                        entry point; exits normally
+
+    - The zygote's own environment is the worker's without any trial secret;
+      a run's environment (secrets included) exists only in its own child.
+    - Requests go over one SOCK_SEQPACKET socket (one message each, so forked
+      worker processes that inherited it can share one zygote). Each run has
+      a private socket pair for its pid and exit code.
+    - A run dies with whoever asked for it: when its requester's end of the
+      pair closes (the worker process died), the zygote stops the run's whole
+      process group. When no process holds the request socket any more, it
+      does so for every run, then exits. When the zygote itself dies, its runs
+      get SIGTERM (PR_SET_PDEATHSIG).
+    """
 
     def __init__(self, entry: str, env: dict[str, str]) -> None:
         self.entry = entry

@@ -1,25 +1,12 @@
 """How Pier 0.3.0 names trials and their compose projects (pure).
 
 Read from `pier/environments/docker/docker.py` and `pier/trial/trial.py`,
-checked against Pier's real functions by `tests/docker/test_dockerhost.py`:
-
-* A trial is named `<task dir name[:32] stripped of trailing '_-'>__<7 random
-  alphanumerics>`; the trial directory carries exactly that name.
-* The agent environment's session id is the trial name. Its compose project is
-  `compose_project_name(trial_name)`: lowercased, a `0` prepended when it does
-  not start with `[a-z0-9]`, every character outside `[a-z0-9_-]` replaced by
-  `-` (so `task_002__AbC1xyz` -> `task_002__abc1xyz`).
-* A separate verifier environment's session id is
-  `<trial name>__verifier__<key>` (key `trial`, or the step name of a
-  multi-step task), every character outside alphanumerics and `-._` replaced
-  by `_`, cut to 63 characters with an 8-hex sha1 suffix when longer; its
-  project is `compose_project_name` of that id.
-
-So everything of one trial is found by the compose project label value `P`
-for `P` in `trial_project_names(trial_name)`, or by
-`projects_of_trial(trial_name)`, which also matches verifier projects of any
-step. Before Pier has picked the name, `pier_trial_prefix(task dir name)` is
-known.
+checked against Pier's real functions by `tests/docker/test_dockerhost.py`
+(the rules: `trial_project_names`). Everything of one trial is found by
+the compose project label value `P` for `P` in
+`trial_project_names(trial_name)`, or by `projects_of_trial(trial_name)`,
+which also matches verifier projects of any step. Before Pier has picked
+the name, `pier_trial_prefix(task dir name)` is known.
 """
 
 from __future__ import annotations
@@ -61,6 +48,18 @@ def trial_project_names(trial_name: str, verifier_keys: Iterable[str] = ("trial"
     `trial_name` is the trial directory name. The first entry is the agent
     environment; one verifier project follows per key (`trial` for an
     ordinary task in separate verifier mode, the step names otherwise).
+
+    * A trial is named `<task dir name[:32] stripped of trailing '_-'>__<7 random
+      alphanumerics>`; the trial directory carries exactly that name.
+    * The agent environment's session id is the trial name. Its compose project is
+      `compose_project_name(trial_name)`: lowercased, a `0` prepended when it does
+      not start with `[a-z0-9]`, every character outside `[a-z0-9_-]` replaced by
+      `-` (so `task_002__AbC1xyz` -> `task_002__abc1xyz`).
+    * A separate verifier environment's session id is
+      `<trial name>__verifier__<key>` (key `trial`, or the step name of a
+      multi-step task), every character outside alphanumerics and `-._` replaced
+      by `_`, cut to 63 characters with an 8-hex sha1 suffix when longer; its
+      project is `compose_project_name` of that id.
     """
     names = [compose_project_name(trial_name)]
     names += [compose_project_name(verifier_session_id(trial_name, key)) for key in verifier_keys]

@@ -1,19 +1,12 @@
 """Host-local state of a worker host: flocks under its state directory.
 
 The state directory (`SCIENCEBENCH_STATE_DIR`, default /var/tmp/sciencebench)
-is on a local filesystem of the host and shared by every worker process of
-the host. Two kinds of locks live there, both flocks that the kernel drops
-when their holder dies:
-
-* exclusive host locks (`host_lock`), e.g. one per image digest so that
-  concurrent trials pull an image once;
-* shared live-trial locks (`hold_live_trial`): Pier picks a trial's name
-  itself, so a trial runner holds `hold_live_trial(pier_trial_prefix(task
-  dir name))` around its Pier run, and a leftover sweep in any process of
-  the host spares every compose project a held lock covers.
-
-These are not the Redis trial leases of `sciencebench.coordination`: those
-say which host runs a trial; these say which trials run on this host.
+is on a local filesystem of the host, shared by every worker process of the
+host. Its locks are flocks the kernel drops when their holder dies:
+exclusive host locks (`host_lock`, e.g. one pull per image digest) and
+shared live-trial locks (`hold_live_trial`), which a leftover sweep
+respects. These are not the store's trial leases: those say which host
+runs a trial; these say which trials run on this host.
 """
 
 from __future__ import annotations
@@ -29,7 +22,7 @@ from pathlib import Path
 
 from sciencebench.core.errors import PullError, WorkspaceError
 from sciencebench.core.settings import STATE_DIR_ENV, state_dir_from_env
-from sciencebench.worker.pier.naming import compose_project_name
+from sciencebench.dockerhost.naming import compose_project_name
 
 LIVE_DIR = "live"
 
