@@ -24,6 +24,7 @@ escape a Celery task (the chord finalizer must always run).
         ├── HarnessError            Pier crashed, timed out or could not start
         │   └── HarnessTimeoutError Pier outran the trial's whole budget
         ├── CollectError            Pier produced no usable trial directory
+        │   └── OutputLimitError    the trial's outputs went past a bound (depth, entries, bytes)
         └── Cancelled               the job was cancelled before or while the trial ran
 
 Elsewhere in the package (each a SciencebenchError too): `network.errors`
@@ -180,6 +181,15 @@ class CollectError(TrialError):
 
     stage = Stage.COLLECT
     deterministic = False
+
+
+class OutputLimitError(CollectError):
+    """What a trial's containers left went past a bound of its outputs (too deep, too many, too large).
+
+    The same container would again: deterministic.
+    """
+
+    deterministic = True
 
 
 class Cancelled(TrialError):

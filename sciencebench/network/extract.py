@@ -8,8 +8,9 @@ Engine's archive API sends (`network.transfer`'s bounds and host paths):
   returned refusals, and so is an absolute name or one with `..`;
 - modes are masked: directories 0755, files 0644 (0755 when any execute bit
   is set), never setuid, setgid or sticky; owners are the host user's;
-- at most `MAX_TOTAL_BYTES` of file data and `MAX_MEMBERS` members: what
-  exceeds a bound is refused and extraction stops there;
+- at most `MAX_TOTAL_BYTES` of file data (a sparse member counted by its
+  apparent size), `MAX_MEMBERS` members and `MAX_DEPTH` directories deep:
+  what exceeds a bound is refused and extraction stops there;
 - every host path is opened one component at a time relative to a directory
   fd with O_NOFOLLOW (O_DIRECTORY for directories, O_CREAT and O_NONBLOCK
   for files, truncated only once fstat shows a regular file with one link),
@@ -32,6 +33,7 @@ from sciencebench.network.transfer import (
     DIR_MODE,
     EXEC_MODE,
     FILE_MODE,
+    MAX_DEPTH,
     MAX_MEMBERS,
     MAX_TOTAL_BYTES,
     NEW_FILE_FLAGS,
@@ -74,28 +76,39 @@ def excluded(parts: Sequence[str], patterns: Sequence[str]) -> bool:
 
 
 class _Writer:
-    """Creates members below one destination directory fd, caching the directory fds it opened."""
+    """Creates members below one destination directory fd, keeping open only the directories of one path.
+
+    A tar lists a directory's members together, so the fds of the last
+    member's directories are kept (at most `MAX_DEPTH`), not one per directory.
+    """
 
     def __init__(self, dest_fd: int, result: Transfer) -> None:
-        self._dirs: dict[tuple[str, ...], int] = {(): dest_fd}
-        self._owned: list[int] = []
+        self._dest = dest_fd
+        self._path: list[tuple[str, int]] = []  # the open directories below dest_fd: (name, fd)
+        self._made: set[tuple[str, ...]] = set()
         self.result = result
 
     def close(self) -> None:
-        for fd in self._owned:
+        for _, fd in self._path:
             os.close(fd)
-        self._owned.clear()
+        self._path.clear()
 
     def directory(self, parts: Sequence[str]) -> int:
         key = tuple(parts)
-        if key not in self._dirs:
-            parent = self.directory(key[:-1])
-            fd = open_dir(parent, key[-1:])
-            self._owned.append(fd)
-            self._dirs[key] = fd
-            os.fchmod(fd, DIR_MODE)
-            self.result.directories += 1
-        return self._dirs[key]
+        shared = 0
+        while shared < min(len(key), len(self._path)) and self._path[shared][0] == key[shared]:
+            shared += 1
+        for _, fd in self._path[shared:]:
+            os.close(fd)
+        del self._path[shared:]
+        for depth in range(shared, len(key)):
+            fd = open_dir(self._path[-1][1] if self._path else self._dest, key[depth : depth + 1])
+            self._path.append((key[depth], fd))
+            if key[: depth + 1] not in self._made:
+                self._made.add(key[: depth + 1])
+                os.fchmod(fd, DIR_MODE)
+                self.result.directories += 1
+        return self._path[-1][1] if self._path else self._dest
 
     def file(self, parts: Sequence[str], name: str, member: tarfile.TarInfo, data: IO[bytes] | None) -> None:
         parent = self.directory(parts)
@@ -135,6 +148,7 @@ def extract(
     exclude: Sequence[str] = (),
     max_bytes: int = MAX_TOTAL_BYTES,
     max_members: int = MAX_MEMBERS,
+    max_depth: int = MAX_DEPTH,
 ) -> Transfer:
     """Write the regular files and directories of a tar `stream` below `dest_fd` (a directory fd).
 
@@ -155,7 +169,7 @@ def extract(
                 if count > max_members:
                     result.refuse(member.name, f"more than {max_members} members: extraction stopped")
                     break
-                if not _extract_one(archive, member, writer, strip, exclude, max_bytes):
+                if not _extract_one(archive, member, writer, strip, exclude, max_bytes, max_depth):
                     break
     finally:
         writer.close()
@@ -169,6 +183,7 @@ def _extract_one(
     strip: str | None,
     exclude: Sequence[str],
     max_bytes: int,
+    max_depth: int,
 ) -> bool:
     """Extract one member (or refuse it); False when extraction must stop."""
     result = writer.result
@@ -195,6 +210,9 @@ def _extract_one(
     if reason is not None:
         result.refuse(name, reason)
         return True
+    if len(parts) - (0 if member.isdir() else 1) > max_depth:
+        result.refuse(name, f"deeper than {max_depth} directories: extraction stopped")
+        return False
     if member.isreg() and result.bytes + member.size > max_bytes:
         result.refuse(name, f"over the {max_bytes} byte bound of one transfer: extraction stopped")
         return False

@@ -25,6 +25,10 @@ from sciencebench.network.errors import TransferRefused
 # megabytes; a container filling its log directory is stopped here, not the disk).
 MAX_TOTAL_BYTES = 2 * 1024**3
 MAX_MEMBERS = 100_000
+# Directories deep below the directory one transfer writes (the snapshot's bound is 32; a trial's
+# outputs may hold a repository's tree). Deeper is refused and extraction stops: a container's tree
+# 1,000 levels deep would otherwise outrun every walk of the trial's files on the host.
+MAX_DEPTH = 64
 # Refusals kept in a trial's transfer-refusals.json (a container can plant millions of links).
 MAX_RECORDED = 1000
 DIR_MODE = 0o755
