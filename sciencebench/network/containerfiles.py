@@ -34,6 +34,7 @@ from sciencebench.network.extract import extract, extract_file
 from sciencebench.network.refusals import record_refusals
 from sciencebench.network.tarbuild import build_tar, directory_headers
 from sciencebench.network.transfer import (
+    Budget,
     ChunkReader,
     Refusal,
     Transfer,
@@ -56,6 +57,7 @@ class ContainerFilesEnvironment(SecretSafeExecEnvironment):
         self._docker_client: docker.DockerClient | None = None
         self._main_id: str | None = None
         self._log_dirs_made = False
+        self._received = Budget()  # what all of the trial's downloads carried
         # No host directory is mounted: Pier's own log mounts (the separate
         # verifier's included) are dropped; the logs are copied instead.
         self._dropped_mounts = list(kwargs.pop("mounts_json", None) or [])
@@ -171,8 +173,9 @@ class ContainerFilesEnvironment(SecretSafeExecEnvironment):
             try:
                 stream = self._archive(source)
                 if file:
-                    return extract_file(stream, fd, name)
-                result = extract(stream, fd, strip=posixpath.basename(source), exclude=exclude)
+                    return extract_file(stream, fd, name, budget=self._received)
+                strip = posixpath.basename(source)
+                result = extract(stream, fd, strip=strip, exclude=exclude, budget=self._received)
                 self._refused("download", source, str(target), result.refusals)
                 if any("extraction stopped" in r.reason for r in result.refusals):
                     self._close_docker()

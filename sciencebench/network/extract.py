@@ -9,7 +9,8 @@ Engine's archive API sends (`network.transfer`'s bounds and host paths):
 - modes are masked: directories 0755, files 0644 (0755 when any execute bit
   is set), never setuid, setgid or sticky; owners are the host user's;
 - at most `MAX_TOTAL_BYTES` of file data (a sparse member counted by its
-  apparent size), `MAX_MEMBERS` members and `MAX_DEPTH` directories deep:
+  apparent size), `MAX_MEMBERS` members and `MAX_DEPTH` directories deep,
+  and within what is left of the trial's `Budget` over all its transfers:
   what exceeds a bound is refused and extraction stops there;
 - every host path is opened one component at a time relative to a directory
   fd with O_NOFOLLOW (O_DIRECTORY for directories, O_CREAT and O_NONBLOCK
@@ -37,6 +38,7 @@ from sciencebench.network.transfer import (
     MAX_MEMBERS,
     MAX_TOTAL_BYTES,
     NEW_FILE_FLAGS,
+    Budget,
     Refusal,
     Transfer,
     open_dir,
@@ -149,18 +151,21 @@ def extract(
     max_bytes: int = MAX_TOTAL_BYTES,
     max_members: int = MAX_MEMBERS,
     max_depth: int = MAX_DEPTH,
+    budget: Budget | None = None,
 ) -> Transfer:
     """Write the regular files and directories of a tar `stream` below `dest_fd` (a directory fd).
 
     `strip`: the first component every member must have (the basename of
     the directory the Engine archived), left out on the host; its own entry
     must be a directory. Members `exclude` matches are left out silently.
+    `budget`: the trial's, charged with what this transfer carried.
     Returns what was written and what was refused; raises TransferRefused
     when the archived path itself is not a directory, tarfile.TarError for a
     corrupt stream.
     """
     result = Transfer()
     writer = _Writer(dest_fd, result)
+    budget = budget if budget is not None else Budget(max_bytes, max_members)
     count = 0
     try:
         with tarfile.open(fileobj=stream, mode="r|") as archive:
@@ -169,10 +174,16 @@ def extract(
                 if count > max_members:
                     result.refuse(member.name, f"more than {max_members} members: extraction stopped")
                     break
-                if not _extract_one(archive, member, writer, strip, exclude, max_bytes, max_depth):
+                if budget.members + count > budget.max_members:
+                    bound = f"more than the trial's {budget.max_members} members over all its transfers"
+                    result.refuse(member.name, f"{bound}: extraction stopped")
+                    break
+                if not _extract_one(archive, member, writer, strip, exclude, max_bytes, max_depth, budget):
                     break
     finally:
         writer.close()
+        budget.members += count
+        budget.bytes += result.bytes
     return result
 
 
@@ -184,6 +195,7 @@ def _extract_one(
     exclude: Sequence[str],
     max_bytes: int,
     max_depth: int,
+    budget: Budget,
 ) -> bool:
     """Extract one member (or refuse it); False when extraction must stop."""
     result = writer.result
@@ -216,6 +228,10 @@ def _extract_one(
     if member.isreg() and result.bytes + member.size > max_bytes:
         result.refuse(name, f"over the {max_bytes} byte bound of one transfer: extraction stopped")
         return False
+    if member.isreg() and budget.bytes + result.bytes + member.size > budget.max_bytes:
+        bound = f"over the trial's {budget.max_bytes} byte bound over all its transfers"
+        result.refuse(name, f"{bound}: extraction stopped")
+        return False
     try:
         if member.isdir():
             writer.directory(parts)
@@ -227,13 +243,18 @@ def _extract_one(
 
 
 def extract_file(
-    stream: IO[bytes], parent_fd: int, name: str, *, max_bytes: int = MAX_TOTAL_BYTES
+    stream: IO[bytes],
+    parent_fd: int,
+    name: str,
+    *,
+    max_bytes: int = MAX_TOTAL_BYTES,
+    budget: Budget | None = None,
 ) -> Transfer:
     """Write the single regular file of a tar `stream` as `parent_fd/name`.
 
     Raises TransferRefused when the archive's first member is not a regular
-    file (a link, a directory, ...), is over `max_bytes`, or cannot be
-    created without following a link.
+    file (a link, a directory, ...), is over `max_bytes` or what is left of
+    the trial's `budget`, or cannot be created without following a link.
     """
     result = Transfer()
     writer = _Writer(parent_fd, result)
@@ -246,6 +267,9 @@ def extract_file(
                 raise TransferRefused([Refusal(name, _kind(member) or "a directory, not a file")])
             if member.size > max_bytes:
                 raise TransferRefused([Refusal(name, f"over the {max_bytes} byte bound of one transfer")])
+            if budget is not None and budget.bytes + member.size > budget.max_bytes:
+                bound = f"over the trial's {budget.max_bytes} byte bound over all its transfers"
+                raise TransferRefused([Refusal(name, bound)])
             try:
                 writer.file((), name, member, archive.extractfile(member))
             except OSError as exc:
@@ -253,4 +277,7 @@ def extract_file(
                 raise TransferRefused([Refusal(name, reason)]) from None
     finally:
         writer.close()
+        if budget is not None:
+            budget.members += 1
+            budget.bytes += result.bytes
     return result

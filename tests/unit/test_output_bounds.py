@@ -7,13 +7,18 @@ Python's recursion limit then raised RecursionError out of the copy and out of
 `shutil.rmtree(ignore_errors=True)`, so the run's lock was never released.
 Each test builds that tree (directories made relative to their parent's
 descriptor: no path is ever longer than a component) and asserts what must hold.
+The last tests bound what all of a trial's downloads carry together (each
+transfer was bounded alone) and name a download stopped at a bound as the
+trial's output-limit failure.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import shutil
 import stat
+import subprocess
 import tarfile
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -21,17 +26,21 @@ from pathlib import Path
 
 import pytest
 
-from sciencebench.core.errors import OutputLimitError
+from sciencebench.core.errors import OutputLimitError, Stage
+from sciencebench.core.failures import recorded_failure
 from sciencebench.core.models import TrialRecord, TrialSpec
 from sciencebench.core.paths import MAX_TREE_DEPTH, JobPaths, ScratchPaths, copy_tree_at, remove_tree_at
 from sciencebench.core.settings import Settings
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.runrecord import build_run_record
 from sciencebench.login.submit import persist
-from sciencebench.network.extract import extract
+from sciencebench.network.errors import TransferRefused
+from sciencebench.network.extract import extract, extract_file
+from sciencebench.network.refusals import record_refusals
 from sciencebench.network.tarbuild import build_tar
-from sciencebench.network.transfer import MAX_DEPTH, Transfer
+from sciencebench.network.transfer import MAX_DEPTH, Budget, Refusal, Transfer
 from sciencebench.worker import journal, publish, stages
+from sciencebench.worker.pier.layout import read_trial_outcome
 from tests.fixtures.hosts import prepare
 from tests.fixtures.selection import make_selection
 
@@ -218,3 +227,113 @@ def test_an_upload_of_a_1100_level_tree_stops_at_the_depth_bound_and_names_it(tm
         deepest = max(member.name.count("/") + 1 for member in members)
     assert deepest == MAX_DEPTH
     assert [r.reason for r in result.refusals] == [f"deeper than {MAX_DEPTH} directories (not copied)"]
+
+
+def _tar_of(files: dict[str, bytes], top: str = "artifacts") -> io.BytesIO:
+    """A tar of `files` below the directory `top`, or of the files alone when `top` is empty."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        if top:
+            info = tarfile.TarInfo(top)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            archive.addfile(info)
+        for name, data in files.items():
+            info = tarfile.TarInfo(f"{top}/{name}" if top else name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    buffer.seek(0)
+    return buffer
+
+
+def test_the_trials_budget_bounds_bytes_and_members_over_all_its_transfers(tmp_path: Path) -> None:
+    (tmp_path / "artifacts").mkdir()
+    fd = os.open(tmp_path / "artifacts", _DIR)
+    try:
+        budget = Budget(max_bytes=10, max_members=100)
+        first = extract(_tar_of({"a": b"123456"}), fd, strip="artifacts", budget=budget)
+        assert first.refusals == [] and (budget.bytes, budget.members) == (6, 2)
+        second = extract(_tar_of({"b": b"123456"}), fd, strip="artifacts", budget=budget)
+        assert [r.reason for r in second.refusals] == [
+            "over the trial's 10 byte bound over all its transfers: extraction stopped"
+        ]
+        with pytest.raises(TransferRefused, match="trial's 10 byte bound"):
+            extract_file(_tar_of({"c": b"12345"}, top=""), fd, "c", budget=budget)
+        members = Budget(max_members=3)
+        extract(_tar_of({"d": b"", "e": b""}), fd, strip="artifacts", budget=members)
+        third = extract(_tar_of({"f": b""}), fd, strip="artifacts", budget=members)
+        assert [r.reason for r in third.refusals] == [
+            "more than the trial's 3 members over all its transfers: extraction stopped"
+        ]
+    finally:
+        os.close(fd)
+    assert sorted(p.name for p in (tmp_path / "artifacts").iterdir()) == ["a", "d", "e"]
+
+
+@pytest.mark.skipif(shutil.which("tar") is None, reason="GNU tar makes the sparse member")
+def test_a_sparse_member_counts_by_its_apparent_size(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    with (source / "big").open("wb") as handle:
+        handle.seek(64 * 2**20)
+        handle.write(b"end")
+    archive = tmp_path / "sparse.tar"
+    subprocess.run(["tar", "--sparse", "-cf", str(archive), "-C", str(tmp_path), "src"], check=True)
+    assert archive.stat().st_size < 2**20  # 64 MiB of holes in a small tar
+    (tmp_path / "out").mkdir()
+    fd = os.open(tmp_path / "out", _DIR)
+    try:
+        with archive.open("rb") as stream:
+            result = extract(stream, fd, strip="src", max_bytes=2**20)
+    finally:
+        os.close(fd)
+    assert [r.reason for r in result.refusals] == [
+        f"over the {2**20} byte bound of one transfer: extraction stopped"
+    ]
+    assert not (tmp_path / "out" / "big").exists()
+
+
+def test_a_download_stopped_at_a_bound_is_the_trials_output_limit_failure(tmp_path: Path) -> None:
+    trial = tmp_path / "trial"
+    trial.mkdir()
+    (trial / "result.json").write_text('{"verifier_result": {"rewards": {"reward": 1.0}}}')
+    reason = f"deeper than {MAX_DEPTH} directories: extraction stopped"
+    record_refusals(trial, "download", "/logs/artifacts", str(trial / "artifacts"), [Refusal("d/d", reason)])
+    outcome = read_trial_outcome(trial)
+    assert outcome.exception_type == OutputLimitError.__name__
+    assert recorded_failure(OutputLimitError.__name__) == (Stage.COLLECT, True)
+    # A refused item (a link) is still the transfer's refusal.
+    (trial / "transfer-refusals.json").unlink()
+    record_refusals(trial, "download", "/logs/agent", str(trial / "agent"), [Refusal("x", "symbolic link")])
+    assert read_trial_outcome(trial).exception_type == "TransferRefused"
+
+
+def test_the_policy_environment_charges_every_download_of_a_trial_to_one_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    from pier.models.task.config import EnvironmentConfig
+    from pier.models.trial.paths import TrialPaths
+
+    from sciencebench.network.environment import IsolatedDockerEnvironment
+
+    image = "127.0.0.1:5555/sciencebench/base@sha256:" + "c" * 64
+    task = tmp_path / "task_001"
+    (task / "environment").mkdir(parents=True)
+    (task / "environment" / "Dockerfile").write_text(f"FROM {image}\n")
+    (task / "task.toml").write_text("[environment]\n")
+    trial_paths = TrialPaths(trial_dir=tmp_path / "trial")
+    trial_paths.mkdir()  # type: ignore[no-untyped-call]
+    env = IsolatedDockerEnvironment(
+        environment_dir=task / "environment", environment_name="t", session_id="t__x",
+        trial_paths=trial_paths, owner="o", task_env_config=EnvironmentConfig(docker_image=image),
+    )  # fmt: skip
+    archives = iter([_tar_of({"a": b"123456"}, "agent"), _tar_of({"b": b"123456"}, "artifacts")])
+    monkeypatch.setattr(env, "_archive", lambda source: next(archives))
+    monkeypatch.setattr(env, "_close_docker", lambda: None)
+    env._received = Budget(max_bytes=10)
+    env._download("/logs/agent", trial_paths.trial_dir / "agent", file=False)
+    env._download("/logs/artifacts", trial_paths.trial_dir / "artifacts", file=False)
+    assert (trial_paths.trial_dir / "agent" / "a").read_bytes() == b"123456"
+    assert not (trial_paths.trial_dir / "artifacts" / "b").exists()
+    (trial_paths.trial_dir / "result.json").write_text("{}")
+    assert read_trial_outcome(trial_paths.trial_dir).exception_type == OutputLimitError.__name__
