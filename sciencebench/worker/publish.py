@@ -90,7 +90,13 @@ def stage_dirs(paths: JobPaths, spec: TrialSpec, tries: list[Try]) -> Staged:
             superseded_fd = open_job_dir(paths, paths.superseded_dir, create=True)
             try:
                 for directory in earlier:
-                    copy_tree_at(directory, superseded_fd, _free_name(superseded_fd, directory.name))
+                    name = _free_name(superseded_fd, directory.name)
+                    try:
+                        copy_tree_at(directory, superseded_fd, name)
+                    except (OSError, OutputLimitError):
+                        with contextlib.suppress(OSError):  # no partial copy is left behind
+                            remove_tree_at(superseded_fd, name)
+                        raise
             finally:
                 os.close(superseded_fd)
         if final is not None and final.is_dir():

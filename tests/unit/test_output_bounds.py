@@ -23,6 +23,7 @@ import tarfile
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -40,7 +41,9 @@ from sciencebench.network.refusals import record_refusals
 from sciencebench.network.tarbuild import build_tar
 from sciencebench.network.transfer import MAX_DEPTH, Budget, Refusal, Transfer
 from sciencebench.worker import journal, publish, stages
+from sciencebench.worker.dispatch import Answer
 from sciencebench.worker.pier.layout import read_trial_outcome
+from sciencebench.worker.trial import commit
 from tests.fixtures.hosts import prepare
 from tests.fixtures.selection import make_selection
 
@@ -337,3 +340,49 @@ def test_the_policy_environment_charges_every_download_of_a_trial_to_one_budget(
     assert not (trial_paths.trial_dir / "artifacts" / "b").exists()
     (trial_paths.trial_dir / "result.json").write_text("{}")
     assert read_trial_outcome(trial_paths.trial_dir).exception_type == OutputLimitError.__name__
+
+
+class _Store:
+    """The one coordinator call `commit` makes before it publishes: the record is stored."""
+
+    def __init__(self) -> None:
+        self.stored: list[str] = []
+
+    def commit_result(self, job: object, key: object, owner: object, record: str, status: object) -> bool:
+        self.stored.append(record)
+        return True
+
+
+def test_a_trial_whose_directory_is_too_deep_is_committed_as_an_output_limit_failure(tmp_path: Path) -> None:
+    settings, spec = _world(tmp_path)
+    paths = JobPaths(tmp_path / "jobs", "deep")
+    trial = tmp_path / "scratch" / "task_002__abcdefg"
+    _deep_tree(trial / "artifacts")
+    record = TrialRecord(
+        job_id=spec.job_id, job_name=spec.job_name, task_id="002", attempt=1, trial_dir=trial.name
+    )
+    store = _Store()
+    ctx = SimpleNamespace(coord=store, settings=settings, owner="me")
+    admitted = SimpleNamespace(paths=paths)
+    tries = [stages.Try(record=record, pier_dir=trial, retryable=False)]
+    outcome = commit(spec, ctx, admitted, record, tries)  # type: ignore[arg-type]
+    assert isinstance(outcome, Answer)
+    assert outcome.record.exception_type == OutputLimitError.__name__
+    assert outcome.record.stage == Stage.COLLECT
+    assert TrialRecord.model_validate_json(store.stored[0]).exception_type == OutputLimitError.__name__
+    assert not (paths.job_dir / publish.incoming_name(trial.name)).exists()
+    assert not (paths.job_dir / trial.name).exists()
+
+
+def test_an_earlier_try_too_deep_leaves_no_partial_copy_in_superseded(tmp_path: Path) -> None:
+    _, spec = _world(tmp_path)
+    paths = JobPaths(tmp_path / "jobs", "deep")
+    earlier = tmp_path / "scratch" / "task_002__earlier"
+    _deep_tree(earlier / "artifacts")
+    final = tmp_path / "scratch" / "task_002__final"
+    final.mkdir()
+    record = TrialRecord(job_id=spec.job_id, job_name=spec.job_name, task_id="002", attempt=1)
+    tries = [stages.Try(record=record, pier_dir=d, retryable=False) for d in (earlier, final)]
+    with pytest.raises(OutputLimitError):
+        publish.stage_dirs(paths, spec, tries)
+    assert list(paths.superseded_dir.iterdir()) == []
