@@ -18,6 +18,8 @@ import json
 import os
 import posixpath
 import tarfile
+import threading
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -50,6 +52,21 @@ TRANSFER_TIMEOUT_SEC = 300
 _LOG_DIR_MODE = 0o777
 
 
+# What each trial's downloads carried, shared by its environments (the agent's, a separate verifier's)
+# while any of them lives.
+_BUDGETS: weakref.WeakValueDictionary[str, Budget] = weakref.WeakValueDictionary()
+_BUDGETS_LOCK = threading.Lock()
+
+
+def _trial_budget(trial_dir: Path) -> Budget:
+    """The budget of all downloads into `trial_dir` (`network.transfer.Budget`), one per trial."""
+    with _BUDGETS_LOCK:
+        budget = _BUDGETS.get(os.path.abspath(trial_dir))
+        if budget is None:
+            budget = _BUDGETS[os.path.abspath(trial_dir)] = Budget()
+        return budget
+
+
 class ContainerFilesEnvironment(SecretSafeExecEnvironment):
     """Pier's Docker environment with no host directory mounted and every copy a checked archive."""
 
@@ -57,13 +74,13 @@ class ContainerFilesEnvironment(SecretSafeExecEnvironment):
         self._docker_client: docker.DockerClient | None = None
         self._main_id: str | None = None
         self._log_dirs_made = False
-        self._received = Budget()  # what all of the trial's downloads carried
         # No host directory is mounted: Pier's own log mounts (the separate
         # verifier's included) are dropped; the logs are copied instead.
         self._dropped_mounts = list(kwargs.pop("mounts_json", None) or [])
         kwargs["mounts_json"] = []
         super().__init__(*args, **kwargs)
         self._mounts_json = []
+        self._received = _trial_budget(Path(self.trial_paths.trial_dir))
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:

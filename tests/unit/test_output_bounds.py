@@ -26,6 +26,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from pier.models.task.config import EnvironmentConfig
+from pier.models.trial.paths import TrialPaths
 
 from sciencebench.core.errors import OutputLimitError, Stage
 from sciencebench.core.failures import recorded_failure
@@ -35,6 +37,7 @@ from sciencebench.core.settings import Settings
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.runrecord import build_run_record
 from sciencebench.login.submit import persist
+from sciencebench.network.environment import IsolatedDockerEnvironment
 from sciencebench.network.errors import TransferRefused
 from sciencebench.network.extract import extract, extract_file
 from sciencebench.network.refusals import record_refusals
@@ -310,36 +313,38 @@ def test_a_download_stopped_at_a_bound_is_the_trials_output_limit_failure(tmp_pa
     assert read_trial_outcome(trial).exception_type == "TransferRefused"
 
 
-def test_the_policy_environment_charges_every_download_of_a_trial_to_one_budget(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    from pier.models.task.config import EnvironmentConfig
-    from pier.models.trial.paths import TrialPaths
-
-    from sciencebench.network.environment import IsolatedDockerEnvironment
-
+def _environment(tmp_path: Path) -> IsolatedDockerEnvironment:
     image = "127.0.0.1:5555/sciencebench/base@sha256:" + "c" * 64
     task = tmp_path / "task_001"
-    (task / "environment").mkdir(parents=True)
+    (task / "environment").mkdir(parents=True, exist_ok=True)
     (task / "environment" / "Dockerfile").write_text(f"FROM {image}\n")
     (task / "task.toml").write_text("[environment]\n")
     trial_paths = TrialPaths(trial_dir=tmp_path / "trial")
     trial_paths.mkdir()  # type: ignore[no-untyped-call]
-    env = IsolatedDockerEnvironment(
+    return IsolatedDockerEnvironment(
         environment_dir=task / "environment", environment_name="t", session_id="t__x",
         trial_paths=trial_paths, owner="o", task_env_config=EnvironmentConfig(docker_image=image),
     )  # fmt: skip
-    archives = iter([_tar_of({"a": b"123456"}, "agent"), _tar_of({"b": b"123456"}, "artifacts")])
-    monkeypatch.setattr(env, "_archive", lambda source: next(archives))
-    monkeypatch.setattr(env, "_close_docker", lambda: None)
-    env._received = Budget(max_bytes=10)
-    env._download("/logs/agent", trial_paths.trial_dir / "agent", file=False)
-    env._download("/logs/artifacts", trial_paths.trial_dir / "artifacts", file=False)
-    assert (trial_paths.trial_dir / "agent" / "a").read_bytes() == b"123456"
-    assert not (trial_paths.trial_dir / "artifacts" / "b").exists()
-    (trial_paths.trial_dir / "result.json").write_text("{}")
-    assert read_trial_outcome(trial_paths.trial_dir).exception_type == OutputLimitError.__name__
+
+
+def test_the_policy_environments_charge_every_download_of_a_trial_to_one_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent_env, verifier_env = _environment(tmp_path), _environment(tmp_path)  # a separate verifier's too
+    assert agent_env._received is verifier_env._received
+    archives = iter([_tar_of({"a": b"123456"}, "agent"), _tar_of({"b": b"123456"}, "verifier")])
+    for env in (agent_env, verifier_env):
+        monkeypatch.setattr(env, "_archive", lambda source: next(archives))
+        monkeypatch.setattr(env, "_close_docker", lambda: None)
+    agent_env._received.max_bytes = 10
+    trial = tmp_path / "trial"
+    agent_env._download("/logs/agent", trial / "agent", file=False)
+    verifier_env._download("/logs/verifier", trial / "verifier", file=False)
+    assert (trial / "agent" / "a").read_bytes() == b"123456"
+    assert not (trial / "verifier" / "b").exists()
+    (trial / "result.json").write_text("{}")
+    assert read_trial_outcome(trial).exception_type == OutputLimitError.__name__
+    assert _environment(tmp_path / "other")._received is not agent_env._received
 
 
 class _Store:
