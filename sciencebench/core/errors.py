@@ -62,6 +62,7 @@ class SciencebenchError(Exception):
             ├── HarnessError            Pier crashed, timed out or could not start
             │   └── HarnessTimeoutError Pier outran the trial's whole budget
             ├── CollectError            Pier produced no usable trial directory
+            │   └── OutputLimitError    the trial's outputs went past a bound (depth, entries, bytes)
             └── Cancelled               the job was cancelled before or while the trial ran
 
     Elsewhere in the package (each a SciencebenchError too): `bake.recipes.RecipeError`,
@@ -236,6 +237,15 @@ class CollectError(TrialError):
 
     stage = Stage.COLLECT
     deterministic = False
+
+
+class OutputLimitError(CollectError):
+    """What a trial's containers left went past a bound of its outputs (too deep, too many, too large).
+
+    The same container would again: deterministic.
+    """
+
+    deterministic = True
 
 
 class Cancelled(TrialError):

@@ -15,10 +15,13 @@ import contextlib
 import errno
 import os
 import secrets
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from uuid import UUID
+
+from sciencebench.core.errors import OutputLimitError
 
 # Where jobs go unless --jobs-dir says otherwise (relative to the working directory).
 DEFAULT_JOBS_DIR = Path("jobs")
@@ -287,38 +290,174 @@ def write_in_job(paths: JobPaths, relative: Path, data: str | bytes, mode: int =
         os.close(fd)
 
 
-def copy_tree_at(source: Path, parent_fd: int, name: str) -> None:
+# Directories deep a copy of a trial's tree goes (`copy_tree_at`): Pier's layout is a few levels, and
+# what a container sent is at most `network.transfer.MAX_DEPTH` below the directory it was written to.
+MAX_TREE_DEPTH = 96
+# Directory descriptors a removal (`remove_tree_at`) keeps open along its path, whatever the depth.
+_REMOVE_FDS = 32
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def copy_tree_at(source: Path, parent_fd: int, name: str, *, max_depth: int = MAX_TREE_DEPTH) -> None:
     """Copy the directory `source` to a new directory `name` in `parent_fd`, following no link on either side.
 
-    `source` is the worker's own (a trial's scratch); links and special files
-    in it are left out. The copy's entries are created exclusively, relative
-    to descriptors of the directories just made. Raises OSError
-    (FileExistsError when `name` exists).
+    `source` is the worker's own (a trial's scratch) but a container shaped
+    what is in it: links and special files are left out, a sparse file's
+    holes stay holes, and a directory more than `max_depth` below `source`
+    raises OutputLimitError. The walk is iterative, every entry opened
+    relative to its directory's descriptor, the copy's entries created
+    exclusively. Raises OSError (FileExistsError when `name` exists); a
+    failed copy may leave a partial `name`.
     """
-    os.mkdir(name, 0o755, dir_fd=parent_fd)
-    fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    src = os.open(source, _DIR_FLAGS)
     try:
-        with os.scandir(source) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    copy_tree_at(Path(entry.path), fd, entry.name)
-                elif entry.is_file(follow_symlinks=False):
-                    _copy_file_at(entry.path, fd, entry.name)
+        os.mkdir(name, 0o755, dir_fd=parent_fd)
+        dst = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except BaseException:
+        os.close(src)
+        raise
+    # One level per directory being copied: its two descriptors and the entries still to copy.
+    stack: list[tuple[int, int, list[str]]] = [(src, dst, [])]
+    try:
+        stack[0][2].extend(sorted(os.listdir(src)))
+        while stack:
+            src, dst, names = stack[-1]
+            if not names:
+                stack.pop()
+                os.close(src)
+                os.close(dst)
+                continue
+            entry = names.pop()
+            info = os.stat(entry, dir_fd=src, follow_symlinks=False)
+            if stat.S_ISDIR(info.st_mode):
+                if len(stack) > max_depth:
+                    raise OutputLimitError(f"{source}: deeper than {max_depth} directories; not copied")
+                child = os.open(entry, _DIR_FLAGS, dir_fd=src)
+                try:
+                    os.mkdir(entry, 0o755, dir_fd=dst)
+                    copy = os.open(entry, _DIR_FLAGS, dir_fd=dst)
+                except BaseException:
+                    os.close(child)
+                    raise
+                stack.append((child, copy, []))
+                stack[-1][2].extend(sorted(os.listdir(child)))
+            elif stat.S_ISREG(info.st_mode):
+                _copy_file_at(src, entry, dst)
     finally:
-        os.close(fd)
+        for src, dst, _ in stack:
+            os.close(src)
+            os.close(dst)
 
 
-def _copy_file_at(source: str, dir_fd: int, name: str) -> None:
-    src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+def _copy_file_at(src_dir: int, name: str, dst_dir: int) -> None:
+    """Copy the regular file `name` of `src_dir` to a new file `name` in `dst_dir`, its holes kept holes."""
+    src = os.open(name, _READ_FLAGS, dir_fd=src_dir)
     try:
-        mode = 0o755 if os.fstat(src).st_mode & 0o100 else 0o644
-        dst = os.open(name, _NEW_FILE_FLAGS, mode, dir_fd=dir_fd)
+        info = os.fstat(src)
+        if not stat.S_ISREG(info.st_mode):  # replaced since it was listed
+            return
+        dst = os.open(name, _NEW_FILE_FLAGS, 0o755 if info.st_mode & 0o100 else 0o644, dir_fd=dst_dir)
         try:
-            while chunk := os.read(src, 1 << 20):
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(dst, view) :]
+            os.set_blocking(src, True)
+            offset = 0
+            while offset < info.st_size:
+                try:
+                    offset = os.lseek(src, offset, os.SEEK_DATA)
+                    end = min(os.lseek(src, offset, os.SEEK_HOLE), info.st_size)
+                except OSError as exc:
+                    if exc.errno == errno.ENXIO:  # only a hole is left
+                        break
+                    if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                        raise
+                    end = info.st_size  # a filesystem that cannot tell holes: all of it is copied
+                while offset < end and (chunk := os.pread(src, min(end - offset, 1 << 20), offset)):
+                    view = memoryview(chunk)
+                    while view:
+                        written = os.pwrite(dst, view, offset)
+                        view, offset = view[written:], offset + written
+                offset = max(offset, end)
+            os.ftruncate(dst, info.st_size)
         finally:
             os.close(dst)
     finally:
         os.close(src)
+
+
+def remove_tree_at(parent_fd: int, name: str) -> None:
+    """Remove `name` in `parent_fd`: a directory tree of any depth, or anything else; no link followed.
+
+    The walk is iterative and opens every directory relative to its parent's
+    descriptor with O_NOFOLLOW, so a link is removed, never followed. At most
+    `_REMOVE_FDS` descriptors stay open along the path: an ancestor closed on
+    the way down is opened again as `..` and must be the directory it was
+    (else OSError ESTALE: the tree was moved while it was removed). Raises
+    OSError (FileNotFoundError when `name` is missing).
+    """
+    try:
+        top = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+        os.unlink(name, dir_fd=parent_fd)
+        return
+    # One level per directory on the path: its descriptor (None once closed), identity, name, entries left.
+    stack: list[_Level] = [_Level(top, os.fstat(top), name)]
+    held = 1
+    try:
+        while stack:
+            level = stack[-1]
+            fd = level.fd
+            assert fd is not None  # the deepest level is always open
+            if level.names is None:
+                level.names = os.listdir(fd)
+            if level.names:
+                entry = level.names.pop()
+                try:
+                    child = os.open(entry, _DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno == errno.ENOENT:
+                        continue
+                    if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                        raise
+                    os.unlink(entry, dir_fd=fd)
+                    continue
+                stack.append(_Level(child, os.fstat(child), entry))
+                held += 1
+                if held > _REMOVE_FDS:  # the shallowest open one is closed
+                    oldest = stack[len(stack) - held]
+                    if oldest.fd is not None:
+                        os.close(oldest.fd)
+                        oldest.fd = None
+                    held -= 1
+                continue
+            stack.pop()
+            if stack and stack[-1].fd is None:
+                stack[-1].fd = _reopen_parent(fd, stack[-1].info)
+                held += 1
+            os.close(fd)
+            level.fd = None
+            held -= 1
+            os.rmdir(level.name, dir_fd=stack[-1].fd if stack else parent_fd)
+    finally:
+        for level in stack:
+            if level.fd is not None:
+                os.close(level.fd)
+
+
+@dataclass
+class _Level:
+    """A directory on the path of `remove_tree_at`."""
+
+    fd: int | None
+    info: os.stat_result
+    name: str
+    names: list[str] | None = None
+
+
+def _reopen_parent(fd: int, expected: os.stat_result) -> int:
+    """The parent of the directory `fd`, which must be the directory `expected` (else OSError ESTALE)."""
+    parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
+    if not os.path.samestat(os.fstat(parent), expected):
+        os.close(parent)
+        raise OSError(errno.ESTALE, "moved while it was removed")
+    return parent

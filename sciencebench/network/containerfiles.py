@@ -18,6 +18,8 @@ import json
 import os
 import posixpath
 import tarfile
+import threading
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -35,6 +37,7 @@ from sciencebench.network.extract import extract, extract_file
 from sciencebench.network.refusals import record_refusals
 from sciencebench.network.tarbuild import build_tar, directory_headers
 from sciencebench.network.transfer import (
+    Budget,
     ChunkReader,
     Refusal,
     Transfer,
@@ -47,6 +50,21 @@ from sciencebench.network.transfer import (
 # Per-request timeout of the Engine's archive API (a transfer of up to 2 GiB streams within it).
 TRANSFER_TIMEOUT_SEC = 300
 _LOG_DIR_MODE = 0o777
+
+
+# What each trial's downloads carried, shared by its environments (the agent's, a separate verifier's)
+# while any of them lives.
+_BUDGETS: weakref.WeakValueDictionary[str, Budget] = weakref.WeakValueDictionary()
+_BUDGETS_LOCK = threading.Lock()
+
+
+def _trial_budget(trial_dir: Path) -> Budget:
+    """The budget of all downloads into `trial_dir` (`network.transfer.Budget`), one per trial."""
+    with _BUDGETS_LOCK:
+        budget = _BUDGETS.get(os.path.abspath(trial_dir))
+        if budget is None:
+            budget = _BUDGETS[os.path.abspath(trial_dir)] = Budget()
+        return budget
 
 
 class ContainerFilesEnvironment(SecretSafeExecEnvironment):
@@ -62,6 +80,7 @@ class ContainerFilesEnvironment(SecretSafeExecEnvironment):
         kwargs["mounts_json"] = []
         super().__init__(*args, **kwargs)
         self._mounts_json = []
+        self._received = _trial_budget(Path(self.trial_paths.trial_dir))
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:
@@ -171,8 +190,9 @@ class ContainerFilesEnvironment(SecretSafeExecEnvironment):
             try:
                 stream = self._archive(source)
                 if file:
-                    return extract_file(stream, fd, name)
-                result = extract(stream, fd, strip=posixpath.basename(source), exclude=exclude)
+                    return extract_file(stream, fd, name, budget=self._received)
+                strip = posixpath.basename(source)
+                result = extract(stream, fd, strip=strip, exclude=exclude, budget=self._received)
                 self._refused("download", source, str(target), result.refusals)
                 if any("extraction stopped" in r.reason for r in result.refusals):
                     self._close_docker()

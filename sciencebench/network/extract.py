@@ -2,8 +2,9 @@
 
 `extract` (a directory) and `extract_file` (one file) write what the
 Engine's archive API sends (`network.transfer`'s bounds and host paths):
-only regular files and directories, modes masked, within `MAX_TOTAL_BYTES`
-and `MAX_MEMBERS`, every host path opened one component at a time with
+only regular files and directories, modes masked, within `MAX_TOTAL_BYTES`,
+`MAX_MEMBERS`, `MAX_DEPTH` and the trial's `Budget` over all its transfers
+(sparse members by apparent size), every host path opened one component at a time with
 O_NOFOLLOW; what is skipped is named in the returned refusals (`extract`
 gives each rule).
 """
@@ -23,9 +24,11 @@ from sciencebench.network.transfer import (
     DIR_MODE,
     EXEC_MODE,
     FILE_MODE,
+    MAX_DEPTH,
     MAX_MEMBERS,
     MAX_TOTAL_BYTES,
     NEW_FILE_FLAGS,
+    Budget,
     Refusal,
     Transfer,
     open_dir,
@@ -65,28 +68,39 @@ def excluded(parts: Sequence[str], patterns: Sequence[str]) -> bool:
 
 
 class _Writer:
-    """Creates members below one destination directory fd, caching the directory fds it opened."""
+    """Creates members below one destination directory fd, keeping open only the directories of one path.
+
+    A tar lists a directory's members together, so the fds of the last
+    member's directories are kept (at most `MAX_DEPTH`), not one per directory.
+    """
 
     def __init__(self, dest_fd: int, result: Transfer) -> None:
-        self._dirs: dict[tuple[str, ...], int] = {(): dest_fd}
-        self._owned: list[int] = []
+        self._dest = dest_fd
+        self._path: list[tuple[str, int]] = []  # the open directories below dest_fd: (name, fd)
+        self._made: set[tuple[str, ...]] = set()
         self.result = result
 
     def close(self) -> None:
-        for fd in self._owned:
+        for _, fd in self._path:
             os.close(fd)
-        self._owned.clear()
+        self._path.clear()
 
     def directory(self, parts: Sequence[str]) -> int:
         key = tuple(parts)
-        if key not in self._dirs:
-            parent = self.directory(key[:-1])
-            fd = open_dir(parent, key[-1:])
-            self._owned.append(fd)
-            self._dirs[key] = fd
-            os.fchmod(fd, DIR_MODE)
-            self.result.directories += 1
-        return self._dirs[key]
+        shared = 0
+        while shared < min(len(key), len(self._path)) and self._path[shared][0] == key[shared]:
+            shared += 1
+        for _, fd in self._path[shared:]:
+            os.close(fd)
+        del self._path[shared:]
+        for depth in range(shared, len(key)):
+            fd = open_dir(self._path[-1][1] if self._path else self._dest, key[depth : depth + 1])
+            self._path.append((key[depth], fd))
+            if key[: depth + 1] not in self._made:
+                self._made.add(key[: depth + 1])
+                os.fchmod(fd, DIR_MODE)
+                self.result.directories += 1
+        return self._path[-1][1] if self._path else self._dest
 
     def file(self, parts: Sequence[str], name: str, member: tarfile.TarInfo, data: IO[bytes] | None) -> None:
         parent = self.directory(parts)
@@ -126,12 +140,15 @@ def extract(
     exclude: Sequence[str] = (),
     max_bytes: int = MAX_TOTAL_BYTES,
     max_members: int = MAX_MEMBERS,
+    max_depth: int = MAX_DEPTH,
+    budget: Budget | None = None,
 ) -> Transfer:
     """Write the regular files and directories of a tar `stream` below `dest_fd` (a directory fd).
 
     `strip`: the first component every member must have (the basename of
     the directory the Engine archived), left out on the host; its own entry
     must be a directory. Members `exclude` matches are left out silently.
+    `budget`: the trial's, charged with what this transfer carried.
     Returns what was written and what was refused; raises TransferRefused
     when the archived path itself is not a directory, tarfile.TarError for a
     corrupt stream.
@@ -151,6 +168,7 @@ def extract(
     """
     result = Transfer()
     writer = _Writer(dest_fd, result)
+    budget = budget if budget is not None else Budget(max_bytes, max_members)
     count = 0
     try:
         with tarfile.open(fileobj=stream, mode="r|") as archive:
@@ -159,10 +177,16 @@ def extract(
                 if count > max_members:
                     result.refuse(member.name, f"more than {max_members} members: extraction stopped")
                     break
-                if not _extract_one(archive, member, writer, strip, exclude, max_bytes):
+                if budget.members + count > budget.max_members:
+                    bound = f"more than the trial's {budget.max_members} members over all its transfers"
+                    result.refuse(member.name, f"{bound}: extraction stopped")
+                    break
+                if not _extract_one(archive, member, writer, strip, exclude, max_bytes, max_depth, budget):
                     break
     finally:
         writer.close()
+        budget.members += count
+        budget.bytes += result.bytes
     return result
 
 
@@ -173,6 +197,8 @@ def _extract_one(
     strip: str | None,
     exclude: Sequence[str],
     max_bytes: int,
+    max_depth: int,
+    budget: Budget,
 ) -> bool:
     """Extract one member (or refuse it); False when extraction must stop."""
     result = writer.result
@@ -199,8 +225,15 @@ def _extract_one(
     if reason is not None:
         result.refuse(name, reason)
         return True
+    if len(parts) - (0 if member.isdir() else 1) > max_depth:
+        result.refuse(name, f"deeper than {max_depth} directories: extraction stopped")
+        return False
     if member.isreg() and result.bytes + member.size > max_bytes:
         result.refuse(name, f"over the {max_bytes} byte bound of one transfer: extraction stopped")
+        return False
+    if member.isreg() and budget.bytes + result.bytes + member.size > budget.max_bytes:
+        bound = f"over the trial's {budget.max_bytes} byte bound over all its transfers"
+        result.refuse(name, f"{bound}: extraction stopped")
         return False
     try:
         if member.isdir():
@@ -213,13 +246,18 @@ def _extract_one(
 
 
 def extract_file(
-    stream: IO[bytes], parent_fd: int, name: str, *, max_bytes: int = MAX_TOTAL_BYTES
+    stream: IO[bytes],
+    parent_fd: int,
+    name: str,
+    *,
+    max_bytes: int = MAX_TOTAL_BYTES,
+    budget: Budget | None = None,
 ) -> Transfer:
     """Write the single regular file of a tar `stream` as `parent_fd/name`.
 
     Raises TransferRefused when the archive's first member is not a regular
-    file (a link, a directory, ...), is over `max_bytes`, or cannot be
-    created without following a link.
+    file (a link, a directory, ...), is over `max_bytes` or what is left of
+    the trial's `budget`, or cannot be created without following a link.
     """
     result = Transfer()
     writer = _Writer(parent_fd, result)
@@ -232,6 +270,9 @@ def extract_file(
                 raise TransferRefused([Refusal(name, _kind(member) or "a directory, not a file")])
             if member.size > max_bytes:
                 raise TransferRefused([Refusal(name, f"over the {max_bytes} byte bound of one transfer")])
+            if budget is not None and budget.bytes + member.size > budget.max_bytes:
+                bound = f"over the trial's {budget.max_bytes} byte bound over all its transfers"
+                raise TransferRefused([Refusal(name, bound)])
             try:
                 writer.file((), name, member, archive.extractfile(member))
             except OSError as exc:
@@ -239,4 +280,7 @@ def extract_file(
                 raise TransferRefused([Refusal(name, reason)]) from None
     finally:
         writer.close()
+        if budget is not None:
+            budget.members += 1
+            budget.bytes += result.bytes
     return result

@@ -2,7 +2,8 @@
 
 `build_tar` reads every entry the same no-follow way `network.extract`
 writes them: links and special files are skipped and named, modes are
-masked, owners root, at most `MAX_TOTAL_BYTES` of file data.
+masked, owners root, at most `MAX_TOTAL_BYTES` of file data; a directory
+deeper than `MAX_DEPTH` is skipped and named.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from sciencebench.network.transfer import (
     DIR_MODE,
     EXEC_MODE,
     FILE_MODE,
+    MAX_DEPTH,
     MAX_TOTAL_BYTES,
     READ_FLAGS,
     SPOOL_BYTES,
@@ -73,7 +75,7 @@ class _TarBuilder:
             self.result.files += 1
             self.result.bytes += info.st_size
 
-    def add_tree(self, dir_fd: int, prefix: str) -> None:
+    def add_tree(self, dir_fd: int, prefix: str, depth: int = 0) -> None:
         with os.scandir(dir_fd) as entries:
             listing = sorted(entries, key=lambda e: e.name)
         for entry in listing:
@@ -81,6 +83,9 @@ class _TarBuilder:
             if entry.is_symlink():
                 self.result.refuse(arcname, "symbolic link (not copied)")
             elif entry.is_dir(follow_symlinks=False):
+                if depth >= MAX_DEPTH:
+                    self.result.refuse(arcname, f"deeper than {MAX_DEPTH} directories (not copied)")
+                    continue
                 try:
                     child = open_dir(dir_fd, [entry.name], create=False)
                 except OSError:
@@ -89,7 +94,7 @@ class _TarBuilder:
                 try:
                     self.archive.addfile(_dir_info(arcname))
                     self.result.directories += 1
-                    self.add_tree(child, f"{arcname}/")
+                    self.add_tree(child, f"{arcname}/", depth + 1)
                 finally:
                     os.close(child)
             elif entry.is_file(follow_symlinks=False):

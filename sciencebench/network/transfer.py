@@ -6,8 +6,9 @@ API as a tar stream and is written under a directory of the trial by
 `network.extract`; `network.tarbuild` is the other direction (a tar of host
 files for a container); `network.refusals` records what either refused in
 the trial's `transfer-refusals.json`. This module holds what they share: the
-bounds and modes, what a copy did (`Transfer`, `Refusal`), and host paths
-opened one component at a time without following a link.
+bounds of one transfer and of a trial's (`Budget`), modes, what a copy did
+(`Transfer`, `Refusal`), and host paths opened one component at a time
+without following a link.
 """
 
 from __future__ import annotations
@@ -25,6 +26,14 @@ from sciencebench.core.errors import TransferRefused
 # megabytes; a container filling its log directory is stopped here, not the disk).
 MAX_TOTAL_BYTES = 2 * 1024**3
 MAX_MEMBERS = 100_000
+# Directories deep below the directory one transfer writes (the snapshot's bound is 32; a trial's
+# outputs may hold a repository's tree). Deeper is refused and extraction stops: a container's tree
+# 1,000 levels deep would otherwise outrun every walk of the trial's files on the host.
+MAX_DEPTH = 64
+# What all of one trial's transfers to the host carry together: the scratch holds them until the
+# trial ends, and a container's files may be asked for again and again (each step, the verifier).
+MAX_TRIAL_BYTES = 4 * 1024**3
+MAX_TRIAL_MEMBERS = 200_000
 # Refusals kept in a trial's transfer-refusals.json (a container can plant millions of links).
 MAX_RECORDED = 1000
 DIR_MODE = 0o755
@@ -62,6 +71,16 @@ class Transfer:
     def refuse(self, member: str, reason: str) -> None:
         """Name one member that was not copied."""
         self.refusals.append(Refusal(member[:300], reason[:300]))
+
+
+@dataclass
+class Budget:
+    """What a trial's transfers to the host carried so far, against the bounds of all of them together."""
+
+    max_bytes: int = MAX_TRIAL_BYTES
+    max_members: int = MAX_TRIAL_MEMBERS
+    bytes: int = 0
+    members: int = 0
 
 
 class ChunkReader(io.RawIOBase):

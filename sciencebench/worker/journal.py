@@ -16,7 +16,6 @@ import fcntl
 import logging
 import os
 import re
-import shutil
 import stat
 import threading
 import time
@@ -29,7 +28,7 @@ from pydantic import BaseModel, ConfigDict
 
 from sciencebench.core.errors import WorkspaceError
 from sciencebench.core.models import TrialRecord, TrialSpec
-from sciencebench.core.paths import ScratchPaths
+from sciencebench.core.paths import ScratchPaths, remove_tree_at
 from sciencebench.core.settings import SCRATCH_DIR_ENV, Settings
 from sciencebench.worker.pier.layout import find_trial_dirs
 from sciencebench.worker.stages import PIER_JOB, Try
@@ -207,10 +206,31 @@ def opened(
             raise WorkspaceError(f"scratch directory {root}: unusable ({exc.strerror})") from None
         yield root
     finally:
-        shutil.rmtree(root, ignore_errors=True)
-        _let_go(lock, fd)  # the lock goes after the directory: a live lock always has its run beside it
+        try:
+            remove_run(root)
+        finally:
+            _let_go(lock, fd)  # the lock goes after the directory: a live lock always has its run beside it
         with contextlib.suppress(OSError):
             root.parent.rmdir()  # the job's directory in scratch, once no trial of it runs here
+
+
+def remove_run(root: Path) -> None:
+    """Remove a run's scratch directory, however deep a container made it (`core.paths.remove_tree_at`).
+
+    Best effort, as its end must go on to release the run's lock: a failure is logged.
+    """
+    try:
+        parent = os.open(root.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        remove_tree_at(parent, root.name)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("%s: its scratch could not be removed whole (%s)", root.name, exc)
+    finally:
+        os.close(parent)
 
 
 def _take_lock(path: Path, wait_sec: float) -> int | None:
@@ -374,8 +394,10 @@ class DeadRun:
 
     def remove(self) -> None:
         """Remove the run's scratch and its lock (what its process would have done at its end)."""
-        shutil.rmtree(self.root, ignore_errors=True)
-        _let_go(ScratchPaths.lock(self.root), self.fd)
+        try:
+            remove_run(self.root)
+        finally:
+            _let_go(ScratchPaths.lock(self.root), self.fd)
         with contextlib.suppress(OSError):
             self.root.parent.rmdir()
 

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import stat
 import uuid
 from dataclasses import dataclass
 
+from sciencebench.core.errors import OutputLimitError
 from sciencebench.core.models import TrialRecord, TrialSpec
 from sciencebench.core.paths import (
     JobPaths,
     copy_tree_at,
     open_job_dir,
+    remove_tree_at,
     write_in_job,
 )
 from sciencebench.worker.stages import Try
@@ -64,7 +65,7 @@ class Staged:
         with contextlib.suppress(OSError):
             job_fd = open_job_dir(self.paths)
             try:
-                shutil.rmtree(self.incoming, dir_fd=job_fd)
+                remove_tree_at(job_fd, self.incoming)
             finally:
                 os.close(job_fd)
 
@@ -77,7 +78,8 @@ def stage_dirs(paths: JobPaths, spec: TrialSpec, tries: list[Try]) -> Staged:
     directory is either absent or complete; every step goes through
     directory descriptors that follow no link (`core.paths.open_job_dir`), so
     nothing the job's owner put in the job directory takes a write outside
-    it. Raises OSError when the job directory cannot take them.
+    it. Raises OSError when the job directory cannot take them, OutputLimitError
+    when a directory is deeper than a copy goes (`core.paths.copy_tree_at`).
     """
     final = tries[-1].pier_dir if tries else None
     earlier = [t.pier_dir for t in tries[:-1] if t.pier_dir is not None and t.pier_dir.is_dir()]
@@ -88,7 +90,13 @@ def stage_dirs(paths: JobPaths, spec: TrialSpec, tries: list[Try]) -> Staged:
             superseded_fd = open_job_dir(paths, paths.superseded_dir, create=True)
             try:
                 for directory in earlier:
-                    copy_tree_at(directory, superseded_fd, _free_name(superseded_fd, directory.name))
+                    name = _free_name(superseded_fd, directory.name)
+                    try:
+                        copy_tree_at(directory, superseded_fd, name)
+                    except (OSError, OutputLimitError):
+                        with contextlib.suppress(OSError):  # no partial copy is left behind
+                            remove_tree_at(superseded_fd, name)
+                        raise
             finally:
                 os.close(superseded_fd)
         if final is not None and final.is_dir():
@@ -97,7 +105,7 @@ def stage_dirs(paths: JobPaths, spec: TrialSpec, tries: list[Try]) -> Staged:
             _remove_entry(job_fd, incoming)  # a copy its run's dead process left half made
             try:
                 copy_tree_at(final, job_fd, incoming)
-            except OSError:
+            except (OSError, OutputLimitError):
                 staged.discard()
                 raise
     finally:
@@ -134,7 +142,7 @@ def _remove_entry(dir_fd: int, name: str) -> None:
     except FileNotFoundError:
         return
     if stat.S_ISDIR(info.st_mode):
-        shutil.rmtree(name, dir_fd=dir_fd)
+        remove_tree_at(dir_fd, name)
     else:
         os.unlink(name, dir_fd=dir_fd)
 

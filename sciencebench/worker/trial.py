@@ -23,13 +23,14 @@ from sciencebench.coordination.protocol import Claim
 from sciencebench.core.errors import (
     Cancelled,
     NoRoomError,
+    OutputLimitError,
     PreflightError,
     RefusedError,
     Stage,
     UnfitError,
     WorkspaceError,
 )
-from sciencebench.core.failures import failure_record, trial_record
+from sciencebench.core.failures import MESSAGE_MAX_CHARS, failure_record, trial_record
 from sciencebench.core.models import TrialRecord, TrialSpec, TrialState, TrialStatus
 from sciencebench.worker import journal
 from sciencebench.worker.admission import Admitted, admit, verified_paths
@@ -306,12 +307,20 @@ def commit(
     The lease is `ctx.owner`'s (`worker.recovery` commits a dead process's
     run under that process's owner). The copy comes first: a job directory
     that cannot take it (a full disk) makes the trial's record an error
-    (`WorkspaceError`) rather than a result whose files are gone.
+    (`WorkspaceError`) rather than a result whose files are gone; so does a
+    trial directory deeper than a copy goes (`OutputLimitError`).
     """
     coord, job, key = ctx.coord, spec.job_key, spec.key
     staged: Staged | None = None
     try:
         staged = stage_dirs(admitted.paths, spec, tries)
+    except OutputLimitError as exc:
+        log.error("%s: its trial directory is not written into the job directory (%s)", spec.label, exc)
+        if not record.errored:
+            record = record.model_copy(update={
+                "exception_type": OutputLimitError.__name__, "stage": OutputLimitError.stage,
+                "exception_message": str(exc)[:MESSAGE_MAX_CHARS],
+            })  # fmt: skip
     except OSError as exc:
         log.error("%s: cannot write its trial directory into the job directory (%s)", spec.label, exc)
         if not record.errored:

@@ -11,6 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from sciencebench.core.errors import OutputLimitError
 from sciencebench.core.paths import write_atomic
 from sciencebench.core.pierjob import CANCELLED_TYPES
 from sciencebench.core.piertrial import NO_TOKENS, TRANSFER_REFUSALS, Tokens, parse_trial_result
@@ -20,6 +21,8 @@ TRIAL_DIR = re.compile(r"^(task_\d{3,})__([A-Za-z0-9]+)$")
 STAGES = ("environment_setup", "agent_setup", "agent_execution", "verifier")
 # The exception type a trial's record gets when something was refused and Pier recorded no exception.
 TRANSFER_REFUSED = "TransferRefused"
+# ... and when a download stopped at a bound of the trial's outputs (depth, members, bytes).
+OUTPUT_LIMIT = OutputLimitError.__name__
 _MESSAGE_CHARS = 2000
 # The writer keeps a bounded number of entries; a larger file is not one it wrote.
 _REFUSALS_MAX_BYTES = 8 * 1024 * 1024
@@ -97,12 +100,18 @@ def _refusal_note(refusals: tuple[str, ...]) -> str:
     return f"host-side transfer refused {count} item(s) from a container ({TRANSFER_REFUSALS}): {shown}{more}"
 
 
+def _output_bound(refusal: str) -> bool:
+    """Whether a refusal line is a download stopped at a bound (`network.extract`), not a refused item."""
+    return refusal.startswith("download ") and ("extraction stopped" in refusal or " byte bound " in refusal)
+
+
 def read_trial_outcome(trial_dir: Path) -> TrialOutcome:
     """Read a trial's `result.json` (Pier's TrialResult) and its transfer refusals. Raises OSError/ValueError.
 
     A refusal (a link, a device, an over-large file the container left for
     the host) is named in the exception message; a trial Pier recorded no
-    exception for gets the type `TransferRefused`.
+    exception for gets the type `TransferRefused`, or `OutputLimitError` when
+    a download stopped at a bound.
     """
     data = json.loads((trial_dir / "result.json").read_text(encoding="utf-8"))
     parsed = parse_trial_result(data) if isinstance(data, dict) else None
@@ -114,7 +123,9 @@ def read_trial_outcome(trial_dir: Path) -> TrialOutcome:
     message = exception.get("exception_message") or ""
     refusals = read_transfer_refusals(trial_dir)
     if refusals:
-        exception_type = exception_type or TRANSFER_REFUSED
+        exception_type = exception_type or (
+            OUTPUT_LIMIT if any(_output_bound(line) for line in refusals) else TRANSFER_REFUSED
+        )
         message = f"{_refusal_note(refusals)}; {message}" if message else _refusal_note(refusals)
     return TrialOutcome(
         rewards={k: float(v) for k, v in rewards.items()} if isinstance(rewards, dict) else None,
