@@ -238,8 +238,6 @@ def test_a_rendered_writable_bind_of_the_task_is_refused_but_the_trials_own_may_
     assert "bind mount of" in problem and "environment/data' is writable" in problem
 
 
-
-
 def test_every_real_task_passes_the_policy() -> None:
     # Their tests/docker-compose.yaml binds ./grader.py with read_only: true.
     tasks = sorted(REAL_TASKS.glob("task_*"))

@@ -14,7 +14,6 @@ from tests.fixtures.selection import DEFAULT_AGENT_IMAGE, DEFAULT_VERIFIER_IMAGE
 
 pytestmark = pytest.mark.unit
 
-REAL_TASKS = Path(__file__).resolve().parents[1] / "fixtures" / "real_tasks"
 HEX = "0123456789abcdef" * 4
 DIGEST = f"sha256:{HEX}"
 
