@@ -1,0 +1,138 @@
+"""Opening files with the rights of a job's owner: what the worker reads of a job, its submitter may read.
+
+A worker that runs as root can read every selection; a job must not get a
+file its owner (the account owning the job directory, `worker.admission`)
+could not open. So the opens are the kernel's own decision for that
+account, not a re-implementation of modes: `opener_for(uid)` gives an
+`open(path, flags, dir_fd)` that opens as `uid`.
+
+- The worker is `uid` itself: `os.open`, its own rights are the owner's.
+- The worker is root: a helper process (`worker.ownerread_child`, started
+  with `os.posix_spawn`, so nothing runs between fork and exec in the
+  worker, which has threads) takes the owner's supplementary groups (those
+  of its passwd entry; an account this host does not know gets none, gid
+  65534), gid and uid before it opens anything, and passes each descriptor
+  back over a socket pair. The worker reads and copies from those
+  descriptors with its own rights; it never reopens a path.
+- Any other worker cannot take another account's rights: `OwnerUnreadable`
+  (the caller refuses the job).
+
+A file the owner cannot open is an `OSError` (`EACCES`) like any other open
+failure; a hard link is the inode's, so a second name of someone else's
+private file does not open either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import signal
+import socket
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from sciencebench.core.errors import WorkspaceError
+from sciencebench.worker import ownerread_child as child
+
+NO_GROUP = 65534  # the gid of an owner without a passwd entry on this host: no group's rights
+ANSWER_TIMEOUT_SEC = 120.0  # one open on a shared filesystem; a hung mount fails the try
+
+Opener = Callable[[str | Path, int, int | None], int]
+
+
+class OwnerUnreadable(Exception):
+    """This worker cannot open files with the rights of account `uid` (it is neither root nor `uid`)."""
+
+    def __init__(self, uid: int, worker_uid: int) -> None:
+        super().__init__(
+            f"the job is uid {uid}'s and this worker runs as uid {worker_uid}, not root: "
+            "it cannot read the task with its owner's rights"
+        )
+        self.uid = uid
+
+
+def owner_groups(uid: int) -> tuple[int, list[int]]:
+    """The primary gid and supplementary groups of account `uid` on this host (none when unknown)."""
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:
+        return NO_GROUP, []
+    return entry.pw_gid, os.getgrouplist(entry.pw_name, entry.pw_gid)
+
+
+def open_directly(path: str | Path, flags: int, dir_fd: int | None) -> int:
+    """`os.open` with the worker's own rights."""
+    return os.open(path, flags, dir_fd=dir_fd)
+
+
+@contextlib.contextmanager
+def opener_for(uid: int) -> Iterator[Opener]:
+    """An `open(path, flags, dir_fd)` with account `uid`'s rights (see the module docstring)."""
+    worker_uid = os.geteuid()
+    if uid == worker_uid:
+        yield open_directly
+        return
+    if worker_uid != 0:
+        raise OwnerUnreadable(uid, worker_uid)
+    reader = _Reader(uid)
+    try:
+        yield reader.open
+    finally:
+        reader.close()
+
+
+class _Reader:
+    """The helper process of one owner and the worker's end of its socket."""
+
+    def __init__(self, uid: int) -> None:
+        self.uid = uid
+        gid, groups = owner_groups(uid)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            given = theirs.fileno()
+            if given == child.SOCKET_FD:  # dup2 onto itself would keep close-on-exec
+                given = os.dup(given)
+            try:
+                argv = [sys.executable, "-I", "-S", child.__file__, str(uid), str(gid), *map(str, groups)]
+                self.pid = os.posix_spawn(sys.executable, argv, {}, file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_DUP2, given, child.SOCKET_FD),
+                ])  # fmt: skip
+            finally:
+                if given != theirs.fileno():
+                    os.close(given)
+        except OSError as exc:
+            ours.close()
+            raise WorkspaceError(f"cannot start the reader for uid {uid} ({exc.strerror})") from None
+        finally:
+            theirs.close()
+        ours.settimeout(ANSWER_TIMEOUT_SEC)
+        self.sock = ours
+
+    def open(self, path: str | Path, flags: int, dir_fd: int | None) -> int:
+        """A descriptor of `path` opened by the helper as the owner; OSError with the open's errno."""
+        request = child.INT.pack(flags) + os.fsencode(path)
+        try:
+            socket.send_fds(self.sock, [request], [] if dir_fd is None else [dir_fd])
+            message, fds, msg_flags, _ = socket.recv_fds(
+                self.sock, child.INT.size, 1, socket.MSG_CMSG_CLOEXEC
+            )
+        except OSError as exc:  # a timeout, or the helper is gone
+            raise WorkspaceError(f"the reader for uid {self.uid} stopped answering ({exc})") from None
+        code = child.INT.unpack(message)[0] if len(message) == child.INT.size else -1
+        if code != 0 or len(fds) != 1 or msg_flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+            for fd in fds:
+                os.close(fd)
+            if code > 0:
+                raise OSError(code, os.strerror(code))
+            raise WorkspaceError(f"the reader for uid {self.uid} ended or answered out of turn")
+        return fds[0]
+
+    def close(self) -> None:
+        self.sock.close()  # the helper's next read is the end
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
