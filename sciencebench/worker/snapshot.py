@@ -18,6 +18,16 @@ is refused too. Each file is read exactly once; the task hash
 link is copied as bytes (a fresh file). The copy's modes are the worker's:
 directories 0755, files 0644, or 0755 when executable; no setuid or setgid.
 
+A job reads only what its submitter may: the task directory and every entry
+in it are opened with the rights of the job's owner (`owner_uid`, the
+account owning the job directory), by the kernel (`worker.ownerread`: a
+root worker opens through a helper process that is that account; a worker
+running as the owner opens them itself). A file or directory the owner
+could not open is refused, a hard link to someone else's private file too;
+so is every job of another account on a worker that is neither root nor
+the owner, which cannot take another account's rights. The worker then
+reads and writes the descriptors with its own rights.
+
 Bounds (`SnapshotLimits`): `MAX_ENTRIES` files and directories,
 `MAX_BYTES` in all, `MAX_DEPTH` directories deep. A real task holds about
 ten files and tens of kilobytes; `environment/` may hold an image's build
@@ -35,6 +45,7 @@ from pathlib import Path
 
 from sciencebench.core.errors import RefusedError, WorkspaceError
 from sciencebench.core.taskdir import COMPOSE_FILES, DEFINING_FILES, definition_sha256
+from sciencebench.worker.ownerread import Opener, OwnerUnreadable, open_directly, opener_for
 
 # Files and directories in one task (the real tasks: about ten).
 MAX_ENTRIES = 10_000
@@ -79,6 +90,8 @@ class _Copy:
     source: Path
     limits: SnapshotLimits
     before_open: Callable[[str], None] | None
+    owner_uid: int
+    opener: Opener = open_directly
     entries: int = 0
     total: int = 0
     kept: dict[str, bytes] = field(default_factory=dict)
@@ -92,6 +105,13 @@ class _Copy:
 
     def changed(self, relative: str) -> WorkspaceError:
         return WorkspaceError(f"{self.source}: {relative} changed while the worker copied it; try again")
+
+    def not_owners(self, relative: str) -> RefusedError:
+        what = f"{self.name}: {relative}" if relative else self.name
+        return RefusedError(
+            f"{what}: the job's owner (uid {self.owner_uid}) may not read it; "
+            "a job reads only what its submitter may"
+        )
 
     def unreadable(self, relative: str, exc: OSError) -> WorkspaceError:
         return WorkspaceError(f"{self.source}: {relative}: unreadable on this worker ({exc.strerror})")
@@ -121,11 +141,13 @@ class _Copy:
 
     def open_source(self, src_fd: int, name: str, relative: str, flags: int) -> int:
         try:
-            return os.open(name, flags, dir_fd=src_fd)
+            return self.opener(name, flags, src_fd)
         except OSError as exc:
             # A symlink now, where the listing had none (O_DIRECTORY makes a symlink ENOTDIR).
             if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and _is_link(src_fd, name)):
                 raise self.symlink(relative) from None
+            if exc.errno in (errno.EACCES, errno.EPERM):
+                raise self.not_owners(relative) from None
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 raise self.changed(relative) from None
             raise self.unreadable(relative, exc) from None
@@ -212,23 +234,41 @@ def snapshot_task(
     dst: Path,
     limits: SnapshotLimits | None = None,
     *,
+    owner_uid: int | None = None,
     before_open: Callable[[str], None] | None = None,
 ) -> str:
     """Copy the task directory `src` to the new directory `dst`; the task hash of the bytes copied.
 
-    `dst` must not exist (its parents are made). `before_open(relative)` is
-    called before each entry is opened (tests change the task there).
-    Raises RefusedError for a symlink or special file anywhere, or a task
-    beyond `limits`; WorkspaceError when `src` or an entry cannot be read,
-    a defining file is missing, or an entry changed while it was copied.
-    A refused copy may leave a partial `dst` (never a link in it).
+    `dst` must not exist (its parents are made). Every entry of `src` is
+    opened with the rights of account `owner_uid` (the job's owner; None:
+    the worker's own uid). `before_open(relative)` is called before each
+    entry is opened (tests change the task there). Raises RefusedError for
+    a symlink or special file anywhere, an entry the owner may not read,
+    another account's task on a worker that is neither root nor that
+    account, or a task beyond `limits`; WorkspaceError when `src` or an
+    entry cannot be read, a defining file is missing, or an entry changed
+    while it was copied. A refused copy may leave a partial `dst` (never a
+    link in it).
     """
-    copy = _Copy(Path(src), limits or SnapshotLimits(), before_open)
+    owner = os.geteuid() if owner_uid is None else owner_uid
+    copy = _Copy(Path(src), limits or SnapshotLimits(), before_open, owner)
     try:
-        root = os.open(src, _DIR_FLAGS)
+        with opener_for(owner) as opener:
+            copy.opener = opener
+            _copy_tree(copy, Path(src), Path(dst))
+    except OwnerUnreadable as exc:
+        raise RefusedError(f"{copy.name}: {exc}; a job reads only what its submitter may") from None
+    return copy.digest()
+
+
+def _copy_tree(copy: _Copy, src: Path, dst: Path) -> None:
+    try:
+        root = copy.opener(src, _DIR_FLAGS, None)
     except OSError as exc:
         if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and _is_link(None, src)):
             raise RefusedError(f"{copy.name} is a symlink; a task directory must be a directory") from None
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise copy.not_owners("") from None
         raise WorkspaceError(
             f"{src}: unreadable on this worker ({exc.strerror}); is the selection on the shared filesystem?"
         ) from None
@@ -246,4 +286,3 @@ def snapshot_task(
             os.close(target)
     finally:
         os.close(root)
-    return copy.digest()
