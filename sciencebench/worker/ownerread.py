@@ -4,7 +4,7 @@ A worker that runs as root can read every selection; a job must not get a
 file its owner (the account owning the job directory, `worker.admission`)
 could not open. So the opens are the kernel's own decision for that
 account, not a re-implementation of modes: `opener_for(uid)` gives an
-`open(path, flags, dir_fd)` that opens as `uid`.
+`Access` whose `open(path, flags, dir_fd)` opens as `uid`.
 
 - The worker is `uid` itself: `os.open`, its own rights are the owner's.
 - The worker is root: a helper process (`worker.ownerread_child`, started
@@ -14,12 +14,18 @@ account, not a re-implementation of modes: `opener_for(uid)` gives an
   65534), gid and uid before it opens anything, and passes each descriptor
   back over a socket pair. The worker reads and copies from those
   descriptors with its own rights; it never reopens a path.
-- Any other worker cannot take another account's rights: `OwnerUnreadable`
-  (the caller refuses the job).
+- Any other worker (an account sharing a group with the submitters,
+  docs/deployment.md) cannot take another account's rights. It opens with
+  its own and keeps only what the owner owns (compared on the descriptor,
+  as `worker.secrets` does): anything else is `ForeignEntry`. What an
+  account owns it may read (it may change the file's mode), so this grants
+  no more than the owner's rights; it refuses some files the owner could
+  read (another account's, readable by all or by a group).
 
-A file the owner cannot open is an `OSError` (`EACCES`) like any other open
-failure; a hard link is the inode's, so a second name of someone else's
-private file does not open either.
+When the opens are the owner's (`Access.as_owner`), a file the owner cannot
+open is an `OSError` (`EACCES`) like any other open failure; a hard link is
+the inode's, so a second name of someone else's private file does not open
+either (nor is it the owner's, on a worker that is not root).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from sciencebench.core.errors import WorkspaceError
@@ -42,15 +49,20 @@ ANSWER_TIMEOUT_SEC = 120.0  # one open on a shared filesystem; a hung mount fail
 Opener = Callable[[str | Path, int, int | None], int]
 
 
-class OwnerUnreadable(Exception):
-    """This worker cannot open files with the rights of account `uid` (it is neither root nor `uid`)."""
+class ForeignEntry(Exception):
+    """What a worker that cannot take the owner's rights opened belongs to account `uid`, not the owner."""
 
-    def __init__(self, uid: int, worker_uid: int) -> None:
-        super().__init__(
-            f"the job is uid {uid}'s and this worker runs as uid {worker_uid}, not root: "
-            "it cannot read the task with its owner's rights"
-        )
+    def __init__(self, uid: int) -> None:
+        super().__init__(f"belongs to uid {uid}")
         self.uid = uid
+
+
+@dataclass(frozen=True)
+class Access:
+    """How a worker opens a job owner's files."""
+
+    open: Opener
+    as_owner: bool  # the opens are the owner's own; else the worker's, and only the owner's files are kept
 
 
 def owner_groups(uid: int) -> tuple[int, list[int]]:
@@ -62,23 +74,36 @@ def owner_groups(uid: int) -> tuple[int, list[int]]:
     return entry.pw_gid, os.getgrouplist(entry.pw_name, entry.pw_gid)
 
 
-def open_directly(path: str | Path, flags: int, dir_fd: int | None) -> int:
+def _open_directly(path: str | Path, flags: int, dir_fd: int | None) -> int:
     """`os.open` with the worker's own rights."""
     return os.open(path, flags, dir_fd=dir_fd)
 
 
+def _owned_by(uid: int) -> Opener:
+    def open_owned(path: str | Path, flags: int, dir_fd: int | None) -> int:
+        fd = os.open(path, flags, dir_fd=dir_fd)
+        found = os.fstat(fd).st_uid
+        if found != uid:
+            os.close(fd)
+            raise ForeignEntry(found)
+        return fd
+
+    return open_owned
+
+
 @contextlib.contextmanager
-def opener_for(uid: int) -> Iterator[Opener]:
-    """An `open(path, flags, dir_fd)` with account `uid`'s rights (see the module docstring)."""
+def opener_for(uid: int) -> Iterator[Access]:
+    """How this worker opens account `uid`'s files (see the module docstring)."""
     worker_uid = os.geteuid()
     if uid == worker_uid:
-        yield open_directly
+        yield Access(_open_directly, as_owner=True)
         return
     if worker_uid != 0:
-        raise OwnerUnreadable(uid, worker_uid)
+        yield Access(_owned_by(uid), as_owner=False)
+        return
     reader = _Reader(uid)
     try:
-        yield reader.open
+        yield Access(reader.open, as_owner=True)
     finally:
         reader.close()
 

@@ -23,10 +23,10 @@ in it are opened with the rights of the job's owner (`owner_uid`, the
 account owning the job directory), by the kernel (`worker.ownerread`: a
 root worker opens through a helper process that is that account; a worker
 running as the owner opens them itself). A file or directory the owner
-could not open is refused, a hard link to someone else's private file too;
-so is every job of another account on a worker that is neither root nor
-the owner, which cannot take another account's rights. The worker then
-reads and writes the descriptors with its own rights.
+could not open is refused, a hard link to someone else's private file too.
+A worker that is neither root nor the owner cannot take the owner's
+rights: it copies only entries the owner owns and refuses any other. The
+worker then reads and writes the descriptors with its own rights.
 
 Bounds (`SnapshotLimits`): `MAX_ENTRIES` files and directories,
 `MAX_BYTES` in all, `MAX_DEPTH` directories deep. A real task holds about
@@ -43,9 +43,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sciencebench.core.errors import RefusedError, WorkspaceError
+from sciencebench.core.errors import RefusedError, TrialError, WorkspaceError
 from sciencebench.core.taskdir import COMPOSE_FILES, DEFINING_FILES, definition_sha256
-from sciencebench.worker.ownerread import Opener, OwnerUnreadable, open_directly, opener_for
+from sciencebench.worker.ownerread import Access, ForeignEntry, opener_for
 
 # Files and directories in one task (the real tasks: about ten).
 MAX_ENTRIES = 10_000
@@ -91,7 +91,7 @@ class _Copy:
     limits: SnapshotLimits
     before_open: Callable[[str], None] | None
     owner_uid: int
-    opener: Opener = open_directly
+    access: Access
     entries: int = 0
     total: int = 0
     kept: dict[str, bytes] = field(default_factory=dict)
@@ -106,11 +106,24 @@ class _Copy:
     def changed(self, relative: str) -> WorkspaceError:
         return WorkspaceError(f"{self.source}: {relative} changed while the worker copied it; try again")
 
-    def not_owners(self, relative: str) -> RefusedError:
+    def not_owners(self, relative: str, exc: OSError | ForeignEntry) -> TrialError:
+        """The refusal of an entry the owner may not read (or, on a worker that is not root, does not own)."""
         what = f"{self.name}: {relative}" if relative else self.name
-        return RefusedError(
-            f"{what}: the job's owner (uid {self.owner_uid}) may not read it; "
-            "a job reads only what its submitter may"
+        if isinstance(exc, ForeignEntry):
+            return RefusedError(
+                f"{what} belongs to another account (uid {exc.uid}) than the job's owner "
+                f"(uid {self.owner_uid}); a worker not running as root copies only the owner's own files"
+            )
+        if self.access.as_owner and exc.errno in (errno.EACCES, errno.EPERM):
+            return RefusedError(
+                f"{what}: the job's owner (uid {self.owner_uid}) may not read it; "
+                "a job reads only what its submitter may"
+            )
+        if relative:
+            return self.unreadable(relative, exc)
+        return WorkspaceError(
+            f"{self.source}: unreadable on this worker ({exc.strerror}); "
+            "is the selection on the shared filesystem?"
         )
 
     def unreadable(self, relative: str, exc: OSError) -> WorkspaceError:
@@ -141,16 +154,16 @@ class _Copy:
 
     def open_source(self, src_fd: int, name: str, relative: str, flags: int) -> int:
         try:
-            return self.opener(name, flags, src_fd)
+            return self.access.open(name, flags, src_fd)
+        except ForeignEntry as exc:
+            raise self.not_owners(relative, exc) from None
         except OSError as exc:
             # A symlink now, where the listing had none (O_DIRECTORY makes a symlink ENOTDIR).
             if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and _is_link(src_fd, name)):
                 raise self.symlink(relative) from None
-            if exc.errno in (errno.EACCES, errno.EPERM):
-                raise self.not_owners(relative) from None
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 raise self.changed(relative) from None
-            raise self.unreadable(relative, exc) from None
+            raise self.not_owners(relative, exc) from None
 
     def subdirectory(self, src_fd: int, dst_fd: int, name: str, relative: str, depth: int) -> None:
         if depth > self.limits.max_depth:
@@ -243,35 +256,29 @@ def snapshot_task(
     opened with the rights of account `owner_uid` (the job's owner; None:
     the worker's own uid). `before_open(relative)` is called before each
     entry is opened (tests change the task there). Raises RefusedError for
-    a symlink or special file anywhere, an entry the owner may not read,
-    another account's task on a worker that is neither root nor that
-    account, or a task beyond `limits`; WorkspaceError when `src` or an
+    a symlink or special file anywhere, an entry the owner may not read
+    (on a worker that is neither root nor the owner: one the owner does
+    not own), or a task beyond `limits`; WorkspaceError when `src` or an
     entry cannot be read, a defining file is missing, or an entry changed
     while it was copied. A refused copy may leave a partial `dst` (never a
     link in it).
     """
     owner = os.geteuid() if owner_uid is None else owner_uid
-    copy = _Copy(Path(src), limits or SnapshotLimits(), before_open, owner)
-    try:
-        with opener_for(owner) as opener:
-            copy.opener = opener
-            _copy_tree(copy, Path(src), Path(dst))
-    except OwnerUnreadable as exc:
-        raise RefusedError(f"{copy.name}: {exc}; a job reads only what its submitter may") from None
+    with opener_for(owner) as access:
+        copy = _Copy(Path(src), limits or SnapshotLimits(), before_open, owner, access)
+        _copy_tree(copy, Path(src), Path(dst))
     return copy.digest()
 
 
 def _copy_tree(copy: _Copy, src: Path, dst: Path) -> None:
     try:
-        root = copy.opener(src, _DIR_FLAGS, None)
+        root = copy.access.open(src, _DIR_FLAGS, None)
+    except ForeignEntry as exc:
+        raise copy.not_owners("", exc) from None
     except OSError as exc:
         if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and _is_link(None, src)):
             raise RefusedError(f"{copy.name} is a symlink; a task directory must be a directory") from None
-        if exc.errno in (errno.EACCES, errno.EPERM):
-            raise copy.not_owners("") from None
-        raise WorkspaceError(
-            f"{src}: unreadable on this worker ({exc.strerror}); is the selection on the shared filesystem?"
-        ) from None
+        raise copy.not_owners("", exc) from None
     try:
         Path(dst).parent.mkdir(parents=True, exist_ok=True)
         os.mkdir(dst, 0o700)

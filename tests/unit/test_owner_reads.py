@@ -178,26 +178,78 @@ def test_the_refusal_is_the_trials_record(shared: Path, tmp_path: Path) -> None:
     _no_canary(root)
 
 
-def test_a_worker_that_is_not_root_refuses_another_accounts_job(shared: Path) -> None:
-    # Without root a worker cannot take the owner's rights: a job of another account is refused.
-    task = _bobs_task(shared)
+def _as_worker(uid: int, src: Path, dst: Path, owner: int) -> str:
+    """`snapshot_task(src, dst, owner_uid=owner)` in a process of account `uid` (not root): how it ended."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        outcome = "did not report"
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            outcome = f"copied {snapshot_task(src, dst, owner_uid=owner)}"
+        except BaseException as exc:
+            outcome = f"{type(exc).__name__}: {exc}"
+        finally:
+            os.write(write_end, outcome.encode())
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        outcome = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return outcome
+
+
+WORKER = 2002  # a worker account that is not root and not the submitter (a shared group's, say)
+
+
+def _workers_scratch(shared: Path) -> Path:
     scratch = shared / "scratch"
     scratch.mkdir()
-    os.chown(scratch, ALICE, ALICE)
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child reports through its exit code
-        code = 3
-        try:
-            os.setgroups([])
-            os.setresgid(ALICE, ALICE, ALICE)
-            os.setresuid(ALICE, ALICE, ALICE)
-            try:
-                snapshot_task(task, scratch / task.name, owner_uid=BOB)
-                code = 1
-            except RefusedError as exc:
-                code = 0 if "not root" in str(exc) else 2
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    os.chown(scratch, WORKER, WORKER)
+    return scratch
+
+
+def _bobs_readable_task(shared: Path) -> Path:
+    task = make_task(shared / "bob-selection", "001")
+    _give(shared / "bob-selection", BOB, mode_dirs=0o755)
+    for path in task.rglob("*"):
+        if path.is_file():
+            path.chmod(0o644)
+    return task
+
+
+def test_a_worker_that_is_not_root_copies_the_owners_own_files(shared: Path) -> None:
+    task = _bobs_readable_task(shared)
+    outcome = _as_worker(WORKER, task, _workers_scratch(shared) / task.name, BOB)
+    assert outcome == f"copied {task_toml_sha256(task)}"
+
+
+def test_a_worker_that_is_not_root_refuses_a_file_the_owner_does_not_own(shared: Path) -> None:
+    # The worker's own private file, linked into bob's task: the worker could read it, bob could not.
+    task = _bobs_readable_task(shared)
+    scratch = _workers_scratch(shared)
+    private = scratch / "worker-private.txt"
+    private.write_text(HIDDEN)
+    os.chown(private, WORKER, WORKER)
+    private.chmod(0o600)
+    os.link(private, task / "tests" / "test_hidden.py")
+    outcome = _as_worker(WORKER, task, scratch / task.name, BOB)
+    assert outcome.startswith(
+        f"RefusedError: {task.name}: tests/test_hidden.py belongs to another account (uid {WORKER}) "
+        f"than the job's owner (uid {BOB})"
+    ), outcome
+    _no_canary(scratch / task.name)
+
+
+def test_a_worker_that_is_not_root_refuses_another_accounts_selection(shared: Path) -> None:
+    # Alice's task, readable by everyone, in bob's job: not bob's own, so not copied.
+    task = _alices_task(shared)
+    for path in (task.parent, task, *task.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    scratch = _workers_scratch(shared)
+    outcome = _as_worker(WORKER, task, scratch / task.name, BOB)
+    assert outcome.startswith(f"RefusedError: {task.name} belongs to another account (uid {ALICE})"), outcome
     assert not (scratch / task.name).exists()
