@@ -16,8 +16,8 @@ account, not a re-implementation of modes: `opener_for(uid)` gives an
   descriptors with its own rights; it never reopens a path.
 - Any other worker (an account sharing a group with the submitters,
   docs/deployment.md) cannot take another account's rights. It opens with
-  its own and keeps only what the owner owns (compared on the descriptor,
-  as `worker.secrets` does): anything else is `ForeignEntry`. What an
+  its own (`Access.as_owner` is False), and the caller keeps only what the
+  owner owns, compared on the descriptor as `worker.secrets` does. What an
   account owns it may read (it may change the file's mode), so this grants
   no more than the owner's rights; it refuses some files the owner could
   read (another account's, readable by all or by a group).
@@ -49,20 +49,12 @@ ANSWER_TIMEOUT_SEC = 120.0  # one open on a shared filesystem; a hung mount fail
 Opener = Callable[[str | Path, int, int | None], int]
 
 
-class ForeignEntry(Exception):
-    """What a worker that cannot take the owner's rights opened belongs to account `uid`, not the owner."""
-
-    def __init__(self, uid: int) -> None:
-        super().__init__(f"belongs to uid {uid}")
-        self.uid = uid
-
-
 @dataclass(frozen=True)
 class Access:
     """How a worker opens a job owner's files."""
 
     open: Opener
-    as_owner: bool  # the opens are the owner's own; else the worker's, and only the owner's files are kept
+    as_owner: bool  # the opens are the owner's own; else the worker's: keep only what the owner owns
 
 
 def owner_groups(uid: int) -> tuple[int, list[int]]:
@@ -79,18 +71,6 @@ def _open_directly(path: str | Path, flags: int, dir_fd: int | None) -> int:
     return os.open(path, flags, dir_fd=dir_fd)
 
 
-def _owned_by(uid: int) -> Opener:
-    def open_owned(path: str | Path, flags: int, dir_fd: int | None) -> int:
-        fd = os.open(path, flags, dir_fd=dir_fd)
-        found = os.fstat(fd).st_uid
-        if found != uid:
-            os.close(fd)
-            raise ForeignEntry(found)
-        return fd
-
-    return open_owned
-
-
 @contextlib.contextmanager
 def opener_for(uid: int) -> Iterator[Access]:
     """How this worker opens account `uid`'s files (see the module docstring)."""
@@ -99,7 +79,7 @@ def opener_for(uid: int) -> Iterator[Access]:
         yield Access(_open_directly, as_owner=True)
         return
     if worker_uid != 0:
-        yield Access(_owned_by(uid), as_owner=False)
+        yield Access(_open_directly, as_owner=False)
         return
     reader = _Reader(uid)
     try:

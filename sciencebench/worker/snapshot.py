@@ -45,7 +45,7 @@ from pathlib import Path
 
 from sciencebench.core.errors import RefusedError, TrialError, WorkspaceError
 from sciencebench.core.taskdir import COMPOSE_FILES, DEFINING_FILES, definition_sha256
-from sciencebench.worker.ownerread import Access, ForeignEntry, opener_for
+from sciencebench.worker.ownerread import Access, opener_for
 
 # Files and directories in one task (the real tasks: about ten).
 MAX_ENTRIES = 10_000
@@ -106,14 +106,23 @@ class _Copy:
     def changed(self, relative: str) -> WorkspaceError:
         return WorkspaceError(f"{self.source}: {relative} changed while the worker copied it; try again")
 
-    def not_owners(self, relative: str, exc: OSError | ForeignEntry) -> TrialError:
-        """The refusal of an entry the owner may not read (or, on a worker that is not root, does not own)."""
+    def opened(self, fd: int, relative: str) -> int:
+        """`fd`, when the owner may have it (a worker that cannot open as the owner keeps only its own)."""
+        if self.access.as_owner:
+            return fd
+        found = os.fstat(fd).st_uid
+        if found == self.owner_uid:
+            return fd
+        os.close(fd)
         what = f"{self.name}: {relative}" if relative else self.name
-        if isinstance(exc, ForeignEntry):
-            return RefusedError(
-                f"{what} belongs to another account (uid {exc.uid}) than the job's owner "
-                f"(uid {self.owner_uid}); a worker not running as root copies only the owner's own files"
-            )
+        raise RefusedError(
+            f"{what} belongs to another account (uid {found}) than the job's owner "
+            f"(uid {self.owner_uid}); a worker not running as root copies only the owner's own files"
+        )
+
+    def not_owners(self, relative: str, exc: OSError) -> TrialError:
+        """The error of a failed open: a refusal when the owner may not read the entry."""
+        what = f"{self.name}: {relative}" if relative else self.name
         if self.access.as_owner and exc.errno in (errno.EACCES, errno.EPERM):
             return RefusedError(
                 f"{what}: the job's owner (uid {self.owner_uid}) may not read it; "
@@ -154,9 +163,7 @@ class _Copy:
 
     def open_source(self, src_fd: int, name: str, relative: str, flags: int) -> int:
         try:
-            return self.access.open(name, flags, src_fd)
-        except ForeignEntry as exc:
-            raise self.not_owners(relative, exc) from None
+            fd = self.access.open(name, flags, src_fd)
         except OSError as exc:
             # A symlink now, where the listing had none (O_DIRECTORY makes a symlink ENOTDIR).
             if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and _is_link(src_fd, name)):
@@ -164,6 +171,7 @@ class _Copy:
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 raise self.changed(relative) from None
             raise self.not_owners(relative, exc) from None
+        return self.opened(fd, relative)
 
     def subdirectory(self, src_fd: int, dst_fd: int, name: str, relative: str, depth: int) -> None:
         if depth > self.limits.max_depth:
@@ -273,12 +281,11 @@ def snapshot_task(
 def _copy_tree(copy: _Copy, src: Path, dst: Path) -> None:
     try:
         root = copy.access.open(src, _DIR_FLAGS, None)
-    except ForeignEntry as exc:
-        raise copy.not_owners("", exc) from None
     except OSError as exc:
         if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and _is_link(None, src)):
             raise RefusedError(f"{copy.name} is a symlink; a task directory must be a directory") from None
         raise copy.not_owners("", exc) from None
+    root = copy.opened(root, "")
     try:
         Path(dst).parent.mkdir(parents=True, exist_ok=True)
         os.mkdir(dst, 0o700)
