@@ -7,6 +7,7 @@ worker copies the task into the try's scratch directory first
 (`<scratch>/task/task_NNN`, the name Pier derives the task's name from),
 and every check and Pier itself (`--path`) use that copy; nothing of the
 selection is read again. How it copies: `snapshot_task`; its bounds: `SnapshotLimits`.
+Every entry is opened with the rights of the job's owner (`worker.ownerread`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sciencebench.core.errors import RefusedError, WorkspaceError
+from sciencebench.core.errors import RefusedError, TrialError, WorkspaceError
 from sciencebench.core.taskdir import COMPOSE_FILES, DEFINING_FILES, definition_sha256
+from sciencebench.worker.ownerread import Access, opener_for
 
 # Files and directories in one task (the real tasks: about ten).
 MAX_ENTRIES = 10_000
@@ -70,6 +72,8 @@ class _Copy:
     source: Path
     limits: SnapshotLimits
     before_open: Callable[[str], None] | None
+    owner_uid: int
+    access: Access
     entries: int = 0
     total: int = 0
     kept: dict[str, bytes] = field(default_factory=dict)
@@ -83,6 +87,35 @@ class _Copy:
 
     def changed(self, relative: str) -> WorkspaceError:
         return WorkspaceError(f"{self.source}: {relative} changed while the worker copied it; try again")
+
+    def opened(self, fd: int, relative: str) -> int:
+        """`fd`, when the owner may have it (a worker that cannot open as the owner keeps only its own)."""
+        if self.access.as_owner:
+            return fd
+        found = os.fstat(fd).st_uid
+        if found == self.owner_uid:
+            return fd
+        os.close(fd)
+        what = f"{self.name}: {relative}" if relative else self.name
+        raise RefusedError(
+            f"{what} belongs to another account (uid {found}) than the job's owner "
+            f"(uid {self.owner_uid}); a worker not running as root copies only the owner's own files"
+        )
+
+    def not_owners(self, relative: str, exc: OSError) -> TrialError:
+        """The error of a failed open: a refusal when the owner may not read the entry."""
+        what = f"{self.name}: {relative}" if relative else self.name
+        if self.access.as_owner and exc.errno in (errno.EACCES, errno.EPERM):
+            return RefusedError(
+                f"{what}: the job's owner (uid {self.owner_uid}) may not read it; "
+                "a job reads only what its submitter may"
+            )
+        if relative:
+            return self.unreadable(relative, exc)
+        return WorkspaceError(
+            f"{self.source}: unreadable on this worker ({exc.strerror}); "
+            "is the selection on the shared filesystem?"
+        )
 
     def unreadable(self, relative: str, exc: OSError) -> WorkspaceError:
         return WorkspaceError(f"{self.source}: {relative}: unreadable on this worker ({exc.strerror})")
@@ -112,14 +145,15 @@ class _Copy:
 
     def open_source(self, src_fd: int, name: str, relative: str, flags: int) -> int:
         try:
-            return os.open(name, flags, dir_fd=src_fd)
+            fd = self.access.open(name, flags, src_fd)
         except OSError as exc:
             # A symlink now, where the listing had none (O_DIRECTORY makes a symlink ENOTDIR).
             if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and _is_link(src_fd, name)):
                 raise self.symlink(relative) from None
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 raise self.changed(relative) from None
-            raise self.unreadable(relative, exc) from None
+            raise self.not_owners(relative, exc) from None
+        return self.opened(fd, relative)
 
     def subdirectory(self, src_fd: int, dst_fd: int, name: str, relative: str, depth: int) -> None:
         if depth > self.limits.max_depth:
@@ -203,16 +237,21 @@ def snapshot_task(
     dst: Path,
     limits: SnapshotLimits | None = None,
     *,
+    owner_uid: int | None = None,
     before_open: Callable[[str], None] | None = None,
 ) -> str:
     """Copy the task directory `src` to the new directory `dst`; the task hash of the bytes copied.
 
-    `dst` must not exist (its parents are made). `before_open(relative)` is
-    called before each entry is opened (tests change the task there).
-    Raises RefusedError for a symlink or special file anywhere, or a task
-    beyond `limits`; WorkspaceError when `src` or an entry cannot be read,
-    a defining file is missing, or an entry changed while it was copied.
-    A refused copy may leave a partial `dst` (never a link in it).
+    `dst` must not exist (its parents are made). Every entry of `src` is
+    opened with the rights of account `owner_uid` (the job's owner; None:
+    the worker's own uid). `before_open(relative)` is called before each
+    entry is opened (tests change the task there). Raises RefusedError for
+    a symlink or special file anywhere, an entry the owner may not read
+    (on a worker that is neither root nor the owner: one the owner does
+    not own), or a task beyond `limits`; WorkspaceError when `src` or an
+    entry cannot be read, a defining file is missing, or an entry changed
+    while it was copied. A refused copy may leave a partial `dst` (never a
+    link in it).
 
     The copy follows no link: each entry is opened relative to its directory's
     file descriptor with `O_NOFOLLOW` (`O_NONBLOCK` for files, so a FIFO never
@@ -224,15 +263,21 @@ def snapshot_task(
     link is copied as bytes (a fresh file). The copy's modes are the worker's:
     directories 0755, files 0644, or 0755 when executable; no setuid or setgid.
     """
-    copy = _Copy(Path(src), limits or SnapshotLimits(), before_open)
+    owner = os.geteuid() if owner_uid is None else owner_uid
+    with opener_for(owner) as access:
+        copy = _Copy(Path(src), limits or SnapshotLimits(), before_open, owner, access)
+        _copy_tree(copy, Path(src), Path(dst))
+    return copy.digest()
+
+
+def _copy_tree(copy: _Copy, src: Path, dst: Path) -> None:
     try:
-        root = os.open(src, _DIR_FLAGS)
+        root = copy.access.open(src, _DIR_FLAGS, None)
     except OSError as exc:
         if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and _is_link(None, src)):
             raise RefusedError(f"{copy.name} is a symlink; a task directory must be a directory") from None
-        raise WorkspaceError(
-            f"{src}: unreadable on this worker ({exc.strerror}); is the selection on the shared filesystem?"
-        ) from None
+        raise copy.not_owners("", exc) from None
+    root = copy.opened(root, "")
     try:
         Path(dst).parent.mkdir(parents=True, exist_ok=True)
         os.mkdir(dst, 0o700)
@@ -247,4 +292,3 @@ def snapshot_task(
             os.close(target)
     finally:
         os.close(root)
-    return copy.digest()

@@ -90,14 +90,15 @@ def _check_writable(paths: JobPaths) -> None:
         raise WorkspaceError(f"{paths.job_dir}: not writable on this worker ({exc.strerror})") from None
 
 
-def _take_snapshot(spec: TrialSpec, scratch: Path) -> TaskSnapshot:
+def _take_snapshot(spec: TrialSpec, scratch: Path, owner_uid: int) -> TaskSnapshot:
     """Copy the selection's task directory into the try's scratch directory, once, before any check.
 
     The selection is the submitter's and may change at any moment; from here
-    on the checks, and Pier (`--path`), read only this copy.
+    on the checks, and Pier (`--path`), read only this copy. It is read with
+    the rights of `owner_uid`, the job's owner: a task it may not read is refused.
     """
     path = _snapshot_path(spec, scratch)
-    return TaskSnapshot(path=path, digest=snapshot_task(spec.task_dir, path))
+    return TaskSnapshot(path=path, digest=snapshot_task(spec.task_dir, path, owner_uid=owner_uid))
 
 
 def _snapshot_path(spec: TrialSpec, scratch: Path) -> Path:
@@ -124,7 +125,8 @@ def run_try(
 ) -> Try:
     """Run the stages of try `number` in the run's scratch `root`; its Try, or the stage's TrialError.
 
-    `owner_uid` owns the job's directory (admission's `Admitted.owner_uid`): the secrets must be its own.
+    `owner_uid` owns the job's directory (admission's `Admitted.owner_uid`): the task is read with its
+    rights and the secrets must be its own.
 
     snapshot   jobs directory writable; the task directory copied into the
                try's scratch directory (`worker.snapshot`), no link followed:
@@ -151,7 +153,7 @@ def run_try(
     # The run's scratch directory and its journal are the caller's (`worker.journal.opened`).
     scratch = ScratchPaths.try_dir(root, number)
     scratch.mkdir(mode=0o700)
-    snapshot = timed("snapshot", lambda: _take_snapshot(spec, scratch))
+    snapshot = timed("snapshot", lambda: _take_snapshot(spec, scratch, owner_uid))
     timed("workspace", lambda: _check_workspace(spec, snapshot))
     secrets = timed("secrets", lambda: load_secrets(job, owner_uid))
     timed("review", lambda: _check_declared(spec, snapshot, secrets))

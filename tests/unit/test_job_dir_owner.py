@@ -72,7 +72,7 @@ def test_the_snapshot_and_pier_config_stay_when_the_job_owner_swaps_their_direct
     scratch = journal.scratch_root(settings, spec, "host") / "try-1"
     journal.private_dir(scratch.parent.parent)
     scratch.mkdir(parents=True)
-    snapshot = stages._take_snapshot(spec, scratch)
+    snapshot = stages._take_snapshot(spec, scratch, os.getuid())
     stages._check_workspace(spec, snapshot)
     config = write_agent_config(spec, done.job, scratch, os.getuid())
     written = config.read_text()
