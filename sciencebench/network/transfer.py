@@ -5,10 +5,9 @@ on the host (logs, rewards, artifacts) arrives through the Engine's archive
 API as a tar stream and is written under a directory of the trial by
 `network.extract`; `network.tarbuild` is the other direction (a tar of host
 files for a container); `network.refusals` records what either refused in
-the trial's `transfer-refusals.json`. This module holds what they share: the
-bounds of one transfer and of a trial's (`Budget`), modes, what a copy did
-(`Transfer`, `Refusal`), and host paths opened one component at a time
-without following a link.
+the trial's `transfer-refusals.json`. Here is what they share: the bounds of
+a transfer and of a trial (`Budget`), modes, what a copy did (`Transfer`,
+`Refusal`), host paths opened one component at a time, following no link.
 """
 
 from __future__ import annotations

@@ -4,28 +4,9 @@ A worker that runs as root can read every selection; a job must not get a
 file its owner (the account owning the job directory, `worker.admission`)
 could not open. So the opens are the kernel's own decision for that
 account, not a re-implementation of modes: `opener_for(uid)` gives an
-`Access` whose `open(path, flags, dir_fd)` opens as `uid`.
-
-- The worker is `uid` itself: `os.open`, its own rights are the owner's.
-- The worker is root: a helper process (`worker.ownerread_child`, started
-  with `os.posix_spawn`, so nothing runs between fork and exec in the
-  worker, which has threads) takes the owner's supplementary groups (those
-  of its passwd entry; an account this host does not know gets none, gid
-  65534), gid and uid before it opens anything, and passes each descriptor
-  back over a socket pair. The worker reads and copies from those
-  descriptors with its own rights; it never reopens a path.
-- Any other worker (an account sharing a group with the submitters,
-  docs/deployment.md) cannot take another account's rights. It opens with
-  its own (`Access.as_owner` is False), and the caller keeps only what the
-  owner owns, compared on the descriptor as `worker.secrets` does. What an
-  account owns it may read (it may change the file's mode), so this grants
-  no more than the owner's rights; it refuses some files the owner could
-  read (another account's, readable by all or by a group).
-
-When the opens are the owner's (`Access.as_owner`), a file the owner cannot
-open is an `OSError` (`EACCES`) like any other open failure; a hard link is
-the inode's, so a second name of someone else's private file does not open
-either (nor is it the owner's, on a worker that is not root).
+`Access` whose `open(path, flags, dir_fd)` opens as `uid` (how, per kind of
+worker: its docstring). A hard link is the inode's, so a second name of
+someone else's private file does not open either.
 """
 
 from __future__ import annotations
@@ -73,7 +54,27 @@ def _open_directly(path: str | Path, flags: int, dir_fd: int | None) -> int:
 
 @contextlib.contextmanager
 def opener_for(uid: int) -> Iterator[Access]:
-    """How this worker opens account `uid`'s files (see the module docstring)."""
+    """How this worker opens account `uid`'s files.
+
+    - The worker is `uid` itself: `os.open`, its own rights are the owner's.
+    - The worker is root: a helper process (`worker.ownerread_child`, started
+      with `os.posix_spawn`, so nothing runs between fork and exec in the
+      worker, which has threads) takes the owner's supplementary groups (those
+      of its passwd entry; an account this host does not know gets none, gid
+      65534), gid and uid before it opens anything, and passes each descriptor
+      back over a socket pair. The worker reads and copies from those
+      descriptors with its own rights; it never reopens a path.
+    - Any other worker (an account sharing a group with the submitters,
+      docs/deployment.md) cannot take another account's rights. It opens with
+      its own (`Access.as_owner` is False), and the caller keeps only what the
+      owner owns, compared on the descriptor as `worker.secrets` does. What an
+      account owns it may read (it may change the file's mode), so this grants
+      no more than the owner's rights; it refuses some files the owner could
+      read (another account's, readable by all or by a group).
+
+    When the opens are the owner's (`Access.as_owner`), a file the owner cannot
+    open is an `OSError` (`EACCES`) like any other open failure.
+    """
     worker_uid = os.geteuid()
     if uid == worker_uid:
         yield Access(_open_directly, as_owner=True)

@@ -1,16 +1,12 @@
 """The process that opens a task's files with the rights of the job's owner (`worker.ownerread`).
 
-Run as `python -I -S ownerread_child.py UID GID [GROUP ...]`, started by a
-root worker with its socket as descriptor 3. Before it reads anything it
-takes the owner's supplementary groups, gid and uid (real, effective and
-saved: the kernel clears root's capabilities with them, and the process is
-no longer one the owner may trace). Then it answers requests until the
-worker closes its end: a request is the `os.open` flags and a path, with
-the descriptor of the directory the path is relative to or none; the
-answer is the errno of the open, with the opened descriptor when it is 0.
-Every check of the kernel (modes, ACLs, groups, the search permission of
-each directory on the way) is the owner's. Only the standard library is
-imported: the interpreter runs isolated and without site-packages.
+Run as `python -I -S ownerread_child.py UID GID [GROUP ...]` (standard library
+only) by a root worker, its socket as descriptor 3. Before it reads anything
+it takes the owner's groups, gid and uid (real, effective and saved: root's
+capabilities go, and the owner may not trace it). It then answers requests
+until the worker closes its end: `os.open` flags, a path and an optional
+directory descriptor in; the open's errno, and the descriptor when 0, out.
+Every check of the kernel is the owner's.
 """
 
 from __future__ import annotations
