@@ -9,6 +9,7 @@ from rich.table import Table
 
 from sciencebench.cli.common import err, handle_errors, main, out, require_worker_extra
 from sciencebench.core.errors import InputError
+from sciencebench.core.gateways import parse_gateway_list
 from sciencebench.core.harnesses import bakeable
 from sciencebench.core.images import DEFAULT_PLATFORM
 from sciencebench.core.paths import SelectionPaths
@@ -43,18 +44,24 @@ from sciencebench.core.sizes import parse_size
               help="How this host gets agents: online, Pier installs them in its build (a host with "
               "internet, as the original runner's); baked, only baked agent images run "
               "[env: SCIENCEBENCH_AGENT_INSTALL; default: online].")  # fmt: skip
+@click.option("--gateway", "gateways", multiple=True, metavar="URL",
+              help="A model gateway this host's trials may reach (scheme, host and port; any path); "
+              "repeatable. Without any, jobs may name any gateway but an internal address (loopback, "
+              "private, link-local, ...); with some, only these [env: SCIENCEBENCH_GATEWAYS, comma- or "
+              "space-separated].")  # fmt: skip
 @handle_errors
 def worker(concurrency: int, hostname: str | None, queues: str | None, loglevel: str, platform: str,
            pier_bin: str | None, jobs_roots: tuple[Path, ...], selection_roots: tuple[Path, ...],
            env_file_roots: tuple[Path, ...], image_budget: str | None,
-           agent_install: str | None) -> None:  # fmt: skip
+           agent_install: str | None, gateways: tuple[str, ...]) -> None:  # fmt: skip
     """Run a Celery worker that executes trials on this host.
 
     The worker runs its own Pier and serves only the jobs directories,
     selections and env files under its roots: every path a job names must
     resolve under one of them. It needs the digest-pinned inference-proxy
     image (SCIENCEBENCH_PROXY_IMAGE), pulled at start, and tells the cluster
-    what it brings (agent install, proxy image, roots), which submit checks.
+    what it brings (agent install, proxy image, roots, gateways), which submit
+    checks. Its trials reach only the gateways its operator allows (--gateway).
     Late acks, prefetch 1, task events on, a watchdog that re-dispatches
     trials of lost hosts; a host that turns unhealthy pauses and resumes by
     itself.
@@ -70,6 +77,7 @@ def worker(concurrency: int, hostname: str | None, queues: str | None, loglevel:
         env_file_roots=tuple(p.absolute() for p in env_file_roots),
         image_budget=_size_option("--image-budget", image_budget),
         agent_install=agent_install,
+        gateways=parse_gateway_list(gateways, "--gateway"),
     )
     run_worker(concurrency=concurrency, hostname=hostname, queues=queues, loglevel=loglevel,
                platform=platform, settings=settings)  # fmt: skip

@@ -46,6 +46,11 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
     from sciencebench.login.runrecord import build_run_record, write_run_record
 
     settings = Settings.from_env()
+    if local and opts.gateways:  # this host's user is its operator: the gateways allowed besides its setting
+        from sciencebench.core.gateways import parse_gateway_list
+
+        allowed = (*settings.gateways, *parse_gateway_list(opts.gateways, "--gateway"))
+        settings = settings.model_copy(update={"gateways": allowed})
     coord: Coordinator | None = None
 
     def hosts() -> Cluster:  # asked once the input is known good

@@ -46,6 +46,9 @@ class HostKit(BaseModel):
     jobs_roots: tuple[str, ...] = ()
     selection_roots: tuple[str, ...] = ()
     env_file_roots: tuple[str, ...] = ()
+    # The gateways its operator allows (`worker --gateway`, as `scheme://host:port`); empty: any
+    # gateway but an internal address (`core.gateways.allowed_by`).
+    gateways: tuple[str, ...] = ()
     # Its worker's --concurrency: the cluster's slots are what fair share hands out (0: not said).
     slots: int = 0
 

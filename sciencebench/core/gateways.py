@@ -1,15 +1,19 @@
-"""Model gateways: validated gateway URLs and the Codex provider block (pure).
+"""Model gateways: validated gateway URLs, the operator's rule, the Codex provider block (pure).
 
 A gateway is where a harness sends inference. Both sides need it: the login
 node validates the URLs of a provider profile, the worker's network policy
 turns their authorities into proxy rules, and the Codex adapter renders the
-provider block from one.
+provider block from one. Which gateways a trial may reach is the operator's
+choice (`allowed_by`): an internal address only when listed.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
+import socket
+from collections.abc import Iterable, Sequence
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
@@ -48,6 +52,11 @@ class Gateway(BaseModel):
         """The base URL with user information and query removed."""
         return f"{self.scheme}://{self.authority}{self.path}"
 
+    @property
+    def origin(self) -> str:
+        """`scheme://host:port`: what an operator's list names (`allowed_by`)."""
+        return f"{self.scheme}://{self.authority}"
+
 
 def parse_gateway(url: str, variable: str) -> Gateway:
     """Validate a gateway URL: http(s), a valid host, a port in 1-65535.
@@ -73,6 +82,63 @@ def parse_gateway(url: str, variable: str) -> Gateway:
         raise ProfileError(f"{variable}: port outside 1-65535")
     scheme: Literal["http", "https"] = "https" if parts.scheme == "https" else "http"
     return Gateway(scheme=scheme, host=host.lower(), port=port, path=parts.path.rstrip("/"))
+
+
+def parse_gateway_list(values: Iterable[str], variable: str) -> tuple[Gateway, ...]:
+    """Gateways of an operator's list: each value may hold several URLs, comma- or space-separated."""
+    urls = [url for value in values for url in re.split(r"[,\s]+", value) if url]
+    return tuple(dict.fromkeys(parse_gateway(url, variable) for url in urls))
+
+
+# The kinds of address a job may not name unless the operator lists it, in the order they are named.
+_SHARED = ipaddress.ip_network("100.64.0.0/10")
+
+
+def internal_kind(host: str) -> str | None:
+    """What internal address `host` is ("loopback", "private", ...), None for a name or a global address.
+
+    An IPv4 address in a legacy form (`2130706433`, `0x7f.1`) counts as the
+    address it stands for: the resolver reads it so. A name is not looked up.
+    """
+    try:
+        address: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        try:
+            address = ipaddress.IPv4Address(socket.inet_aton(host))
+        except (OSError, ValueError):
+            return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    kinds = (
+        ("loopback", address.is_loopback),
+        ("link-local", address.is_link_local),
+        ("unspecified", address.is_unspecified),
+        ("multicast", address.is_multicast),
+        ("shared", address in _SHARED),
+        ("unique-local", isinstance(address, ipaddress.IPv6Address) and address.is_private),
+        ("reserved", address.is_reserved),
+        ("private", address.is_private),
+        ("non-global", not address.is_global),
+    )
+    return next((kind for kind, matched in kinds if matched), None)
+
+
+def allowed_by(gateway: Gateway, listed: Sequence[Gateway]) -> bool:
+    """Whether an operator's list allows `gateway`.
+
+    With a list, a gateway must match an entry's scheme, host and port (any
+    path). Without one, any gateway but an internal address (`internal_kind`).
+    """
+    if listed:
+        return any((g.scheme, g.host, g.port) == (gateway.scheme, gateway.host, gateway.port) for g in listed)
+    return internal_kind(gateway.host) is None
+
+
+def refusal_reason(gateway: Gateway, listed: Sequence[str]) -> str:
+    """Why a list (`listed`: the origins it names) does not allow `gateway`, for one line."""
+    kind = internal_kind(gateway.host)
+    why = f"a {kind} address" if kind else "not one of the allowed gateways"
+    return f"{why} (allowed: {', '.join(listed[:4])})" if listed else why
 
 
 def public_url(url: str) -> str:

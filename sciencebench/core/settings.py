@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from sciencebench.core.errors import SettingsError
-from sciencebench.core.gateways import public_url
+from sciencebench.core.errors import ProfileError, SettingsError
+from sciencebench.core.gateways import Gateway, parse_gateway_list, public_url
 from sciencebench.core.paths import ScratchPaths
 from sciencebench.core.sizes import parse_size
 
@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     jobs_roots: Annotated[tuple[Path, ...], NoDecode] = ()
     selection_roots: Annotated[tuple[Path, ...], NoDecode] = ()
     env_file_roots: Annotated[tuple[Path, ...], NoDecode] = ()
+    # The gateways this host's trials may reach (`worker --gateway`; comma- or space-separated URLs).
+    # Empty: any gateway but an internal address; listed: only these (scheme, host, port).
+    gateways: Annotated[tuple[Gateway, ...], NoDecode] = ()
     # The artifacts `images bake` installs agents from (a bake host; `images bake --artifacts`).
     agent_artifacts: Path = DEFAULT_AGENT_ARTIFACTS
     # `sciencebench demo --base-image` and `--registry` (click reads these two as the options' values).
@@ -90,6 +93,16 @@ class Settings(BaseSettings):
     def _path_list(cls, value: Any) -> Any:
         if isinstance(value, str):
             value = [part for part in value.split(":") if part.strip()]
+        return value
+
+    @field_validator("gateways", mode="before")
+    @classmethod
+    def _gateway_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return parse_gateway_list([value], "a gateway")
+            except ProfileError as exc:
+                raise ValueError(str(exc)) from None
         return value
 
     @field_validator("pier_env")

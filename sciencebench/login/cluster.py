@@ -2,22 +2,24 @@
 
 A job needs of its hosts what its agent and selection ask: the inference
 proxy for a model agent, Pier's online agent install where a task has no
-baked agent image, and roots that serve its jobs directory, selection and
-env file. A worker reports what it brings at start (`HostKit`: `worker
---agent-install`, `SCIENCEBENCH_PROXY_IMAGE`, its roots); with a broker,
-the hosts are the live ones in the store; with `--local`, this host as its
-settings say. A job no host could run is refused here, in one line naming
-both ways out, instead of failing on every worker.
+baked agent image, roots serving its jobs directory, selection and env file,
+and an operator who allows its gateways. A worker reports what it brings at
+start (`HostKit`: `--agent-install`, the proxy image, roots, `--gateway`);
+with a broker, the hosts are the live ones in the store; with `--local`,
+this host as its settings say. A job no host could run is refused here, in
+one line naming the way out, instead of failing on every worker.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 from sciencebench.coordination.protocol import Coordinator, HostKit, HostStatus
 from sciencebench.core.errors import ProfileError
+from sciencebench.core.gateways import Gateway, allowed_by, parse_gateway, refusal_reason
 from sciencebench.core.settings import Settings
 
 # Agents that call no model: their trials run with no egress, so no proxy.
@@ -44,7 +46,11 @@ class Cluster:
     @classmethod
     def this_host(cls, settings: Settings) -> Cluster:
         """`--local`: this host, as its settings say (it serves every path, as its user can read them)."""
-        kit = HostKit(agent_install=settings.agent_install, proxy_image=settings.proxy_image)
+        kit = HostKit(
+            agent_install=settings.agent_install,
+            proxy_image=settings.proxy_image,
+            gateways=tuple(gateway.origin for gateway in settings.gateways),
+        )
         return cls(kits={"this host": kit}, where="this host", local=True)
 
     @classmethod
@@ -64,13 +70,14 @@ class Needs:
     proxy: bool  # a model agent: the inference proxy image
     online_install: str | None  # the harness Pier must install where no baked image exists, or None
     paths: tuple[tuple[str, Path, str], ...] = ()  # (option, path, the HostKit roots field serving it)
+    gateways: tuple[Gateway, ...] = ()  # where its harness sends inference: a host's operator allows each
 
 
 def check_cluster(cluster: Cluster, needs: Needs, missing_baked: Callable[[], str]) -> None:
     """Refuse (ProfileError, exit 2) a job that none of the cluster's hosts can run; one line naming the fix.
 
-    Hosts are narrowed requirement by requirement (roots, proxy, online
-    install); the first requirement that leaves none is the one named.
+    Hosts are narrowed requirement by requirement (roots, gateways, proxy,
+    online install); the first requirement that leaves none is the one named.
     `missing_baked` says which tasks lack a baked image and how to bake them.
     A broker with no live host at all refuses only what needs something of
     the hosts (a job of nop trials waits for hosts to come).
@@ -97,6 +104,11 @@ def check_cluster(cluster: Cluster, needs: Needs, missing_baked: Callable[[], st
                 f"put it under one, or start a worker with {_ROOT_OPTIONS[field]} covering it"
             )
         kits = serving
+    for gateway in needs.gateways:
+        allowing = {host: kit for host, kit in kits.items() if _allows(kit, gateway)}
+        if not allowing:
+            raise ProfileError(_gateway_refusal(gateway, kits, cluster.local))
+        kits = allowing
     if needs.proxy:
         kits = {host: kit for host, kit in kits.items() if kit.proxy_image}
         if not kits:
@@ -116,6 +128,32 @@ def check_cluster(cluster: Cluster, needs: Needs, missing_baked: Callable[[], st
             f"{missing_baked()}, and no live worker host installs agents online; bake them, or run a "
             "worker that does (`sciencebench worker --agent-install online`, a host with internet)"
         )
+
+
+def _allows(kit: HostKit, gateway: Gateway) -> bool:
+    """Whether a host's operator allows `gateway` (an entry this version cannot read allows nothing)."""
+    listed: list[Gateway] = []
+    for url in kit.gateways:
+        with suppress(ProfileError):
+            listed.append(parse_gateway(url, "--gateway"))
+    if kit.gateways and not listed:
+        return False
+    return allowed_by(gateway, listed)
+
+
+def _gateway_refusal(gateway: Gateway, kits: dict[str, HostKit], local: bool) -> str:
+    """The one line refusing a gateway the hosts do not allow, naming how their operator allows it."""
+    listed = sorted({url for kit in kits.values() for url in kit.gateways})
+    why = refusal_reason(gateway, listed)
+    if local:
+        return (
+            f"gateway {gateway.url}: {why}; this host reaches it only when you allow it: "
+            f"`submit --local --gateway {gateway.origin}` (or SCIENCEBENCH_GATEWAYS)"
+        )
+    return (
+        f"gateway {gateway.url}: {why}; no live worker host allows it: their operator allows it with "
+        f"`sciencebench worker --gateway {gateway.origin}` (or SCIENCEBENCH_GATEWAYS) on the workers"
+    )
 
 
 _ROOT_OPTIONS = {

@@ -43,6 +43,8 @@ class SubmitOptions(RunOptions):
     agent_import_path: str | None = None
     dry_run: bool = False
     prepull: bool = False
+    # `--local` only: gateways this host may reach besides SCIENCEBENCH_GATEWAYS (its user is the operator).
+    gateways: list[str] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,9 @@ FLAGS: tuple[Flag, ...] = (
          "waiting a bounded time for a busy one; without it any free host takes any trial."),
     Flag("prepull", "--prepull", "Before the trials, pull the selection's images onto the live hosts: with "
          "--placement each image onto one host (balanced by size), without it onto every host."),
+    Flag("gateways", "--gateway", "For --local: allow this host's trials to reach this gateway (scheme, host "
+         "and port), e.g. one on an internal address; repeatable (workers: `worker --gateway`).",
+         metavar="URL"),
 )  # fmt: skip
 
 _BY_FIELD = {flag.field: flag for flag in FLAGS}

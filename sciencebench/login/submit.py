@@ -83,6 +83,11 @@ def _check_options(opts: SubmitOptions, local: bool) -> None:
             "--pier-bin: with a broker every worker runs its own Pier (sciencebench worker --pier-bin, "
             "or SCIENCEBENCH_PIER_BIN on the worker hosts); --pier-bin applies to --local only"
         )
+    if not local and opts.gateways:
+        raise InputError(
+            "--gateway: with a broker the workers' operators allow gateways (sciencebench worker "
+            "--gateway, or SCIENCEBENCH_GATEWAYS on the worker hosts); --gateway applies to --local only"
+        )
     if opts.agent_import_path is not None:
         module, sep, attribute = opts.agent_import_path.partition(":")
         if not sep or not all(p.isidentifier() for p in [*module.split("."), *attribute.split(".")]):
@@ -190,6 +195,7 @@ def prepare(
         proxy=opts.agent not in MODEL_FREE_AGENTS,
         online_install=agent_plan.harness if baked.missing else None,
         paths=_served_paths(opts, selection, env_file),
+        gateways=tuple(agent_plan.gateways),
     )
     check_cluster(hosts(), needs, baked.missing_line)
     return Prepared(

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from sciencebench.core.agent_kwargs import agent_kwargs_problem
 from sciencebench.core.errors import RefusedError, UnfitError, WorkspaceError
+from sciencebench.core.gateways import allowed_by, refusal_reason
 from sciencebench.core.models import JobSpec, TrialSpec, agent_env_file_name, check_job_name
 from sciencebench.core.paths import JobPaths, SelectionPaths
 from sciencebench.core.settings import Settings
@@ -64,7 +65,8 @@ def admit(spec: TrialSpec, settings: Settings) -> Admitted:
       may; the trial is handed back.
     - `RefusedError`: the job asks for what no worker does (a task directory
       outside its selection, an agent that is not importable here, a secrets file
-      elsewhere). The trial gets a refused record and nothing runs.
+      elsewhere, a gateway this worker's operator does not allow). The trial gets
+      a refused record and nothing runs.
     """
     jobs_dir = spec.jobs_dir
     if not jobs_dir.is_absolute() or not under(jobs_dir, settings.jobs_roots):
@@ -95,6 +97,7 @@ def admit(spec: TrialSpec, settings: Settings) -> Admitted:
         raise RefusedError(problem)
     if job.agent.agent_import_path:
         _admit_agent(job.agent.agent_import_path)
+    _admit_gateways(job, settings)
     return Admitted(job=job, paths=paths, owner_uid=owner_uid)
 
 
@@ -227,6 +230,18 @@ def _admit_secrets(job: JobSpec, settings: Settings) -> None:
             or not under(path, [secrets_dir])
         ):
             raise RefusedError(f"--agent-env file {job.agent_env_file.path} is not in {secrets_dir}")
+
+
+def _admit_gateways(job: JobSpec, settings: Settings) -> None:
+    """Refuse a gateway the operator does not allow (`core.gateways.allowed_by`): job.json is untrusted."""
+    listed = [gateway.origin for gateway in settings.gateways]
+    for gateway in job.agent.gateways:
+        if not allowed_by(gateway, settings.gateways):
+            why = refusal_reason(gateway, listed)
+            raise RefusedError(
+                f"gateway {gateway.url}: {why}; this worker reaches it only when its operator allows it "
+                f"(sciencebench worker --gateway {gateway.origin}, or SCIENCEBENCH_GATEWAYS)"
+            )
 
 
 def importable(module: str, search_path: Sequence[str]) -> bool:

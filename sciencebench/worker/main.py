@@ -153,7 +153,7 @@ def _purge(app: Celery, queue: str) -> int:
 
 
 def host_kit(settings: Settings, slots: int = 0) -> HostKit:
-    """What this host brings to a job, for submit to check: agent install, proxy image, roots, slots."""
+    """What this host brings to a job, for submit to check: agent install, proxy, roots, gateways, slots."""
     return HostKit(
         slots=slots,
         agent_install=settings.agent_install,
@@ -161,6 +161,7 @@ def host_kit(settings: Settings, slots: int = 0) -> HostKit:
         jobs_roots=tuple(str(root) for root in settings.jobs_roots),
         selection_roots=tuple(str(root) for root in settings.selection_roots),
         env_file_roots=tuple(str(root) for root in settings.env_file_roots),
+        gateways=tuple(gateway.origin for gateway in settings.gateways),
     )
 
 

@@ -12,9 +12,10 @@ import pytest
 from sciencebench.core.harness import POLICY_ENVIRONMENT
 from sciencebench.core.harnesses import REGISTRY
 from sciencebench.core.pier_argv import render_argv
+from sciencebench.login.cluster import Cluster
 from sciencebench.login.options import SubmitOptions
 from sciencebench.login.submit import Prepared
-from tests.fixtures.hosts import prepare
+from tests.fixtures.hosts import EVERYTHING, READY, prepare
 from tests.fixtures.selection import make_selection
 
 pytestmark = pytest.mark.unit
@@ -26,7 +27,7 @@ REPEATABLE = {"--model", "--ak", "--ae", "--ek"}
 FLAGS = {"--no-force-build", "--no-delete", "--yes", "--quiet"}
 
 
-def _prepare(tmp_path: Path, *, env_text: str | None = None, **kw: Any) -> Prepared:
+def _prepare(tmp_path: Path, *, env_text: str | None = None, cluster: Cluster = READY, **kw: Any) -> Prepared:
     selection = tmp_path / "sel"
     if not selection.exists():
         make_selection(selection, ["002", "005"])
@@ -36,7 +37,7 @@ def _prepare(tmp_path: Path, *, env_text: str | None = None, **kw: Any) -> Prepa
         kw["env_file"] = env_file
     kw.setdefault("jobs_dir", tmp_path / "jobs")
     kw.setdefault("job_name", "argv")
-    return prepare(SubmitOptions(path=selection, **kw))
+    return prepare(SubmitOptions(path=selection, **kw), cluster=cluster)
 
 
 def _argv(prepared: Prepared, index: int = 0) -> list[str]:
@@ -201,6 +202,11 @@ def test_models_kwargs_and_agent_env_templates(tmp_path: Path) -> None:
         models=["openai/a", "openai/b"],
         agent_kwargs=["max_steps=50", "cost_limit=0"],
         agent_env=[f"ZED_TOKEN={CANARY_AGENT_ENV}", f"AWS_REGION={CANARY_AGENT_ENV}x"],
+        # An internal address: its workers' operator lists it (`worker --gateway`).
+        cluster=Cluster(
+            kits={"w1": EVERYTHING.model_copy(update={"gateways": ("http://10.1.2.3:4000",)})},
+            where="live worker hosts",
+        ),
     )
     argv = _argv(prepared)
     opts = _options(argv)

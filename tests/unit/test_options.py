@@ -25,7 +25,7 @@ SEED_ORDER = [
     "--pier-bin", "--skip-pull",
     "--no-auto-provider", "--no-auto-agent-adapter", "--agent-import-path", "--dry-run",
     # sciencebench's own, after the seed's table
-    "--provider-retries", "--placement", "--prepull",
+    "--provider-retries", "--placement", "--prepull", "--gateway",
 ]  # fmt: skip
 
 
