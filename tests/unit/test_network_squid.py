@@ -242,3 +242,22 @@ def test_passwd_line_is_an_unsalted_md5_basic_ncsa_accepts() -> None:
     line = passwd_line("s3cret-token")
     assert line == f"agent:{hashlib.md5(b's3cret-token').hexdigest()}\n"
     assert re.fullmatch(r"agent:[0-9a-f]{32}\n", line)
+
+
+def test_through_a_gateway_host_only_its_gateways_port_and_method_are_reachable() -> None:
+    # An https gateway gets a CONNECT tunnel: on any other port of its host that would be a raw TCP
+    # connection to whatever listens there (a Docker API, a Redis), so each gateway gets exactly its own.
+    gateways = [gw("https://gw.example.edu:8443/v1"), gw("http://gw.example.edu:4000/v1"),
+                gw("https://10.1.2.3/v1")]  # fmt: skip
+    conf = render_squid_conf(["gw.example.edu", "10.1.2.3", "api.openai.com"], gateways)
+    allowed = {(g.host, g.port, g.scheme == "https") for g in gateways}
+    ports = {*range(1, 1025), 2375, 2376, 3999, 4001, 6379, 8080, 8442, 8444, 65535}
+    for host in ("gw.example.edu", "10.1.2.3"):
+        for port in sorted(ports):
+            for connect in (False, True):
+                expected = "allow" if (host, port, connect) in allowed else "deny"
+                assert decide(conf, host, port, connect=connect) == expected, (host, port, connect)
+    # With a gateway configured the harness's allowlist is not used (network.egress.plan_egress),
+    # and a gateway host never falls back to its standard ports.
+    assert decide(conf, "gw.example.edu", 443, connect=True) == "deny"
+    assert decide(conf, "gw.example.edu", 80) == "deny"
