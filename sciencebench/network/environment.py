@@ -167,7 +167,7 @@ class IsolatedDockerEnvironment(VerifierHandoffEnvironment):
         whose files, or whose rendered compose model, the policy refuses),
         and PolicyViolation
         (after stopping the environment) when inspection fails or cannot
-        finish within 15 s.
+        finish within 15 s, or the processes running cannot be listed.
         """
         self._plan = self._make_plan()
         if self._dropped_mounts:
@@ -178,7 +178,11 @@ class IsolatedDockerEnvironment(VerifierHandoffEnvironment):
         await self._enforce(self._plan)
         if not self._log_dirs_made:
             await asyncio.to_thread(self._make_log_dirs)
-        await asyncio.to_thread(self._note_start_processes)
+        try:
+            await asyncio.to_thread(self._note_start_processes)
+        except PolicyViolation:
+            await self._stop_after_violation()
+            raise
 
     async def _enforce(self, plan: EgressPlan) -> None:
         try:

@@ -77,3 +77,29 @@ def test_the_script_quotes_the_owner_and_bounds_its_rounds() -> None:
     assert "chown 'agent; reboot' /logs/verifier" in script
     assert f"rounds={END_ROUNDS}\n" in script and "chmod 755 /logs/verifier" in script
     assert script.index("kill -KILL") < script.index("rm -rf /logs/verifier")
+
+
+def test_a_start_whose_processes_cannot_be_listed_stops_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = make_env(tmp_path, allowlist=None)
+    stopped: list[bool] = []
+
+    async def nothing(*args: Any) -> None:
+        return None
+
+    async def stop(delete: bool) -> None:
+        stopped.append(delete)
+
+    def fail(script: str, what: str) -> str:
+        raise PolicyViolation([f"{what} (exit 127): sh: not found"])
+
+    monkeypatch.setattr(env, "_start_with_agent", nothing)
+    monkeypatch.setattr(env, "_enforce", nothing)
+    monkeypatch.setattr(env, "_check_task_files", lambda: None)
+    monkeypatch.setattr(env, "_log_dirs_made", True)
+    monkeypatch.setattr(env, "_root_exec", fail)
+    monkeypatch.setattr(env, "stop", stop)
+    with pytest.raises(PolicyViolation, match="could not be listed"):
+        asyncio.run(env.start(force_build=False))
+    assert stopped == [False]
