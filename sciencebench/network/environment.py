@@ -31,13 +31,13 @@ from sciencebench.dockerhost.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVIC
 from sciencebench.network.compose import PROXY_SERVICE, ProxyFiles, policy_compose
 from sciencebench.network.egress import EgressPlan, plan_egress
 from sciencebench.network.extract import extract_file
+from sciencebench.network.handoff import VerifierHandoffEnvironment
 from sciencebench.network.inspection import (
     INSPECT_TIMEOUT_SEC,
     collect_snapshot,
     inspect_policy,
     policy_record,
 )
-from sciencebench.network.policycompose import PolicyComposeEnvironment
 from sciencebench.network.squid import PROXY_PORT, passwd_line, render_squid_conf
 from sciencebench.network.transfer import ChunkReader, open_dir, open_trial_dir
 
@@ -48,7 +48,7 @@ PROXY_LOG_MAX_BYTES = 16 * 1024 * 1024
 PROXY_LOG_SETTLE_SEC = 0.5  # for squid to log the calls the agent's container left open
 
 
-class IsolatedDockerEnvironment(PolicyComposeEnvironment):
+class IsolatedDockerEnvironment(VerifierHandoffEnvironment):
     """Pier's DockerEnvironment with the offline network policy enforced and verified.
 
     Extra keywords (from `--ek`): `inference_urls`, the gateway base URLs
@@ -72,15 +72,18 @@ class IsolatedDockerEnvironment(PolicyComposeEnvironment):
     config` over Pier's exact file list and environment, and the rendered model
     is checked against the same allowlist -> inspect the real containers and networks
     within 15 s -> stop and raise on any deviation, otherwise write
-    `network-policy-<session>.json` into the trial directory. The agent is set up
-    by Pier only after `start` returns.
+    `network-policy-<session>.json` into the trial directory -> list the processes
+    running (the ones a verifier here keeps). The agent is set up by Pier only
+    after `start` returns.
 
     The layers: `ContainerFilesEnvironment` (`network.containerfiles`: nothing
     mounted, every copy through the archive API and `network.transfer`),
     `AgentInstallEnvironment` (`network.agentinstall`: a baked image, or Pier's
     online install under its checks), `PolicyComposeEnvironment`
     (`network.policycompose`: the task's files and every rendered compose model
-    checked, each `docker compose` with an allowlisted environment), then this
+    checked, each `docker compose` with an allowlisted environment),
+    `VerifierHandoffEnvironment` (`network.handoff`: a same-container verifier
+    starts with no process of the agent's and an empty /logs/verifier), then this
     one: the egress plan (`network.egress`), the policy compose override and
     proxy, inspection and the record. Every image build the trial causes gets
     `build.network: none` from the policy override, except Pier's online agent
@@ -164,7 +167,7 @@ class IsolatedDockerEnvironment(PolicyComposeEnvironment):
         whose files, or whose rendered compose model, the policy refuses),
         and PolicyViolation
         (after stopping the environment) when inspection fails or cannot
-        finish within 15 s.
+        finish within 15 s, or the processes running cannot be listed.
         """
         self._plan = self._make_plan()
         if self._dropped_mounts:
@@ -175,6 +178,11 @@ class IsolatedDockerEnvironment(PolicyComposeEnvironment):
         await self._enforce(self._plan)
         if not self._log_dirs_made:
             await asyncio.to_thread(self._make_log_dirs)
+        try:
+            await asyncio.to_thread(self._note_start_processes)
+        except PolicyViolation:
+            await self._stop_after_violation()
+            raise
 
     async def _enforce(self, plan: EgressPlan) -> None:
         try:
