@@ -1,18 +1,52 @@
 #!/usr/bin/env bash
 # The test command (README): prepares everything the tests need on a clean
-# machine, then runs lint, types and every test tier. Safe to re-run.
+# machine, then runs lint, types, every test tier and the quick benchmark.
+# Safe to re-run. With arguments, runs only `pytest ARGS` after the setup.
+#
+# The setup's long steps wait on the package registries and the disk, so they
+# overlap: the host's Engine and images in one chain, the agent artifacts and
+# lint/types beside it. The tiers then run in three phases (tests/tiers.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$(date +%s)
+logs=$(mktemp -d "${TMPDIR:-/tmp}/sciencebench-test.XXXXXX")
+trap 'rm -rf "$logs"' EXIT
+
+since() { echo "$(( $(date +%s) - $1 ))s"; }
+declare -A pids=() began=()
+# beside NAME CMD...: run CMD in the background, its output kept for `joined`.
+beside() { local name=$1; shift; began[$name]=$(date +%s); ("$@") >"$logs/$name.log" 2>&1 & pids[$name]=$!; }
+# joined NAME: wait for it, print its output, and stop here if it failed.
+joined() {
+    local name=$1 status=0
+    wait "${pids[$name]}" || status=$?
+    echo "== $name (exit $status, $(since "${began[$name]}"))"
+    cat "$logs/$name.log"
+    [ "$status" -eq 0 ] || { echo "test.sh: $name failed" >&2; exit "$status"; }
+}
 
 scripts/bootstrap.sh                # .venv from uv.lock (Python >= 3.12)
-scripts/host-setup.sh               # redis-server, Docker Engine 28 + compose v2, loopback registry
-scripts/fixture-images.sh           # Debian-built base and proxy images, pushed by digest
-scripts/agent-artifacts.sh          # pinned Codex, Claude Code, mini-swe-agent artifacts (npm, PyPI)
-scripts/cluster-images.sh           # worker, Flower, proxy, Redis images built offline (wheelhouse from uv.lock)
-# The cluster tier checks the worker's systemd unit with systemd-analyze (Debian's systemd).
-command -v systemd-analyze >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-    apt-get install -y -qq --no-install-recommends systemd >/dev/null; }
+host_images() {
+    scripts/host-setup.sh           # redis-server, Docker Engine 28 + compose v2, loopback registry
+    scripts/fixture-images.sh       # Debian-built base and proxy images, pushed by digest
+    scripts/cluster-images.sh       # worker, Flower, proxy, Redis images built offline (wheelhouse from uv.lock)
+    # The cluster tier checks the worker's systemd unit with systemd-analyze (Debian's systemd).
+    command -v systemd-analyze >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends systemd >/dev/null; }
+}
+lint_and_types() {
+    .venv/bin/ruff check .
+    .venv/bin/ruff format --check .
+    .venv/bin/mypy
+    .venv/bin/lint-imports --no-cache
+}
+beside host-images host_images
+beside agent-artifacts scripts/agent-artifacts.sh   # pinned Codex, Claude Code, mini-swe-agent (npm, PyPI)
+[ "$#" -gt 0 ] || beside lint-and-types lint_and_types
+joined agent-artifacts
+[ "$#" -gt 0 ] || joined lint-and-types
+joined host-images
+
 # shellcheck disable=SC1091
 source "${SB_STATE:-/var/tmp/sciencebench-host}/env.sh"
 # shellcheck disable=SC1091
@@ -22,24 +56,30 @@ source build/cluster/images.env
 export SB_BASE_IMAGE SB_SQUID_IMAGE LITELLM_LOCAL_MODEL_COST_MAP=True
 export SB_CLUSTER_PYTHON_IMAGE SB_CLUSTER_REDIS_IMAGE SB_CLUSTER_WORKER_IMAGE SB_CLUSTER_FLOWER_IMAGE \
     SB_CLUSTER_PROXY_IMAGE SB_CLUSTER_BUILD_INPUTS
+echo "== setup done in $(since "$started")"
 
-echo "== lint and types"
-.venv/bin/ruff check .
-.venv/bin/ruff format --check .
-.venv/bin/mypy
-.venv/bin/lint-imports --no-cache
-
-echo "== benchmarks, quick smoke (full run: .venv/bin/python -m bench.run)"
-.venv/bin/python -m bench.run --quick
-
-echo "== tests (unit, integration, docker, reliability); setup took $(( $(date +%s) - started ))s so far"
-# --durations: the slowest tests in the log, to see where the time goes (the bound is 45 minutes).
+# --durations: the slowest tests in the log, to see where the time goes (the goal is 25 minutes in all).
 pytest=(.venv/bin/pytest -p no:cacheprovider --durations=40)
 [ "$#" -eq 0 ] || exec "${pytest[@]}" "$@"
-# tests/unit and tests/coordination share no state between tests (each pytest-xdist worker has its own
-# redis-server, temporary and state directories): two processes at once. Every other test (worker processes,
-# the Docker Engine, real agents, checks bound to timing) one at a time, as before.
+
 status=0
-"${pytest[@]}" -n 2 tests/unit tests/coordination || status=$?
-"${pytest[@]}" --ignore=tests/unit --ignore=tests/coordination || status=$?
+phase() {
+    local name=$1 at; shift
+    at=$(date +%s)
+    echo "== tests: $name"
+    "${pytest[@]}" "$@" || status=$?
+    echo "== tests: $name took $(since "$at")"
+}
+# Which test runs in which phase, and why: tests/tiers.py.
+phase "unit and coordination, 2 at a time" -n 2 tests/unit tests/coordination
+phase "integration, reliability and docker, side by side" -n 4 --dist loadscope -m "not alone" \
+    --ignore=tests/unit --ignore=tests/coordination
+phase "tests that measure time or the whole Engine, one at a time" -m alone \
+    --ignore=tests/unit --ignore=tests/coordination
+
+at=$(date +%s)
+echo "== benchmarks, quick smoke (full run: .venv/bin/python -m bench.run)"
+.venv/bin/python -m bench.run --quick || status=$?
+echo "== benchmarks took $(since "$at")"
+echo "== all done in $(since "$started"), exit $status"
 exit "$status"

@@ -6,25 +6,69 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests import tiers
 from tests.fixtures.services import RedisServer
 
 TIERS = ("unit", "integration", "docker")
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test carries exactly one tier marker, so `-m <tier>` selects each test exactly once."""
+    """Every test carries exactly one tier marker, so `-m <tier>` selects each test exactly once.
+
+    Tests that must run with nothing beside them get the `alone` marker (tests/tiers.py).
+    """
     wrong = []
     for item in items:
-        tiers = sorted({mark.name for mark in item.iter_markers() if mark.name in TIERS})
-        if len(tiers) != 1:
-            wrong.append(f"{item.nodeid}: {', '.join(tiers) or 'no tier marker'}")
+        if tiers.is_alone(item.nodeid):
+            item.add_marker(pytest.mark.alone)
+        marked = sorted({mark.name for mark in item.iter_markers() if mark.name in TIERS})
+        if len(marked) != 1:
+            wrong.append(f"{item.nodeid}: {', '.join(marked) or 'no tier marker'}")
     if wrong:
         raise pytest.UsageError(
             f"every test needs exactly one of the tier markers {', '.join(TIERS)}:\n  " + "\n  ".join(wrong)
         )
+
+
+# Tests that may skip in CI, each with why. Everything else that skips there fails instead: a real tier
+# skipped on a machine that followed the README would pass without ever having run. Empty today.
+MAY_SKIP_IN_CI: dict[str, str] = {}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    """With `CI=true`, a skip that is not on `MAY_SKIP_IN_CI` is reported as a failure."""
+    report: pytest.TestReport = yield
+    if (
+        report.skipped
+        and not hasattr(report, "wasxfail")
+        and os.environ.get("CI") == "true"
+        and item.nodeid not in MAY_SKIP_IN_CI
+    ):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI, and not on tests/conftest.py's MAY_SKIP_IN_CI: {reason}"
+    return report
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under `--dist loadscope`, a test's scope is its group in tests/tiers.py: its module, or the
+    modules that share a session fixture. (Not `xdist_group` marks: pytest-xdist 3.8 names a test's
+    group by renaming the test, which pytest 9 no longer lets it do.)"""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return tiers.group_of(nodeid)
+
+    return GroupScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
