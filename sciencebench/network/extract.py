@@ -219,15 +219,16 @@ def _extract_one(
         result.refuse(member.name, "empty name")
         return True
     name = "/".join(parts)
+    # Depth first: the task's exclude patterns cost time that grows with a member's depth.
+    if len(parts) - (0 if member.isdir() else 1) > max_depth:
+        result.refuse(name, f"deeper than {max_depth} directories: extraction stopped")
+        return False
     if exclude and excluded(parts, exclude):
         return True
     reason = _kind(member)
     if reason is not None:
         result.refuse(name, reason)
         return True
-    if len(parts) - (0 if member.isdir() else 1) > max_depth:
-        result.refuse(name, f"deeper than {max_depth} directories: extraction stopped")
-        return False
     if member.isreg() and result.bytes + member.size > max_bytes:
         result.refuse(name, f"over the {max_bytes} byte bound of one transfer: extraction stopped")
         return False

@@ -17,6 +17,7 @@ import pwd
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +105,8 @@ class _Reader:
                 argv = [sys.executable, "-I", "-S", child.__file__, str(uid), str(gid), *map(str, groups)]
                 self.pid = os.posix_spawn(sys.executable, argv, {}, file_actions=[
                     (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                    (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
                     (os.POSIX_SPAWN_DUP2, given, child.SOCKET_FD),
                 ])  # fmt: skip
             finally:
@@ -140,5 +143,10 @@ class _Reader:
         self.sock.close()  # the helper's next read is the end
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, 0)
+        # Reaped aside: a helper stuck in an open no signal interrupts (a hung mount) must not hold the trial.
+        threading.Thread(target=_reap, args=(self.pid,), name="ownerread-reap", daemon=True).start()
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)

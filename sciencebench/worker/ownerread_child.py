@@ -31,6 +31,15 @@ def drop_to(uid: int, gid: int, groups: list[int]) -> None:
         raise SystemExit(2)
     if set(os.getgroups()) - {gid} != set(groups) - {gid}:
         raise SystemExit(2)
+    if any(value != 0 for value in capabilities().values()):
+        raise SystemExit(2)  # kept across the setuid (a securebit set by the worker's supervisor)
+
+
+def capabilities() -> dict[str, int]:
+    """This process's permitted, effective and ambient capability sets (`/proc/self/status`)."""
+    with open("/proc/self/status", "rb") as status:  # bytes: `-S` leaves no text codec to look up
+        fields = dict(line.split(b":", 1) for line in status if b":" in line)
+    return {name: int(fields[name.encode()], 16) for name in ("CapPrm", "CapEff", "CapAmb")}
 
 
 def answer(sock: socket.socket, message: bytes, fds: list[int], flags: int) -> None:
@@ -57,6 +66,7 @@ def main(argv: list[str]) -> int:
     uid, gid, *groups = (int(arg) for arg in argv)
     if uid == 0:
         return 2  # the worker reads as root itself; this process exists to be someone else
+    os.closerange(SOCKET_FD + 1, os.sysconf("SC_OPEN_MAX"))  # nothing of the worker's but the socket
     drop_to(uid, gid, groups)
     with socket.socket(fileno=SOCKET_FD) as sock:
         while True:

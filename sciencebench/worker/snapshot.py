@@ -122,16 +122,18 @@ class _Copy:
 
     def directory(self, src_fd: int, dst_fd: int, relative: str, depth: int) -> None:
         """Copy the directory open as `src_fd` into the one open as `dst_fd` (both already checked)."""
+        found = []
         with os.scandir(src_fd) as listing:
-            found = sorted(listing, key=lambda entry: entry.name)
-        for entry in found:
+            for entry in listing:  # counted as listed: a huge directory is refused before it is held
+                self.entries += 1
+                if self.entries > self.limits.max_entries:
+                    raise RefusedError(
+                        f"{self.name}: more than {self.limits.max_entries} files and directories; "
+                        "a task snapshot holds no more"
+                    )
+                found.append(entry)
+        for entry in sorted(found, key=lambda entry: entry.name):
             here = f"{relative}/{entry.name}" if relative else entry.name
-            self.entries += 1
-            if self.entries > self.limits.max_entries:
-                raise RefusedError(
-                    f"{self.name}: more than {self.limits.max_entries} files and directories; "
-                    "a task snapshot holds no more"
-                )
             if entry.is_symlink():
                 raise self.symlink(here)
             if self.before_open is not None:

@@ -225,6 +225,20 @@ def test_extraction_stops_at_the_depth_bound_and_names_it(tmp_path: Path) -> Non
     assert MAX_DEPTH + 8 <= MAX_TREE_DEPTH
 
 
+def test_a_member_past_the_depth_bound_stops_extraction_before_the_exclude_patterns_see_it(
+    tmp_path: Path,
+) -> None:
+    # The task author's patterns cost time growing with a member's depth (a review measured 32 s for
+    # one member 2,000 deep): the bound is checked first, and an excluded name does not pass it.
+    members = _tar_of({"/".join(["d"] * (MAX_DEPTH + 40)) + "/x.pyc": b"1", "after": b"2"})
+    fd = os.open(tmp_path, _DIR)
+    try:
+        result = extract(members, fd, strip="artifacts", exclude=["*.pyc"])
+    finally:
+        os.close(fd)
+    assert [r.reason for r in result.refusals] == [f"deeper than {MAX_DEPTH} directories: extraction stopped"]
+
+
 def test_an_upload_of_a_1100_level_tree_stops_at_the_depth_bound_and_names_it(tmp_path: Path) -> None:
     _deep_tree(tmp_path / "outputs")
     archive, result = build_tar(tmp_path / "outputs")

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -253,3 +255,54 @@ def test_a_worker_that_is_not_root_refuses_another_accounts_selection(shared: Pa
     outcome = _as_worker(WORKER, task, scratch / task.name, BOB)
     assert outcome.startswith(f"RefusedError: {task.name} belongs to another account (uid {ALICE})"), outcome
     assert not (scratch / task.name).exists()
+
+
+# --- the reader process itself (a review's findings) ----------------------------------------------
+
+
+def _root_only(shared: Path) -> Path:
+    secret = shared / "root-only.txt"
+    secret.write_text(HIDDEN)
+    secret.chmod(0o600)
+    return secret
+
+
+def test_the_reader_holds_no_descriptor_of_the_workers_and_no_capability(shared: Path) -> None:
+    leaked = os.open(_root_only(shared), os.O_RDONLY)  # inheritable: posix_spawn would pass it on
+    os.set_inheritable(leaked, True)
+    try:
+        with ownerread.opener_for(BOB) as access:
+            os.close(access.open(shared, os.O_RDONLY | os.O_DIRECTORY, None))  # answered: it is serving
+            reader = access.open.__self__  # type: ignore[attr-defined]
+            assert sorted(int(fd) for fd in os.listdir(f"/proc/{reader.pid}/fd")) == [0, 1, 2, 3]
+            status = Path(f"/proc/{reader.pid}/status").read_text()
+            caps = {k: v.strip() for k, v in (line.split(":", 1) for line in status.splitlines())}
+            assert caps["CapEff"] == caps["CapPrm"] == caps["CapAmb"] == "0" * 16
+    finally:
+        os.close(leaked)
+
+
+KEEP_CAPABILITIES = """
+import ctypes, sys
+from sciencebench.worker import ownerread
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(28, 1 << 2, 0, 0, 0) == 0  # PR_SET_SECUREBITS, SECBIT_NO_SETUID_FIXUP: caps kept
+try:
+    with ownerread.opener_for(int(sys.argv[2])) as access:
+        fd = access.open(sys.argv[1], 0, None)
+except Exception as exc:
+    print("refused:", type(exc).__name__)
+else:
+    print("opened:", open(fd).read())
+"""
+
+
+def test_a_reader_that_kept_roots_capabilities_opens_nothing(shared: Path) -> None:
+    # A worker whose supervisor set SECBIT_NO_SETUID_FIXUP keeps its capabilities across the setuid.
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run(
+        [sys.executable, "-c", KEEP_CAPABILITIES, str(_root_only(shared)), str(BOB)],
+        capture_output=True, text=True, timeout=60, cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("refused:") and HIDDEN not in run.stdout, run.stdout
