@@ -72,7 +72,7 @@ phase() {
 }
 # Which test runs in which phase, and why: tests/tiers.py.
 phase "unit and coordination, 2 at a time" -n 2 tests/unit tests/coordination
-phase "integration, reliability and docker, side by side" -n 4 --dist loadscope -m "not alone" \
+phase "integration, reliability and docker, side by side" -n 4 --dist loadfile -m "not alone" \
     --ignore=tests/unit --ignore=tests/coordination
 phase "tests that measure time or the whole Engine, one at a time" -m alone \
     --ignore=tests/unit --ignore=tests/coordination

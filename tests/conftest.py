@@ -6,7 +6,6 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,8 +19,10 @@ TIERS = ("unit", "integration", "docker")
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every test carries exactly one tier marker, so `-m <tier>` selects each test exactly once.
 
-    Tests that must run with nothing beside them get the `alone` marker (tests/tiers.py).
+    Tests that must run with nothing beside them get the `alone` marker, and the longest modules
+    come first (tests/tiers.py).
     """
+    items.sort(key=lambda item: tiers.order(item.nodeid))  # stable: the rest as collected
     wrong = []
     for item in items:
         if tiers.is_alone(item.nodeid):
@@ -54,21 +55,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.outcome = "failed"
         report.longrepr = f"skipped in CI, and not on tests/conftest.py's MAY_SKIP_IN_CI: {reason}"
     return report
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under `--dist loadscope`, a test's scope is its group in tests/tiers.py: its module, or the
-    modules that share a session fixture. (Not `xdist_group` marks: pytest-xdist 3.8 names a test's
-    group by renaming the test, which pytest 9 no longer lets it do.)"""
-    if config.getvalue("dist") != "loadscope":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class GroupScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return tiers.group_of(nodeid)
-
-    return GroupScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

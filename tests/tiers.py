@@ -1,38 +1,50 @@
 """How scripts/test.sh runs the tiers after unit: side by side where tests share nothing, else alone.
 
-The second phase runs integration, reliability and docker tests on several
-pytest-xdist workers (`--dist loadscope`, whose scope tests/conftest.py makes
-`group_of`). Each test module is one group (its module-scoped fixtures,
-workers, images are made once, on one xdist worker); `GROUPS` joins modules
-that share a session fixture, so it is made once.
-The third phase runs `ALONE` one at a time, with nothing beside them: tests
-that measure time against a bound, and tests that act on the whole Engine
-(its image store, its networks) where a neighbour would change the answer.
+The second phase runs integration, reliability and docker tests on four
+pytest-xdist workers, a module to a worker (`--dist loadfile`: its
+module-scoped fixtures, workers and images are made once), the longest
+modules first (`LONGEST_FIRST`), so that none of them starts last. The third
+phase runs `ALONE` one at a time, with nothing beside them: tests that
+measure time against a bound, or look at the whole host (its network
+devices), where a neighbour would change the answer.
 """
 
 from __future__ import annotations
 
-# Modules that share an expensive session fixture: one xdist group each.
-GROUPS = {
-    # The agents baked into the demo's image (`baked`, tests/docker/conftest.py): once per session.
-    "tests/docker/test_real_agents.py": "baked-agents",
-    "tests/docker/test_provider_errors.py": "baked-agents",
-}
+# The modules that take longest beside others (seconds in a full run of the second phase), longest
+# first: handed out before the rest.
+LONGEST_FIRST = (
+    "tests/docker/test_provider_errors.py",  # 17 real-agent trials with faults: ~450
+    "tests/docker/test_real_agents.py",  # the agents baked, 9 real-agent tests: ~300
+    "tests/docker/test_cluster.py",  # worker containers from compose/: ~400
+    "tests/reliability/test_worker_kills.py",  # ~130
+    "tests/docker/test_build_network.py",  # ~160
+    "tests/reliability/test_real_pier.py",  # the 24-trial soak and its audits: ~150
+    "tests/docker/test_online_install.py",  # ~80
+    "tests/docker/test_hostile_outputs.py",  # ~110
+)
 
 # Modules (or single tests) that run in the last phase, one at a time, with nothing beside them.
+_FAULTS = "tests/integration/test_fault_isolation.py::"
 ALONE = {
     "tests/integration/test_placement.py": "placed makespan within 1.10 x pulling everywhere",
     "tests/integration/test_fair_share.py": "a second user's wait against the first user's trial times",
-    "tests/integration/test_fault_isolation.py::test_a_capped_job_does_not_hold_workers": "took < 12 s",
+    f"{_FAULTS}test_a_capped_job_does_not_hold_workers": "took < 12 s",
+    f"{_FAULTS}test_a_host_that_cannot_see_the_jobs_dir_hands_trials_back": "its good host paused meanwhile",
+    f"{_FAULTS}test_missing_records_fail_summarize_and_retry_sends_only_them": "retry while a 3-s trial runs",
     "tests/integration/test_live_numbers.py": "the ETA within 1.5 x the trials' sleep",
+    "tests/integration/test_engines.py::test_a_private_engine_leaves_the_session_engines_bridge_alone": (
+        "compares the host's network devices before and after"
+    ),
     "tests/reliability/test_count_window.py": "a lost count recovered within 6 leases + 10 s",
+    "tests/reliability/test_placement_faults.py": "a broker restart and a killed host within submit's 180 s",
 }
 
 
-def group_of(nodeid: str) -> str:
-    """The xdist group of a test: its module's, or the shared one `GROUPS` names."""
+def order(nodeid: str) -> int:
+    """Where a test's module comes in the second phase: `LONGEST_FIRST`'s, then the rest as collected."""
     module = nodeid.split("::", 1)[0]
-    return GROUPS.get(module, module)
+    return LONGEST_FIRST.index(module) if module in LONGEST_FIRST else len(LONGEST_FIRST)
 
 
 def is_alone(nodeid: str) -> bool:

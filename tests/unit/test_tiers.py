@@ -24,14 +24,15 @@ def _exists(nodeid: str) -> bool:
 
 
 def test_every_named_module_and_test_exists() -> None:
-    missing = [nodeid for nodeid in [*tiers.GROUPS, *tiers.ALONE] if not _exists(nodeid)]
+    missing = [nodeid for nodeid in [*tiers.LONGEST_FIRST, *tiers.ALONE] if not _exists(nodeid)]
     assert missing == []
 
 
-def test_a_module_is_its_own_group_unless_joined() -> None:
-    assert tiers.group_of("tests/integration/test_chord.py::test_x[a]") == "tests/integration/test_chord.py"
-    real, provider = "tests/docker/test_real_agents.py", "tests/docker/test_provider_errors.py"
-    assert tiers.group_of(f"{real}::t") == tiers.group_of(f"{provider}::t[codex]") != real
+def test_the_longest_modules_come_first_the_rest_as_collected() -> None:
+    first, second = tiers.LONGEST_FIRST[:2]
+    rest = ["tests/integration/test_chord.py::a", "tests/docker/test_e2e_pier.py::b"]
+    ordered = sorted([*rest, f"{second}::c", f"{first}::d[x]"], key=tiers.order)
+    assert ordered == [f"{first}::d[x]", f"{second}::c", *rest]
 
 
 def test_alone_by_module_or_by_test() -> None:
