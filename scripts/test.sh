@@ -63,19 +63,32 @@ pytest=(.venv/bin/pytest -p no:cacheprovider --durations=40)
 [ "$#" -eq 0 ] || exec "${pytest[@]}" "$@"
 
 status=0
+# phase NAME PYTEST-ARGS...: one pytest run, timed; its exit status in $last.
 phase() {
     local name=$1 at; shift
     at=$(date +%s)
     echo "== tests: $name"
-    "${pytest[@]}" "$@" || status=$?
-    echo "== tests: $name took $(since "$at")"
+    last=0
+    "${pytest[@]}" "$@" || last=$?
+    echo "== tests: $name took $(since "$at") (exit $last)"
 }
 # Which test runs in which phase, and why: tests/tiers.py.
 phase "unit and coordination, 2 at a time" -n 2 tests/unit tests/coordination
-phase "integration, reliability and docker, side by side" -n 4 --dist loadfile -m "not alone" \
-    --ignore=tests/unit --ignore=tests/coordination
+[ "$last" -eq 0 ] || status=$last
+# A test that fails beside others runs again, alone: a bound on time a loaded machine missed is not a
+# failure of the code; one that fails alone too fails the run. The log names every test run again.
+failed_beside="$logs/failed-beside"
+SCIENCEBENCH_FAILED_TESTS=$failed_beside phase "integration, reliability and docker, side by side" \
+    -n 4 --dist loadfile -m "not alone" --ignore=tests/unit --ignore=tests/coordination
+if [ "$last" -ne 0 ] && [ -s "$failed_beside" ]; then
+    mapfile -t again < <(sort -u "$failed_beside")
+    printf '== tests: failed beside others, run again alone:\n'; printf '  %s\n' "${again[@]}"
+    phase "the tests that failed beside others, alone" "${again[@]}"
+fi
+[ "$last" -eq 0 ] || status=$last
 phase "tests that measure time or the whole Engine, one at a time" -m alone \
     --ignore=tests/unit --ignore=tests/coordination
+[ "$last" -eq 0 ] || status=$last
 
 at=$(date +%s)
 echo "== benchmarks, quick smoke (full run: .venv/bin/python -m bench.run)"

@@ -57,6 +57,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With SCIENCEBENCH_FAILED_TESTS=<file>, every failed test's id is added to it (scripts/test.sh
+    runs them again alone)."""
+    target = os.environ.get("SCIENCEBENCH_FAILED_TESTS")
+    if target and report.failed:
+        with open(target, "a", encoding="utf-8") as failed:
+            failed.write(report.nodeid + "\n")
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path_factory.mktemp("redis"))

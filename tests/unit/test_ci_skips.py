@@ -1,4 +1,4 @@
-"""tests/conftest.py: in CI a skipped test fails the run, unless it is listed as allowed to skip."""
+"""tests/conftest.py: in CI a skipped test fails the run unless listed; failed tests are named for a rerun."""
 
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ def test_expected_failure() -> None:
 """
 
 
-def _run(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess[str]:
+def _run(tmp_path: Path, ci: str | None, **extra: str) -> subprocess.CompletedProcess[str]:
     test = tmp_path / "test_skipping.py"
     test.write_text(SKIPPING)
-    env = {k: v for k, v in os.environ.items() if k != "CI"} | ({"CI": ci} if ci else {})
+    env = {k: v for k, v in os.environ.items() if k != "CI"} | ({"CI": ci} if ci else {}) | extra
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "tests.conftest", "-c", os.devnull,
          "--rootdir", str(tmp_path), "-rA", str(test)],
@@ -51,3 +51,11 @@ def test_a_skip_is_a_skip_elsewhere(tmp_path: Path) -> None:
     run = _run(tmp_path, None)
     assert run.returncode == 0, run.stdout
     assert "1 skipped, 1 xfailed" in run.stdout
+
+
+def test_the_failed_tests_are_named_for_scripts_test_sh(tmp_path: Path) -> None:
+    failed = tmp_path / "failed"
+    run = _run(tmp_path, "true", SCIENCEBENCH_FAILED_TESTS=str(failed))
+    assert run.returncode == 1, run.stdout
+    # Once per failed report (a test may fail in more than one phase): scripts/test.sh sorts them unique.
+    assert set(failed.read_text().splitlines()) == {"test_skipping.py::test_skips"}
