@@ -30,6 +30,10 @@ DROPPED_CAPS = ("NET_ADMIN", "NET_RAW")
 GATEWAY_MODE_OPTION = "com.docker.network.bridge.gateway_mode_ipv4"
 FORWARDING_SYSCTLS = {"net.ipv4.ip_forward": "0", "net.ipv6.conf.all.forwarding": "0"}
 NO_BUILD_NETWORK = {"network": "none"}
+# Processes (tasks) per container: a fork bomb in one trial would otherwise
+# exhaust the host's pid space for every trial on it. 4096 leaves room for a
+# real agent, whose node/python toolchains spawn hundreds of processes.
+DEFAULT_PIDS_LIMIT = 4096
 ROLE_LABEL = MANAGED_LABEL  # also what a worker's leftover sweep looks for
 
 
@@ -47,24 +51,32 @@ def _literal(value: str) -> str:
     return value.replace("$", "$$")
 
 
-def _hardening(role: str, owner: str) -> dict[str, Any]:
+def _hardening(role: str, owner: str, pids_limit: int) -> dict[str, Any]:
     labels = {ROLE_LABEL: role} | ({OWNER_LABEL: owner} if owner else {})
     return {
         "cap_drop": list(DROPPED_CAPS),
         "privileged": False,
+        "pids_limit": pids_limit,
         "stop_signal": "SIGKILL",
         "labels": labels,
     }
 
 
 def policy_compose(
-    mode: Mode, proxy: ProxyFiles | None = None, owner: str = "", *, offline_build: bool = False
+    mode: Mode,
+    proxy: ProxyFiles | None = None,
+    owner: str = "",
+    *,
+    offline_build: bool = False,
+    pids_limit: int = DEFAULT_PIDS_LIMIT,
 ) -> dict[str, Any]:
     """The compose override for `mode`; `proxy` is required exactly in egress mode.
 
     `owner` (the worker's `dockerhost.owner_id`) labels every container so
     that only the worker host state that started a trial sweeps its leftovers.
     `offline_build`: `main` is built for this trial, with no network.
+    `pids_limit` bounds the processes of `main` and the proxy (it comes last
+    in the merge, so a task's own `pids_limit` on `main` does not win).
 
     Raises ValueError when `proxy` and `mode` disagree (a programming error,
     not a policy decision).
@@ -82,7 +94,7 @@ def policy_compose(
     since a `build` key would turn a service that only names its image into a
     built one.
     """
-    main: dict[str, Any] = _hardening("agent", owner)
+    main: dict[str, Any] = _hardening("agent", owner, pids_limit)
     if offline_build:
         main["build"] = dict(NO_BUILD_NETWORK)
     if mode == "none":
@@ -96,7 +108,7 @@ def policy_compose(
     main["networks"] = [INTERNAL_NETWORK]
     main["depends_on"] = {PROXY_SERVICE: {"condition": "service_healthy"}}
     proxy_service: dict[str, Any] = {
-        **_hardening("proxy", owner),
+        **_hardening("proxy", owner, pids_limit),
         "image": _literal(proxy.image),
         # The image is pinned and distributed ahead of time; never build it here.
         "pull_policy": "missing",

@@ -22,6 +22,7 @@ from sciencebench.dockerhost.labels import COMPOSE_PROJECT_LABEL as PROJECT_LABE
 from sciencebench.dockerhost.labels import COMPOSE_SERVICE_LABEL as SERVICE_LABEL
 from sciencebench.network.compose import (
     AGENT_SERVICE,
+    DEFAULT_PIDS_LIMIT,
     DROPPED_CAPS,
     FORWARDING_SYSCTLS,
     GATEWAY_MODE_OPTION,
@@ -134,6 +135,16 @@ def _container_checks(container: Json, mount_roots: Sequence[str] | None) -> lis
     return failures
 
 
+def _pids_checks(container: Json, pids_limit: int) -> list[str]:
+    """A missing, 0 or negative PidsLimit is unlimited; above `pids_limit` is too high."""
+    value = (container.get("HostConfig") or {}).get("PidsLimit")
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        return [f"{_name(container)}: HostConfig.PidsLimit is {value!r} (unlimited)"]
+    if value > pids_limit:
+        return [f"{_name(container)}: HostConfig.PidsLimit {value} is above {pids_limit}"]
+    return []
+
+
 def _within(source: str, roots: Sequence[str]) -> bool:
     """Whether a bind source lies under a root, as written and with symlinks followed on this host.
 
@@ -190,6 +201,7 @@ def inspect_policy(
     agent_service: str = AGENT_SERVICE,
     proxy_service: str = PROXY_SERVICE,
     mount_roots: Sequence[str] | None = None,
+    pids_limit: int = DEFAULT_PIDS_LIMIT,
 ) -> list[str]:
     """Every check the started trial fails; an empty list means it complies.
 
@@ -199,7 +211,8 @@ def inspect_policy(
     is what the environment configured: `none` (the agent has no network at
     all) or `isolated-allowlist` (agent on one internal isolated bridge shared
     only with the proxy). `mount_roots` are the host directories bind mounts
-    may come from (the trial's and the task's). Never raises on malformed
+    may come from (the trial's and the task's). The agent and the proxy must
+    have a `HostConfig.PidsLimit` in 1..`pids_limit`. Never raises on malformed
     input: a missing field is a failed check.
     """
     failures: list[str] = []
@@ -212,6 +225,8 @@ def inspect_policy(
         labels = (container.get("Config") or {}).get("Labels") or {}
         by_service.setdefault(str(labels.get(SERVICE_LABEL, "")), []).append(container)
         failures.extend(_container_checks(container, mount_roots))
+        if labels.get(SERVICE_LABEL) in (agent_service, proxy_service):
+            failures.extend(_pids_checks(container, pids_limit))
 
     expected = {agent_service} | ({proxy_service} if mode == "isolated-allowlist" else set())
     for service, members in sorted(by_service.items()):

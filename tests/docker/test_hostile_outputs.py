@@ -272,7 +272,7 @@ def test_a_real_container_with_a_writable_trial_mount_is_a_violation(
     container = docker_client.containers.run(
         base_image, ["sleep", "30"], detach=True, network_mode="none", cap_drop=list(DROPPED_CAPS),
         labels={COMPOSE_PROJECT_LABEL: project, COMPOSE_SERVICE_LABEL: "main"},
-        volumes={str(trial_dir / "artifacts"): {"bind": "/logs/artifacts", "mode": "rw"}},
+        volumes={str(trial_dir / "artifacts"): {"bind": "/logs/artifacts", "mode": "rw"}}, pids_limit=256,
     )  # fmt: skip
     try:
         snapshot = collect_snapshot(project)

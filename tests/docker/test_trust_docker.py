@@ -79,7 +79,8 @@ def project(docker_client: docker.DockerClient) -> Iterator[str]:
 def _agent(client: docker.DockerClient, base_image: str, project: str, **host: object) -> None:
     client.containers.run(
         base_image, ["sleep", "30"], detach=True, network_mode="none", cap_drop=list(DROPPED_CAPS),
-        labels={COMPOSE_PROJECT_LABEL: project, COMPOSE_SERVICE_LABEL: "main"}, **host,
+        labels={COMPOSE_PROJECT_LABEL: project, COMPOSE_SERVICE_LABEL: "main"},
+        pids_limit=host.pop("pids_limit", 256), **host,
     )  # fmt: skip
 
 
@@ -236,3 +237,13 @@ def test_a_confined_compose_task_passes_the_rendered_check_and_starts(
     finally:
         asyncio.run(env.stop(delete=True))
     assert _project_containers(docker_client, env.compose_project) == []
+
+
+def test_a_container_without_a_pids_limit_is_a_violation(
+    docker_client: docker.DockerClient, base_image: str, project: str
+) -> None:
+    # Docker's default is no limit: a fork bomb would reach every trial of the host.
+    _agent(docker_client, base_image, project, pids_limit=-1)
+    snapshot = collect_snapshot(project)
+    violations = inspect_policy(snapshot.engine_version, snapshot.containers, snapshot.networks, mode="none")
+    assert len(violations) == 1 and "PidsLimit" in violations[0], violations

@@ -144,3 +144,12 @@ def test_only_pier_s_online_install_context_may_build_with_the_network() -> None
     assert build_network_problems(elsewhere, online_context=Path(CONTEXT)) != []
     proxy = {"services": {"sb-egress-proxy": {"build": {"context": CONTEXT}}}}
     assert len(build_network_problems(proxy, online_context=Path(CONTEXT))) == 2
+
+
+def test_every_policy_service_gets_a_pids_limit() -> None:
+    # A fork bomb in one trial would otherwise reach every trial of the host.
+    for compose in (policy_compose("none"), policy_compose("isolated-allowlist", PROXY)):
+        for service in compose["services"].values():
+            assert service["pids_limit"] == 4096
+    small = policy_compose("isolated-allowlist", PROXY, pids_limit=256)
+    assert {s["pids_limit"] for s in small["services"].values()} == {256}

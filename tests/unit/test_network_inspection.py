@@ -41,6 +41,7 @@ EGRESS: dict[str, Any] = json.loads(
     }
    },
    "HostConfig": {
+    "PidsLimit": 4096,
     "NetworkMode": "task_002__fixtureegress_sb-internal",
     "CapDrop": [
      "CAP_NET_ADMIN",
@@ -74,6 +75,7 @@ EGRESS: dict[str, Any] = json.loads(
     }
    },
    "HostConfig": {
+    "PidsLimit": 4096,
     "NetworkMode": "task_002__fixtureegress_sb-egress",
     "CapDrop": [
      "CAP_NET_ADMIN",
@@ -198,6 +200,7 @@ NONE: dict[str, Any] = json.loads(
     }
    },
    "HostConfig": {
+    "PidsLimit": 4096,
     "NetworkMode": "none",
     "CapDrop": [
      "CAP_NET_ADMIN",
@@ -573,3 +576,23 @@ def test_policy_record_of_a_no_network_trial() -> None:
     assert record["network_mode"] == "none"
     assert record["internal_network"] is None
     assert record["container_id"] == snap["containers"][0]["Id"]
+
+
+@pytest.mark.parametrize("service", ["main", "sb-egress-proxy"])
+@pytest.mark.parametrize("value", [None, 0, -1, 4097])
+def test_unbounded_or_too_high_pids_limit_fails(service: str, value: int | None) -> None:
+    # A fork bomb in one trial must not exhaust the host's pids for all trials.
+    snap = egress()
+    host = container(snap, service)["HostConfig"]
+    if value is None:
+        del host["PidsLimit"]
+    else:
+        host["PidsLimit"] = value
+    only(verdict(snap), service, "PidsLimit")
+
+
+def test_pids_limit_within_a_lower_bound_passes() -> None:
+    snap = egress()
+    for service in ("main", "sb-egress-proxy"):
+        container(snap, service)["HostConfig"]["PidsLimit"] = 256
+    assert verdict(snap) == []
