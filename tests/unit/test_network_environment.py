@@ -20,6 +20,7 @@ from pier.models.trial.paths import TrialPaths
 
 from sciencebench.core.errors import PolicyRefused, PolicyViolation
 from sciencebench.dockerhost import hostlocks
+from sciencebench.network.compose import DEFAULT_PIDS_LIMIT
 from sciencebench.network.egress import parse_inference_urls, plan_egress
 from sciencebench.network.environment import IsolatedDockerEnvironment
 
@@ -246,6 +247,7 @@ def test_no_allowlist_environment_is_network_none(tmp_path: Path) -> None:
                     "org.sciencebench.owner": hostlocks.owner_id(),
                 },
                 "network_mode": "none",
+                "pids_limit": DEFAULT_PIDS_LIMIT,
             }
         }
     }
