@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -274,7 +275,11 @@ def test_the_reader_holds_no_descriptor_of_the_workers_and_no_capability(shared:
         with ownerread.opener_for(BOB) as access:
             os.close(access.open(shared, os.O_RDONLY | os.O_DIRECTORY, None))  # answered: it is serving
             reader = access.open.__self__  # type: ignore[attr-defined]
-            assert sorted(int(fd) for fd in os.listdir(f"/proc/{reader.pid}/fd")) == [0, 1, 2, 3]
+            # The reader closes what it sent just after sending it: wait for that, not for the leak.
+            deadline = time.monotonic() + 5
+            while (fds := {int(fd) for fd in os.listdir(f"/proc/{reader.pid}/fd")}) != {0, 1, 2, 3}:
+                assert time.monotonic() < deadline, (fds, leaked)
+                time.sleep(0.01)
             status = Path(f"/proc/{reader.pid}/status").read_text()
             caps = {k: v.strip() for k, v in (line.split(":", 1) for line in status.splitlines())}
             assert caps["CapEff"] == caps["CapPrm"] == caps["CapAmb"] == "0" * 16
