@@ -298,6 +298,16 @@ _REMOVE_FDS = 32
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
+def _with_new_directory(src: int, name: str, parent_fd: int) -> tuple[int, int]:
+    """`src` (an open directory) and the new directory `name` in `parent_fd`, open; closes `src` if not."""
+    try:
+        os.mkdir(name, 0o755, dir_fd=parent_fd)
+        return src, os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except BaseException:
+        os.close(src)
+        raise
+
+
 def copy_tree_at(source: Path, parent_fd: int, name: str, *, max_depth: int = MAX_TREE_DEPTH) -> None:
     """Copy the directory `source` to a new directory `name` in `parent_fd`, following no link on either side.
 
@@ -309,13 +319,7 @@ def copy_tree_at(source: Path, parent_fd: int, name: str, *, max_depth: int = MA
     exclusively. Raises OSError (FileExistsError when `name` exists); a
     failed copy may leave a partial `name`.
     """
-    src = os.open(source, _DIR_FLAGS)
-    try:
-        os.mkdir(name, 0o755, dir_fd=parent_fd)
-        dst = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
-    except BaseException:
-        os.close(src)
-        raise
+    src, dst = _with_new_directory(os.open(source, _DIR_FLAGS), name, parent_fd)
     # One level per directory being copied: its two descriptors and the entries still to copy.
     stack: list[tuple[int, int, list[str]]] = [(src, dst, [])]
     try:
@@ -332,13 +336,7 @@ def copy_tree_at(source: Path, parent_fd: int, name: str, *, max_depth: int = MA
             if stat.S_ISDIR(info.st_mode):
                 if len(stack) > max_depth:
                     raise OutputLimitError(f"{source}: deeper than {max_depth} directories; not copied")
-                child = os.open(entry, _DIR_FLAGS, dir_fd=src)
-                try:
-                    os.mkdir(entry, 0o755, dir_fd=dst)
-                    copy = os.open(entry, _DIR_FLAGS, dir_fd=dst)
-                except BaseException:
-                    os.close(child)
-                    raise
+                child, copy = _with_new_directory(os.open(entry, _DIR_FLAGS, dir_fd=src), entry, dst)
                 stack.append((child, copy, []))
                 stack[-1][2].extend(sorted(os.listdir(child)))
             elif stat.S_ISREG(info.st_mode):
