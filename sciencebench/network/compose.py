@@ -56,7 +56,10 @@ def _hardening(role: str, owner: str, pids_limit: int) -> dict[str, Any]:
     return {
         "cap_drop": list(DROPPED_CAPS),
         "privileged": False,
+        # Both spellings, equal: compose refuses distinct values, and a task with cpus or memory gets
+        # Pier's `deploy.resources.limits`, where an unset pids differs from `pids_limit`.
         "pids_limit": pids_limit,
+        "deploy": {"resources": {"limits": {"pids": pids_limit}}},
         "stop_signal": "SIGKILL",
         "labels": labels,
     }

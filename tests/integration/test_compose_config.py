@@ -181,3 +181,27 @@ def test_the_override_puts_the_worker_on_the_control_plane_network() -> None:
     assert list(rendered["services"]["worker"]["networks"]) == ["control-plane"]
     network = rendered["networks"]["control-plane"]
     assert network["external"] is True and network["name"] == "sciencebench-control-plane_default"
+
+
+def test_the_policy_pids_limit_merges_with_piers_resource_limits(tmp_path: Path) -> None:
+    # Every released task asks for cpus and memory, which Pier writes as deploy.resources.limits; the
+    # policy's pids limit must merge with them (compose refused a distinct pids_limit: every trial failed).
+    from pier.environments.docker import write_resources_compose_file
+
+    from sciencebench.network.compose import DEFAULT_PIDS_LIMIT, policy_compose
+
+    base = tmp_path / "docker-compose.yaml"
+    base.write_text("services:\n  main:\n    image: busybox\n")
+    resources = write_resources_compose_file(tmp_path / "resources.json", cpu_limit=2, memory_limit_mb=8192)
+    task = tmp_path / "task.yaml"  # a task that asks for no limit on processes at all
+    task.write_text("services:\n  main:\n    pids_limit: -1\n")
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps(policy_compose("none")))
+    files = [arg for path in (base, resources, task, policy) for arg in ("-f", str(path))]
+    done = subprocess.run(["docker", "compose", *files, "config", "--format", "json"], cwd=tmp_path,
+                          env=_clean_env(), capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    main = json.loads(done.stdout)["services"]["main"]
+    assert main["pids_limit"] == DEFAULT_PIDS_LIMIT, main
+    assert main["deploy"]["resources"]["limits"]["pids"] == DEFAULT_PIDS_LIMIT, main
+    assert main["deploy"]["resources"]["limits"]["cpus"] == 2.0, main

@@ -248,6 +248,7 @@ def test_no_allowlist_environment_is_network_none(tmp_path: Path) -> None:
                 },
                 "network_mode": "none",
                 "pids_limit": DEFAULT_PIDS_LIMIT,
+                "deploy": {"resources": {"limits": {"pids": DEFAULT_PIDS_LIMIT}}},
             }
         }
     }
