@@ -108,7 +108,8 @@ def _once(h: Harness, tls: Any, i: int, found: Findings) -> dict[str, Any]:
         proc = subprocess.run(
             [str(h.venv_bin / "sciencebench"), "submit", "--local", "--path", str(demo),
              "--task-id", "001", "--agent", "codex", "--env-file", str(env_file),
-             "--jobs-dir", str(h.jobs_dir), "--job-name", job],
+             "--jobs-dir", str(h.jobs_dir), "--job-name", job,
+             "--gateway", "https://gw:4443"],  # the scripted gateway: a name only the trial's proxy resolves
             env=env, capture_output=True, text=True, timeout=900, check=False,
         )  # fmt: skip
     record = json.loads((h.trials_dir(job) / "001-1.json").read_text())

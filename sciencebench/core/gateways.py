@@ -4,7 +4,9 @@ A gateway is where a harness sends inference. Both sides need it: the login
 node validates the URLs of a provider profile, the worker's network policy
 turns their authorities into proxy rules, and the Codex adapter renders the
 provider block from one. Which gateways a trial may reach is the operator's
-choice (`allowed_by`): an internal address only when listed.
+choice (`allowed_by`): an internal address only when listed. A gateway
+named by a host name the operator did not list is resolved on the worker at
+trial time and its proxy pinned to the addresses checked (`pin_gateways`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import ipaddress
 import json
 import re
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
@@ -22,6 +24,8 @@ from pydantic import BaseModel, ConfigDict
 from sciencebench.core.errors import ProfileError
 
 DEFAULT_CODEX_MODEL = "gpt-5"
+# The policy environment's keyword (`--ek`) that carries a trial's pins (`pin_gateways`).
+PINS_KEYWORD = "gateway_pins"
 DEFAULT_CODEX_BASE_URL = "https://api.openai.com/v1"
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]|%0[ad]|%00", re.IGNORECASE)
@@ -139,6 +143,79 @@ def refusal_reason(gateway: Gateway, listed: Sequence[str]) -> str:
     kind = internal_kind(gateway.host)
     why = f"a {kind} address" if kind else "not one of the allowed gateways"
     return f"{why} (allowed: {', '.join(listed[:4])})" if listed else why
+
+
+def resolve_ipv4(host: str) -> tuple[str, ...]:
+    """The IPv4 addresses `host` resolves to here, in the resolver's order (the proxy has no IPv6)."""
+    try:
+        found = socket.getaddrinfo(host, None, family=socket.AF_INET, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return ()
+    return tuple(dict.fromkeys(str(info[4][0]) for info in found))
+
+
+def pin_gateways(
+    gateways: Sequence[Gateway],
+    listed: Sequence[Gateway],
+    forbidden: Collection[str] = (),
+    resolve: Callable[[str], Sequence[str]] = resolve_ipv4,
+) -> dict[str, str]:
+    """The address the proxy must use for each gateway name, checked now; ValueError says why not.
+
+    With an operator's list nothing is pinned (admission matched every gateway
+    against it: the list is the operator's word); nor is a gateway named by an
+    address (admission checked it). A name is resolved here, and every
+    address it gives must be neither internal (`internal_kind`) nor in
+    `forbidden` (this worker's and the broker's addresses): a name that
+    resolves to any such address, or to none, is refused. The proxy then
+    connects to the first address, whatever a later lookup says (a name
+    rebound between check and connect gains nothing).
+    """
+    pins: dict[str, str] = {}
+    for gateway in gateways:
+        if listed or _is_address(gateway.host):
+            continue
+        addresses = resolve(gateway.host)
+        if not addresses:
+            raise ValueError(
+                f"gateway {gateway.url}: {gateway.host} does not resolve to an IPv4 address here"
+            )
+        for address in addresses:
+            kind = internal_kind(address)
+            why = f"a {kind} address" if kind else "an address of this worker or its broker"
+            if kind or address in forbidden:
+                raise ValueError(
+                    f"gateway {gateway.url}: {gateway.host} resolves to {address}, {why}; this "
+                    f"worker reaches it only when its operator lists it (worker --gateway {gateway.origin})"
+                )
+        pins[gateway.host] = addresses[0]
+    return pins
+
+
+def parse_pins(value: object) -> dict[str, str]:
+    """Pins as the worker hands them to the trial's environment (a JSON object), checked again."""
+    if isinstance(value, str):
+        value = json.loads(value) if value else {}
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError("gateway pins: expected a JSON object of host name to IPv4 address")
+    pins: dict[str, str] = {}
+    for host, address in value.items():
+        if not isinstance(host, str) or not _HOST.match(host) or _is_address(host):
+            raise ValueError("gateway pins: a key is not a host name")
+        if not isinstance(address, str) or not _is_address(address) or ":" in address:
+            raise ValueError(f"gateway pins: {host} is not pinned to an IPv4 address")
+        pins[host.lower()] = str(ipaddress.IPv4Address(address))
+    return pins
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 def public_url(url: str) -> str:

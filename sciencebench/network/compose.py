@@ -44,6 +44,8 @@ class ProxyFiles:
     image: str
     squid_conf: str
     passwd: str
+    # (name, address): the proxy's hosts file resolves each pinned gateway name to its checked address
+    hosts: tuple[tuple[str, str], ...] = ()
 
 
 def _literal(value: str) -> str:
@@ -126,6 +128,7 @@ def policy_compose(
             {"type": "bind", "source": _literal(proxy.passwd), "target": SQUID_AUTH_FILE, "read_only": True},
         ],
         "networks": [INTERNAL_NETWORK, EGRESS_NETWORK],
+        **({"extra_hosts": [f"{name}:{address}" for name, address in proxy.hosts]} if proxy.hosts else {}),
         "sysctls": dict(FORWARDING_SYSCTLS),
         "security_opt": ["no-new-privileges:true"],
         "healthcheck": {

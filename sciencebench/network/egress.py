@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sciencebench.core.errors import PolicyRefused, ProfileError
-from sciencebench.core.gateways import Gateway, parse_gateway
+from sciencebench.core.gateways import Gateway, parse_gateway, parse_pins
 from sciencebench.core.images import check_image_ref
 from sciencebench.core.settings import PROXY_IMAGE_ENV
 from sciencebench.network.compose import Mode
@@ -27,6 +27,8 @@ class EgressPlan:
     domains: tuple[str, ...] = ()
     gateways: tuple[Gateway, ...] = ()
     proxy_image: str | None = None
+    # gateway host -> the address the worker checked (`core.gateways.pin_gateways`); the proxy uses only it
+    pins: tuple[tuple[str, str], ...] = ()
 
     @property
     def inference_domains(self) -> list[str]:
@@ -72,6 +74,7 @@ def plan_egress(
     allowlist_domains: Sequence[str],
     inference_urls: object,
     proxy_image: str | None,
+    gateway_pins: object = None,
 ) -> EgressPlan:
     """Decide the mode of one environment, or refuse it.
 
@@ -84,11 +87,13 @@ def plan_egress(
     required. Raises PolicyRefused when the task allows internet, a gateway
     URL is invalid or names an IPv6 host, the allowlist used has a suffix or
     an invalid entry, the proxy image is missing or not pinned, or a task's own
-    docker-compose.yaml would be combined with egress.
+    docker-compose.yaml would be combined with egress. `gateway_pins` (the
+    worker's, `core.gateways.pin_gateways`) must name gateway hosts only.
     """
     if allow_internet:
         raise PolicyRefused("task sets allow_internet = true; the offline network policy refuses it")
     gateways = parse_inference_urls(inference_urls)
+    pins = _pins(gateway_pins, gateways)
     if not allowlist_domains:
         return EgressPlan(mode="none")
     domains = [] if gateways else _exact_hosts(allowlist_domains)
@@ -103,13 +108,25 @@ def plan_egress(
         check_image_ref(proxy_image)
     except ValueError as exc:
         raise PolicyRefused(f"proxy image: {exc}") from None
-    render_squid_conf(domains, gateways)  # refuses what the proxy cannot express (an IPv6 gateway), now
+    render_squid_conf(domains, gateways, pins)  # refuses what the proxy cannot express (an IPv6 gateway), now
     return EgressPlan(
         mode="isolated-allowlist",
         domains=tuple(domains),
         gateways=tuple(gateways),
         proxy_image=proxy_image,
+        pins=tuple(sorted(pins.items())),
     )
+
+
+def _pins(value: object, gateways: Sequence[Gateway]) -> dict[str, str]:
+    """The worker's pins, each for one of the gateways' hosts (or PolicyRefused)."""
+    try:
+        pins = parse_pins(value)
+    except ValueError as exc:
+        raise PolicyRefused(str(exc)) from None
+    if strays := sorted(set(pins) - {gateway.host for gateway in gateways}):
+        raise PolicyRefused(f"gateway pins: {strays[0]} is not a gateway's host")
+    return pins
 
 
 def _exact_hosts(allowlist_domains: Sequence[str]) -> list[str]:

@@ -96,12 +96,14 @@ class IsolatedDockerEnvironment(VerifierHandoffEnvironment):
         inference_urls: object = None,
         proxy_image: str | None = None,
         owner: str | None = None,
+        gateway_pins: object = None,
         **kwargs: Any,
     ) -> None:
         # Decisions that can fail wait for start(): an exception raised here
         # would abort Pier's whole job instead of being recorded on the trial.
         # (`agent_image` and `agent_install` are `AgentInstallEnvironment`'s.)
         self._inference_urls = inference_urls
+        self._gateway_pins = gateway_pins
         self._proxy_image = proxy_image or raw_setting("proxy_image") or None
         self._owner = str(owner) if owner else None
         self._plan: EgressPlan | None = None
@@ -124,6 +126,7 @@ class IsolatedDockerEnvironment(VerifierHandoffEnvironment):
             allowlist_domains=list(self.network_allowlist.domains),
             inference_urls=self._inference_urls,
             proxy_image=self._proxy_image,
+            gateway_pins=self._gateway_pins,
         )
 
     def _prepare_egress_proxy_compose(self) -> None:
@@ -139,7 +142,7 @@ class IsolatedDockerEnvironment(VerifierHandoffEnvironment):
             token = new_proxy_token()
             squid_conf = directory / "squid.conf"
             passwd = directory / "squid.passwd"
-            squid_conf.write_text(render_squid_conf(plan.domains, plan.gateways))
+            squid_conf.write_text(render_squid_conf(plan.domains, plan.gateways, dict(plan.pins)))
             passwd.write_text(passwd_line(token))
             # squid's auth helper runs as the unprivileged `proxy` user.
             for path in (squid_conf, passwd):
@@ -148,6 +151,7 @@ class IsolatedDockerEnvironment(VerifierHandoffEnvironment):
                 image=plan.proxy_image,
                 squid_conf=str(squid_conf.resolve()),
                 passwd=str(passwd.resolve()),
+                hosts=plan.pins,
             )
             self._egress_proxy_env = proxy_environment(token, PROXY_SERVICE, PROXY_PORT)
         compose_path = directory / "docker-compose-policy.json"

@@ -3,8 +3,9 @@
 Two kinds of destinations are allowed, nothing else: each configured
 gateway on exactly its own port, and (only when no gateway is configured)
 the harness's provider allowlist, exact hosts only, on ports 80 and 443
-(`render_squid_conf`). No rule ever resolves a name: a denied name never
-reaches the resolver, so an agent cannot smuggle data out through DNS.
+(`render_squid_conf`). No rule resolves a denied name: it never reaches
+the resolver, so an agent cannot smuggle data out through DNS. A gateway
+name the worker pinned resolves from the proxy's hosts file only.
 Every name and address is validated before it reaches squid.conf, so a
 value can never add a directive.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from sciencebench.core.errors import PolicyRefused
 from sciencebench.core.gateways import Gateway
@@ -83,6 +84,7 @@ def passwd_line(token: str) -> str:
 def render_squid_conf(
     domains: Sequence[str],
     gateways: Sequence[Gateway],
+    pins: Mapping[str, str] | None = None,
     *,
     port: int = PROXY_PORT,
     auth_file: str = SQUID_AUTH_FILE,
@@ -115,6 +117,10 @@ def render_squid_conf(
     every requested name before denying it, which sends the name, and whatever
     data an agent puts into it, to the resolver). A leading-dot suffix is
     refused (anyone can own a name under a public suffix such as `.amazonaws.com`).
+
+    `pins` (gateway host -> IPv4 address the worker checked) add a `dst` rule
+    to that gateway's: squid resolves the name from the proxy's hosts file,
+    where the environment writes the same address, and connects to nothing else.
     """
     if not domains and not gateways:
         raise PolicyRefused("inference proxy requested with an empty allowlist")
@@ -159,8 +165,13 @@ def render_squid_conf(
         lines.append(f"acl gateway_{index}_host dstdomain -n {host}")
         lines.append(f"acl gateway_{index}_port port {gw_port}")
         method = "CONNECT" if scheme == "https" else "!CONNECT"
+        pinned = ""
+        if address := (pins or {}).get(host):
+            lines.append(f"acl gateway_{index}_address dst {_host_entry(address, 'pinned address')}")
+            pinned = f" gateway_{index}_address"
         # Authentication last, so a refused destination gets 403, not a 407.
-        rules.append(f"http_access allow gateway_{index}_host gateway_{index}_port {method} authenticated")
+        allowed = f"gateway_{index}_host gateway_{index}_port{pinned}"
+        rules.append(f"http_access allow {allowed} {method} authenticated")
     if plain:
         lines.append(f"acl allowed_domains dstdomain -n {' '.join(plain)}")
         lines.append(f"acl standard_ports port {' '.join(map(str, STANDARD_PORTS))}")

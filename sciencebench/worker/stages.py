@@ -11,6 +11,7 @@ left is removed by `clean_up`, whose docstring says when.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import time
@@ -32,10 +33,12 @@ from sciencebench.core.errors import (
     WorkspaceError,
 )
 from sciencebench.core.failures import failure_record, recorded_failure, trial_record
+from sciencebench.core.gateways import PINS_KEYWORD
 from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec
 from sciencebench.core.paths import JobPaths, ScratchPaths, open_job_dir
 from sciencebench.core.pier_argv import render_argv
 from sciencebench.worker.context import HostRuntime, WorkerContext
+from sciencebench.worker.gatewaypins import gateway_pins
 from sciencebench.worker.pier import process
 from sciencebench.worker.pier.agentconfig import redact_pier_files, write_agent_config
 from sciencebench.worker.pier.layout import (
@@ -160,10 +163,13 @@ def run_try(
     timed("preflight", lambda: ctx.runtime.preflight(job))
     timed("pull", lambda: ctx.runtime.ensure_images(spec.image_refs, job.platform, job.skip_pull))
 
+    environment_kwargs = ctx.runtime.environment_kwargs()
+    if pins := gateway_pins(job, ctx.settings):  # resolved now, on this worker; the proxy uses only these
+        environment_kwargs[PINS_KEYWORD] = json.dumps(pins, sort_keys=True)
     argv = render_argv(
         # Pier reads the snapshot only; the record keeps the selection's path.
         job, spec.model_copy(update={"task_dir": snapshot.path}), scratch, PIER_JOB,
-        pier_bin=ctx.settings.pier_bin, environment_kwargs=ctx.runtime.environment_kwargs(),
+        pier_bin=ctx.settings.pier_bin, environment_kwargs=environment_kwargs,
         agent_config=write_agent_config(spec, job, scratch, owner_uid),
     )  # fmt: skip
     passed = ctx.settings.pier_env

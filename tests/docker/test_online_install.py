@@ -146,9 +146,11 @@ def submit(lab: GatewayLab, npm: NpmRegistry, selection: Path, jobs: Path, state
     env_file.parent.mkdir(parents=True)
     env_file.write_text(f"ANTHROPIC_AUTH_TOKEN={KEY}\nANTHROPIC_BASE_URL=http://gw:{GATEWAY_PORT}\n")
     env_file.chmod(0o600)
+    # No baked image required or recorded; the scripted gateway is listed (`gw` resolves only on the trials'
+    # egress networks).
     env = local_host_env(
-        state_dir, SCIENCEBENCH_AGENT_INSTALL="online"
-    )  # no baked image required or recorded
+        state_dir, SCIENCEBENCH_AGENT_INSTALL="online", SCIENCEBENCH_GATEWAYS=f"http://gw:{GATEWAY_PORT}"
+    )
     gateway_before, npm_before = len(lab.requests()), len(npm.requests())
     argv = [str(SCIENCEBENCH), "submit", "--path", str(selection), "--agent", "claude-code",
             "--model", MODEL, "--env-file", str(env_file),

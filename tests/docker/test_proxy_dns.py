@@ -16,6 +16,9 @@ test creates. On it:
                name     gateway http://gw.test:4000/v1 (Pier's allowlist adds provider.test)
                tls      gateway https://<gateway IP>:4000/v1
                plain    no gateway, allowlist provider.test
+               pinned   gateway http://gw.test:4000/v1, pinned by the worker to
+                        the decoy's address (compose's extra_hosts, squid's dst)
+    decoy      4000     a second HTTP fixture, answering "decoy"
 
 A denied request must cause no DNS query at all: a query for a denied name
 carries whatever an agent put into the name to the resolver. Names are
@@ -35,6 +38,7 @@ from pathlib import Path
 
 import pytest
 
+from sciencebench.network.compose import PROXY_SERVICE, ProxyFiles, policy_compose
 from sciencebench.network.egress import plan_egress
 from sciencebench.network.squid import PROXY_PORT, passwd_line, render_squid_conf
 
@@ -91,6 +95,11 @@ class Lab:
         out = docker("exec", self.client, "bash", "-c", script + "\ntrue")
         return out.splitlines()
 
+    def body(self, proxy: str, target: str) -> str:
+        """What `target` answers through `proxy`."""
+        via = f"http://agent:{TOKEN}@{self.proxies[proxy]}:{PROXY_PORT}"
+        return docker("exec", self.client, "curl", "-s", "-m", "5", "-x", via, target)
+
     def queries(self, proxy: str) -> list[str]:
         """Every name the resolver was asked by `proxy` since it started, as 'TYPE name'."""
         time.sleep(1)  # a lookup squid started last has reached the resolver by now
@@ -101,7 +110,9 @@ class Lab:
         ]
 
 
-def start_proxy(lab: Lab, root: Path, name: str, conf: str, resolver_ip: str, image: str) -> None:
+def start_proxy(
+    lab: Lab, root: Path, name: str, conf: str, resolver_ip: str, image: str, hosts: list[str] | None = None
+) -> None:
     directory = root / name
     directory.mkdir()
     (directory / "squid.conf").write_text(conf + f"dns_nameservers {resolver_ip}\n")
@@ -110,7 +121,7 @@ def start_proxy(lab: Lab, root: Path, name: str, conf: str, resolver_ip: str, im
         path.chmod(0o644)  # squid and its auth helper run as `proxy`
     container = f"{lab.tag}-{name}"
     docker("run", "-d", "--name", container, "--label", f"sciencebench.test={lab.tag}",
-           "--network", lab.network,
+           "--network", lab.network, *(f"--add-host={entry}" for entry in hosts or []),
            "-v", f"{directory / 'squid.conf'}:/etc/squid/squid.conf:ro",
            "-v", f"{directory / 'squid.passwd'}:/etc/squid/sciencebench.passwd:ro",
            image, "squid", "-N", "-d", "1", "-f", "/etc/squid/squid.conf")  # fmt: skip
@@ -127,15 +138,27 @@ def wait_listening(container: str) -> None:
     raise RuntimeError(f"{container} did not start: {(logs.stdout + logs.stderr)[-2000:]}")
 
 
-def conf_for(allowlist: list[str], inference_urls: list[str], image: str) -> str:
+def conf_for(allowlist: list[str], inference_urls: list[str], image: str, pins: str | None = None) -> str:
     plan = plan_egress(
         allow_internet=False,
         uses_compose=False,
         allowlist_domains=allowlist,
         inference_urls=inference_urls,
         proxy_image=image,
+        gateway_pins=pins,
     )
-    return render_squid_conf(plan.domains, plan.gateways)
+    return render_squid_conf(plan.domains, plan.gateways, dict(plan.pins))
+
+
+def pinned_hosts(pins: str, image: str) -> list[str]:
+    """The proxy's extra hosts as the policy's compose override gives them."""
+    plan = plan_egress(
+        allow_internet=False, uses_compose=False, allowlist_domains=["gw.test"],
+        inference_urls=["http://gw.test:4000/v1"], proxy_image=image, gateway_pins=pins,
+    )  # fmt: skip
+    proxy = ProxyFiles(image=image, squid_conf="/dev/null", passwd="/dev/null", hosts=plan.pins)
+    hosts: list[str] = policy_compose("isolated-allowlist", proxy)["services"][PROXY_SERVICE]["extra_hosts"]
+    return hosts
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +184,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory, base_image: str) -> Iterator[L
     docker("network", "create", "--internal", "--label", label, tag)
     try:
         gateway = run("gateway", base_image, "bash", "-c", GATEWAY_FIXTURE)
+        decoy = run("decoy", base_image, "bash", "-c", GATEWAY_FIXTURE.replace("echo gateway", "echo decoy"))
         client = run("client", base_image, "sleep", "infinity")
         lab = Lab(tag=tag, network=tag, log=root / "log" / "queries.jsonl", gateway_ip="", client=client)
         lab.gateway_ip = lab.ip(gateway)
@@ -179,8 +203,12 @@ def lab(tmp_path_factory: pytest.TempPathFactory, base_image: str) -> Iterator[L
             "tls": conf_for([gw], [f"https://{gw}:4000/v1"], squid_image),
             "plain": conf_for(["provider.test"], [], squid_image),
         }
+        # The worker checked gw.test and pinned it; the resolver now says otherwise (a rebinding).
+        pins = json.dumps({"gw.test": lab.ip(decoy)})
+        confs["pinned"] = conf_for(["gw.test"], ["http://gw.test:4000/v1"], squid_image, pins)
+        hosts = {"pinned": pinned_hosts(pins, squid_image)}
         for name, conf in confs.items():
-            start_proxy(lab, root, name, conf, resolver_ip, squid_image)
+            start_proxy(lab, root, name, conf, resolver_ip, squid_image, hosts.get(name))
             containers.append(f"{tag}-{name}")
         for name in confs:
             wait_listening(f"{tag}-{name}")
@@ -281,3 +309,17 @@ def test_plain_allowlist_domain_keeps_80_and_connect_443(lab: Lab) -> None:
     targets = denied_targets("plain-")
     assert_all_refused(lab.requests("plain", targets), targets)
     assert {q.split()[1] for q in lab.queries("plain")} == {"provider.test"}
+
+
+# --- a pinned gateway name: the address the worker checked, whatever DNS says later -----------
+
+
+def test_pinned_gateway_name_reaches_only_its_pinned_address(lab: Lab) -> None:
+    assert lab.body("name", "http://gw.test:4000/v1/models") == "gateway"  # what DNS says
+    assert lab.body("pinned", "http://gw.test:4000/v1/models") == "decoy"  # what the worker checked
+    assert lab.queries("pinned") == []  # the hosts file answered: the resolver was never asked
+    other_ports = ["-p http://gw.test:4000/", "http://gw.test/v1/models"]
+    assert lab.requests("pinned", other_ports) == ["403 000", "000 403"]
+    targets = denied_targets("pinned-")
+    assert_all_refused(lab.requests("pinned", targets), targets)
+    assert lab.queries("pinned") == []

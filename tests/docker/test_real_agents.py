@@ -180,8 +180,14 @@ class Run:
 
 
 def agent_env(state_dir: Path, **extra: str) -> dict[str, str]:
-    """A local submit's environment on an offline host: the baked images only."""
-    return local_host_env(state_dir, **{"SCIENCEBENCH_AGENT_INSTALL": "baked", **extra})
+    """A local submit's (or a worker's) environment on an offline host: the baked images only.
+
+    Its operator lists the scripted gateway: `gw` resolves only on the trials' egress networks.
+    """
+    listed = f"http://gw:{ALLOWED_PORTS['http']} https://gw:{ALLOWED_PORTS['https']}"
+    return local_host_env(
+        state_dir, **{"SCIENCEBENCH_AGENT_INSTALL": "baked", "SCIENCEBENCH_GATEWAYS": listed, **extra}
+    )
 
 
 def write_env_file(directory: Path, text: str) -> Path:
