@@ -295,7 +295,10 @@ def test_a_missing_baked_image_is_one_line_at_submit(
     demo_selection: Path, tmp_path: Path, state_dir: Path
 ) -> None:
     # A codex version nobody baked: refused before anything is written or sent.
-    env_file = write_env_file(tmp_path, f"OPENAI_API_KEY={CANARY}\nCODEX_VERSION=0.1.0\n")
+    env_file = write_env_file(
+        tmp_path,
+        f"OPENAI_API_KEY={CANARY}\nCODEX_BASE_URL=https://gw:{ALLOWED_PORTS['https']}/v1\nCODEX_VERSION=0.1.0\n",
+    )
     proc = subprocess.run(
         [str(SCIENCEBENCH), "submit", "--path", str(demo_selection), "--agent", "codex", "--env-file",
          str(env_file), "--jobs-dir", str(tmp_path / "jobs"), "--job-name", "missing", "--local"],
