@@ -154,10 +154,11 @@ def test_summary_json_shape(finished_job: tuple[JobSpec, JobPaths]) -> None:
     job, paths = finished_job
     write_summary(job, now=NOW)
     summary = json.loads(paths.summary_json.read_text())
-    assert list(summary) == ["generated_at", "jobs_dir", "trial_count", "rows", "stats"]
+    assert list(summary) == ["generated_at", "jobs_dir", "trial_count", "missing_trials", "rows", "stats"]
     assert summary["generated_at"] == NOW.isoformat()
     assert summary["jobs_dir"] == str(job.jobs_dir)
     assert summary["trial_count"] == 4
+    assert summary["missing_trials"] == []
     assert [list(row) for row in summary["rows"]] == [SUMMARY_COLUMNS] * 4
     first = summary["rows"][0]
     assert first["reward"] == 1.0
@@ -233,6 +234,7 @@ def test_partial_job_has_pending_trials_and_no_finish(tmp_path: Path) -> None:
     result = write_summary(job, now=NOW).result
     assert result.n_total_trials == 4
     assert result.stats.n_pending_trials == 2
+    assert json.loads(paths.summary_json.read_text())["missing_trials"] == ["002#2", "005#1"]
     assert result.stats.n_cancelled_trials == 1
     assert result.finished_at is None
     JobResult.model_validate_json(result.text())
