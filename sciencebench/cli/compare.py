@@ -80,7 +80,7 @@ def _print(report: dict[str, Any], result: Comparison) -> None:
     for side in ("a", "b"):
         job = report[side]
         mean = "-" if job["mean_reward"] is None else f"{job['mean_reward']:.3f}"
-        excluded = ", ".join(f"{name} {n}" for name, n in job["excluded_trials"].items()) or "0"
+        excluded = str(sum(job["excluded_trials"].values()))
         counted = f"{job['n_tasks_counted']} of {job['n_tasks']}"
         jobs.add_row(side.upper(), job["job_name"], job["agent"], counted, mean, str(job["n_passed"]),
                      excluded, str(job["missing_trials"]))  # fmt: skip
@@ -98,6 +98,9 @@ def _print(report: dict[str, Any], result: Comparison) -> None:
     lines = _lines(result)
     for side in ("a", "b"):
         job = report[side]
+        if job["excluded_trials"]:
+            counts = ", ".join(f"{name} {n}" for name, n in job["excluded_trials"].items())
+            lines.append(f"left out (not the model's): {side.upper()} ({job['job_name']}): {counts}")
         if job["missing_trials"]:
             lines.append(f"incomplete: {side.upper()} ({job['job_name']}): {job['missing_trials']} of "
                          f"{job['n_trials_planned']} trials have no record")  # fmt: skip

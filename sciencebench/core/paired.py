@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sciencebench.core.errors import Stage
 from sciencebench.core.models import TrialRecord
+from sciencebench.core.pierjob import CANCELLED_TYPES
 
 # A task passes when its mean reward over attempts reaches this (every attempt solved, with 0/1 rewards).
 PASS_REWARD = 1.0
@@ -31,7 +32,7 @@ SCHEMA = "sciencebench.compare/1"
 PROVIDER = "provider_error"
 NOT_STARTED = "not_started"
 INFRASTRUCTURE = "infrastructure"
-# Stages before the agent ran, where a failure is the cluster's (a host, a pull, a slot, a cancel).
+# Stages before the agent ran, where a failure is the cluster's (a host, a pull, a slot); and cancels.
 INFRASTRUCTURE_STAGES = frozenset(
     {Stage.ADMISSION, Stage.PREFLIGHT, Stage.SLOT, Stage.WORKSPACE, Stage.SECRETS, Stage.PULL, Stage.WORKER}
 )
@@ -43,6 +44,8 @@ def excluded_class(record: TrialRecord) -> str | None:
         return PROVIDER
     if record.not_started is not None:
         return NOT_STARTED
+    if record.exception_type in CANCELLED_TYPES:  # ours, or Pier's when a cancel stopped its run
+        return INFRASTRUCTURE
     if record.exception_type is not None and record.stage in INFRASTRUCTURE_STAGES:
         return INFRASTRUCTURE
     return None

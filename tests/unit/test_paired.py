@@ -141,8 +141,10 @@ def test_trials_that_are_not_the_models_are_left_out_and_counted() -> None:
         _record("003", 1, None, exception_type="PullError", stage="pull"),
         _record("003", 2, None, exception_type="Cancelled", stage="slot"),
         _record("004", 1, None, exception_type="PolicyViolation", stage="policy"),  # the task's: counted
+        _record("004", 2, None, exception_type="CancelledError", stage="harness"),  # Pier's, on a cancel
     ]
     outcomes = task_outcomes(records)
     assert sorted(outcomes.tasks) == ["001", "004"]
     assert outcomes.tasks["001"].mean_reward == 1.0 and outcomes.tasks["001"].n_counted == 1
-    assert outcomes.excluded == {INFRASTRUCTURE: 2, NOT_STARTED: 1, PROVIDER: 1}
+    assert outcomes.tasks["004"].n_counted == 1
+    assert outcomes.excluded == {INFRASTRUCTURE: 3, NOT_STARTED: 1, PROVIDER: 1}
