@@ -380,3 +380,23 @@ def test_summarize_works_on_the_job_where_it_finds_it(tmp_path: Path) -> None:
         str(moved / "sum" / f"task_00{i}__abcdefg" / "verifier") for i in (1, 2)
     ]
     assert not JobPaths(job.jobs_dir, job.job_name).job_dir.exists()  # nothing written where it was
+
+
+def test_summarize_never_calls_a_job_with_trials_missing_or_not_started_complete(tmp_path: Path) -> None:
+    job, paths = _job(tmp_path, ["002", "005", "007"])
+    from sciencebench.login.submit import write_job_spec
+
+    write_job_spec(job)
+    _record(paths, "002", rewards={"reward": 1.0})
+    _record(paths, "005", not_started="budget")
+    done = _summarize(job)
+    assert done.exit_code == 1, done.output  # a trial has no record: not the budget's 3
+    words = " ".join(done.output.split())  # the title wraps over a narrow table
+    assert "sum: 2 trial(s), 1 not started, 1 with no record: incomplete" in words
+    assert "incomplete: 1 of 3 trials have no record" in done.output
+    assert json.loads(paths.summary_json.read_text())["missing_trials"] == ["007#1"]
+
+    _record(paths, "007", rewards={"reward": 0.0})
+    done = _summarize(job)
+    assert done.exit_code == 3, done.output  # complete but for the budget
+    assert "sum: 3 trial(s), 1 not started" in done.output and "incomplete" not in done.output
