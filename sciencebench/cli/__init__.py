@@ -8,7 +8,7 @@ started.
 
 from __future__ import annotations
 
-from sciencebench.cli import hosts, jobs, results, run  # noqa: F401 (each module adds its commands to `main`)
+from sciencebench.cli import compare, hosts, jobs, results, run  # noqa: F401 (each module adds its commands to `main`)
 from sciencebench.cli.common import main
 
 __all__ = ["main"]

@@ -49,15 +49,19 @@ def conclude(job: JobSpec, answer: FinalizerAnswer, coord: Coordinator | None = 
     missing = answer.missing or []
     if coord is not None or not missing:
         forget_agent_env(job)  # the job has ended: its --agent-env values are no longer needed
-    _print_missing(missing)
+    _print_missing(missing, len(job.trial_keys()))
     if answer.n_errored_trials or missing:
         return 1
     return EXIT_BUDGET if not_started else 0
 
 
-def _print_missing(missing: list[str]) -> None:
-    """On stderr: the trials with no record (the first 20 of them), if any."""
+def _print_missing(missing: list[str], planned: int) -> None:
+    """The trials with no record, if any: how many on stdout (never a complete job), which on stderr.
+
+    On stderr the first 20 of them.
+    """
     if missing:
+        out.print(f"incomplete: {len(missing)} of {planned} trials have no record", markup=False)
         shown = ", ".join(TrialKey.parse(key).label for key in missing[:20])
         more = f" and {len(missing) - 20} more" if len(missing) > 20 else ""
         err.print(f"missing: {len(missing)} trial(s) have no record: {shown}{more}", markup=False)
@@ -87,7 +91,7 @@ def print_summary(paths: JobPaths) -> None:
     from sciencebench.core.summary import SummaryFile
 
     summary = SummaryFile.read(paths)
-    table = Table(title=f"{paths.job_name}: {summary.trial_count} trial(s)")
+    table = Table(title=f"{paths.job_name}: {_trial_count(summary)}")
     for column in ("task_id", "trial_id", "reward", "failure_class"):
         table.add_column(column)
     for row in summary.rows:
@@ -95,6 +99,19 @@ def print_summary(paths: JobPaths) -> None:
     out.print(table)
     out.print("\n".join(_number_lines(summary)), markup=False, highlight=False, soft_wrap=True)
     out.print(f"results: {paths.summary_csv}")
+
+
+def _trial_count(summary: SummaryFile) -> str:
+    """`4 trial(s)`, with those never started and, while any trial has no record, `incomplete`."""
+    from sciencebench.core.summary import NOT_STARTED
+
+    text = f"{summary.trial_count} trial(s)"
+    not_started = sum(row.failure_class == NOT_STARTED for row in summary.rows)
+    if not_started:
+        text += f", {not_started} not started"
+    if summary.missing_trials:
+        text += f", {len(summary.missing_trials)} with no record: incomplete"
+    return text
 
 
 def _number_lines(summary: SummaryFile) -> list[str]:
@@ -119,8 +136,9 @@ def summarize(jobs_dir: Path, job_name: str, all_rows: bool) -> None:
     """Rebuild result.json, config.json, summary.json and summary.csv from disk alone.
 
     Prints each trial's row, or for a big job the counts and the failed
-    trials. Exits 1 when a trial errored or has no record yet (listed on
-    stderr), 3 when, without either, the job's budget left trials not started.
+    trials. Exits 1 when a trial errored or has no record yet (then it says
+    "incomplete: N of M trials have no record" and lists them on stderr), 3
+    when, without either, the job's budget left trials not started.
     """
     from sciencebench.coordination.records import forget_agent_env, missing_trials
     from sciencebench.core.summary import write_summary
@@ -140,7 +158,7 @@ def summarize(jobs_dir: Path, job_name: str, all_rows: bool) -> None:
     not_started = print_budget(job, paths)
     if not missing:
         forget_agent_env(job)  # the job has ended: its --agent-env values are no longer needed
-    _print_missing(missing)
+    _print_missing(missing, len(job.trial_keys()))
     if summary.result.stats.n_errored_trials or missing:
         sys.exit(1)
     sys.exit(EXIT_BUDGET if not_started else 0)

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pydantic_core
-from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from sciencebench.core.models import JobSpec, TrialRecord
 from sciencebench.core.paths import JobPaths, open_job_dir, write_atomic_at
@@ -73,13 +73,19 @@ class SummaryRow(BaseModel):
 
 
 class SummaryFile(BaseModel):
-    """summary.json: when and where, the rows, and the job's numbers (None in a file older than them)."""
+    """summary.json: when and where, the rows, and the job's numbers (None in a file older than them).
+
+    `missing_trials`: the keys (`002#1`) of the job's trials that have no
+    record yet (never ran, still running, or lost): while any is listed the
+    job is not complete.
+    """
 
     model_config = ConfigDict(frozen=True)
 
     generated_at: IsoTime
     jobs_dir: str
     trial_count: int
+    missing_trials: list[str] = Field(default_factory=list)
     rows: list[SummaryRow]
     stats: JobNumbers | None = None
 
@@ -225,8 +231,8 @@ def write_summary(job: JobSpec, now: datetime | None = None) -> Summary:
 
     <job>/result.json    Pier's JobResult of the trials (core.pierjob.job_result)
     <job>/config.json    Pier's JobConfig of the job (core.pierjob.job_config)
-    <job>/summary.json   sciencebench's rows: {generated_at, jobs_dir, trial_count, rows, stats}
-                         (`stats`: the job's numbers, `core.stats.job_numbers`)
+    <job>/summary.json   sciencebench's rows: {generated_at, jobs_dir, trial_count, missing_trials,
+                         rows, stats} (`stats`: the job's numbers, `core.stats.job_numbers`)
     <job>/summary.csv    the same rows in the original runner's columns
     """
     now = now or datetime.now(UTC)
@@ -247,9 +253,11 @@ def write_summary(job: JobSpec, now: datetime | None = None) -> Summary:
     config = job_config(job)
     # The scored trials only (`TrialRecord.scored`): provider failures and trials never started apart.
     numbers = job_numbers(records, trials, [row.failure_class for row in rows], job.n_concurrent)
+    recorded = {record.key for record in records}
     summary = SummaryFile(
-        generated_at=now, jobs_dir=str(job.jobs_dir), trial_count=len(rows), rows=rows, stats=numbers
-    )
+        generated_at=now, jobs_dir=str(job.jobs_dir), trial_count=len(rows),
+        missing_trials=[key for key in job.trial_keys() if key not in recorded], rows=rows, stats=numbers,
+    )  # fmt: skip
 
     buffer = io.StringIO()
     columns = [*SUMMARY_COLUMNS, MODEL_COLUMN] if with_model else SUMMARY_COLUMNS

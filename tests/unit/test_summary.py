@@ -154,10 +154,11 @@ def test_summary_json_shape(finished_job: tuple[JobSpec, JobPaths]) -> None:
     job, paths = finished_job
     write_summary(job, now=NOW)
     summary = json.loads(paths.summary_json.read_text())
-    assert list(summary) == ["generated_at", "jobs_dir", "trial_count", "rows", "stats"]
+    assert list(summary) == ["generated_at", "jobs_dir", "trial_count", "missing_trials", "rows", "stats"]
     assert summary["generated_at"] == NOW.isoformat()
     assert summary["jobs_dir"] == str(job.jobs_dir)
     assert summary["trial_count"] == 4
+    assert summary["missing_trials"] == []
     assert [list(row) for row in summary["rows"]] == [SUMMARY_COLUMNS] * 4
     first = summary["rows"][0]
     assert first["reward"] == 1.0
@@ -233,6 +234,7 @@ def test_partial_job_has_pending_trials_and_no_finish(tmp_path: Path) -> None:
     result = write_summary(job, now=NOW).result
     assert result.n_total_trials == 4
     assert result.stats.n_pending_trials == 2
+    assert json.loads(paths.summary_json.read_text())["missing_trials"] == ["002#2", "005#1"]
     assert result.stats.n_cancelled_trials == 1
     assert result.finished_at is None
     JobResult.model_validate_json(result.text())
@@ -378,3 +380,23 @@ def test_summarize_works_on_the_job_where_it_finds_it(tmp_path: Path) -> None:
         str(moved / "sum" / f"task_00{i}__abcdefg" / "verifier") for i in (1, 2)
     ]
     assert not JobPaths(job.jobs_dir, job.job_name).job_dir.exists()  # nothing written where it was
+
+
+def test_summarize_never_calls_a_job_with_trials_missing_or_not_started_complete(tmp_path: Path) -> None:
+    job, paths = _job(tmp_path, ["002", "005", "007"])
+    from sciencebench.login.submit import write_job_spec
+
+    write_job_spec(job)
+    _record(paths, "002", rewards={"reward": 1.0})
+    _record(paths, "005", not_started="budget")
+    done = _summarize(job)
+    assert done.exit_code == 1, done.output  # a trial has no record: not the budget's 3
+    words = " ".join(done.output.split())  # the title wraps over a narrow table
+    assert "sum: 2 trial(s), 1 not started, 1 with no record: incomplete" in words
+    assert "incomplete: 1 of 3 trials have no record" in done.output
+    assert json.loads(paths.summary_json.read_text())["missing_trials"] == ["007#1"]
+
+    _record(paths, "007", rewards={"reward": 0.0})
+    done = _summarize(job)
+    assert done.exit_code == 3, done.output  # complete but for the budget
+    assert "sum: 3 trial(s), 1 not started" in done.output and "incomplete" not in done.output
