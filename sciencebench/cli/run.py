@@ -12,6 +12,8 @@ from rich.console import Console
 from sciencebench.cli.common import err, handle_errors, main, out, reach_broker, require_worker_extra
 from sciencebench.cli.results import conclude
 from sciencebench.coordination.protocol import Coordinator
+from sciencebench.core.errors import BrokerUnavailableError
+from sciencebench.core.gateways import masked_url
 from sciencebench.core.models import JobSpec, TrialSpec
 from sciencebench.core.paths import SelectionPaths
 from sciencebench.core.settings import DEMO_BASE_IMAGE_ENV, DEMO_REGISTRY_ENV, Settings
@@ -57,7 +59,12 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
         nonlocal coord
         if local:
             return Cluster.this_host(settings)
-        coord = reach_broker(settings)
+        try:
+            coord = reach_broker(settings)
+        except BrokerUnavailableError as exc:
+            if not opts.dry_run:
+                raise
+            return Cluster.unknown(f"{exc} at {masked_url(settings.broker_url)}")
         return Cluster.live(coord, settings.lease_seconds)
 
     timeout = None if local else settings.visibility_timeout_sec
@@ -66,12 +73,19 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
     record = build_run_record(prepared.job, prepared.trials[0], broker, prepared.secret_values)
 
     if opts.dry_run:
+        unchecked = list(prepared.unchecked)
+        if coord is None and not opts.skip_pull:  # no worker pre-warms them: their registries are asked
+            from sciencebench.login.registries import check_images
+
+            unchecked += filter(None, [check_images(prepared.job.image_refs).line()])
         write_run_record(opts.path, record, prepared.secret_values)
         out.print(f"dry run: {len(prepared.trials)} trial(s) of {len(prepared.selection.task_ids)} "
                   f"task(s); selection sha256 {prepared.selection.sha256}", soft_wrap=True)  # fmt: skip
         out.print("pier command: " + record.pier_command, markup=False, soft_wrap=True)
         out.print(f"run record: {SelectionPaths(opts.path).run_record}")
-        _print_expected(settings, prepared.job, prepared.trials, coord)
+        _print_expected(settings, prepared.job, prepared.trials, coord, "--local" if local else "no broker")
+        if unchecked:
+            out.print("dry run: not checked here: " + "; ".join(unchecked), markup=False, soft_wrap=True)
         if coord is not None and not opts.skip_pull:
             _prewarm(settings, prepared.job, err)
         return
@@ -104,11 +118,11 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
 
 
 def _print_expected(
-    settings: Settings, job: JobSpec, trials: list[TrialSpec], coord: Coordinator | None
+    settings: Settings, job: JobSpec, trials: list[TrialSpec], coord: Coordinator | None, why_not: str
 ) -> None:
     """`submit --dry-run`: the expected duration on the live cluster's slots (else --n-concurrent).
 
-    `coord`: the cluster's store (None for `--local`).
+    `coord`: the cluster's store (None for `--local` or with no broker: `why_not` says which).
     """
     from sciencebench.coordination.costs import cost_estimates
     from sciencebench.coordination.history import estimates
@@ -117,7 +131,6 @@ def _print_expected(
     measured: dict[str, float] = {}
     costs: dict[str, float] = {}
     cluster: int | None = None
-    why_not = "--local"
     if coord is not None:
         why_not = "no live host reported its slots"
         measured, costs = estimates(coord, job), cost_estimates(coord, job)

@@ -65,6 +65,8 @@ class Prepared:
     agent_env_values: dict[str, str]
     # The values of credential-looking --agent-kwarg keys (the job spec holds them redacted).
     agent_kwarg_values: dict[str, str] = field(default_factory=dict)
+    # What a dry run could not check here (no broker; this host's proxy image), for the line saying so.
+    unchecked: tuple[str, ...] = ()
 
 
 def _check_options(opts: SubmitOptions, local: bool) -> None:
@@ -131,7 +133,9 @@ def prepare(
     `hosts`: the hosts that would run them (`login.cluster`: this host, or
     the live workers in the store), asked last, once the input is known
     good. A dry run is validated the same way; only a missing credential is
-    allowed in one, as the original runner allows it ("required for a real run").
+    allowed in one, as the original runner allows it ("required for a real run"),
+    and it starts no proxy, so `--local --dry-run` needs no proxy image. What a
+    dry run could not check (hosts unknown: `Cluster.unknown`) is `Prepared.unchecked`.
     """
     _check_options(opts, local)
     selection = load_selection(opts.path, opts.task_id)
@@ -191,13 +195,23 @@ def prepare(
     trials = expand(selection, job, hashes)
     if visibility_timeout_sec is not None:
         check_visibility_timeout(trials, visibility_timeout_sec)
+    model_agent = opts.agent not in MODEL_FREE_AGENTS
     needs = Needs(
-        proxy=opts.agent not in MODEL_FREE_AGENTS,
+        proxy=model_agent and not (local and opts.dry_run),
         online_install=agent_plan.harness if baked.missing else None,
         paths=_served_paths(opts, selection, env_file),
         gateways=tuple(agent_plan.gateways),
     )
-    check_cluster(hosts(), needs, baked.missing_line)
+    cluster = hosts()
+    check_cluster(cluster, needs, baked.missing_line)
+    unchecked: list[str] = []
+    if not cluster.known:
+        unchecked.append("the live worker hosts' roots, gateways, proxy image, agent install and "
+                         f"pre-warm pulls ({cluster.where})")  # fmt: skip
+    elif model_agent and not needs.proxy and not any(kit.proxy_image for kit in cluster.kits.values()):
+        unchecked.append(
+            "this host's inference proxy image (SCIENCEBENCH_PROXY_IMAGE, needed by the real run)"
+        )
     return Prepared(
         selection=selection,
         job=job,
@@ -205,6 +219,7 @@ def prepare(
         secret_values=[s for s in secrets if s],
         agent_env_values=agent_env,
         agent_kwarg_values=secret_kwargs,
+        unchecked=tuple(unchecked),
     )
 
 
