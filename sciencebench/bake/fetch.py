@@ -150,25 +150,34 @@ def fetch_npm(agent: str, version: str, artifacts: Path, registry: str | None = 
         return dest
     package, version_format, members = NPM_BINARIES[agent]
     npm_version = version_format.format(version=version)
-    with artifacts_lock(artifacts):
-        if has_artifacts(dest):
-            return dest
-        tmp = Path(tempfile.mkdtemp(prefix=f".fetch-{agent}-", dir=artifacts))
-        try:
-            tarball_url, integrity = _tarball(registry or DEFAULT_NPM_REGISTRY, package, npm_version)
-            with tempfile.TemporaryDirectory(dir=artifacts) as scratch:
-                tarball = Path(scratch) / "package.tgz"
-                sha256 = _download(tarball_url, integrity, tarball)
-                _extract(tarball, members, tmp)
-            (tmp / "TARBALL").write_text(f"tarball {sha256}\n")
-            manifest = _manifest(tmp, f"npm:{package}@{npm_version}")
-            (tmp / "MANIFEST").write_text(manifest)
-            tmp.chmod(0o755)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(dest, ignore_errors=True)
-            os.replace(tmp, dest)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with artifacts_lock(artifacts):
+            return dest if has_artifacts(dest) else _fetch_into(dest, package, npm_version, members, registry)
+    except OSError as exc:
+        raise FetchError(f"fetching into {artifacts}: {exc.strerror or exc.__class__.__name__}") from None
+
+
+def _fetch_into(
+    dest: Path, package: str, npm_version: str, members: dict[str, str], registry: str | None
+) -> Path:
+    """Fetch `package` `npm_version` into `dest` (the cache's lock held); return `dest`."""
+    artifacts = dest.parent.parent
+    tmp = Path(tempfile.mkdtemp(prefix=f".fetch-{dest.parent.name}-", dir=artifacts))
+    try:
+        tarball_url, integrity = _tarball(registry or DEFAULT_NPM_REGISTRY, package, npm_version)
+        with tempfile.TemporaryDirectory(dir=artifacts) as scratch:
+            tarball = Path(scratch) / "package.tgz"
+            sha256 = _download(tarball_url, integrity, tarball)
+            _extract(tarball, members, tmp)
+        (tmp / "TARBALL").write_text(f"tarball {sha256}\n")
+        manifest = _manifest(tmp, f"npm:{package}@{npm_version}")
+        (tmp / "MANIFEST").write_text(manifest)
+        tmp.chmod(0o755)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
 
