@@ -41,8 +41,9 @@ from sciencebench.core.sizes import parse_size
               "images not in use are evicted before a pull would exceed it [env: SCIENCEBENCH_IMAGE_BUDGET; "
               "default: no budget].")  # fmt: skip
 @click.option("--agent-install", type=click.Choice(["online", "baked"]),
-              help="How this host gets agents: online, Pier installs them in its build (a host with "
-              "internet, as the original runner's); baked, only baked agent images run "
+              help="How this host gets agents: online, the worker installs the pinned harness with no "
+              "network, from SCIENCEBENCH_AGENT_ARTIFACTS or fetched on the host (from "
+              "SCIENCEBENCH_NPM_REGISTRY); baked, only baked agent images run "
               "[env: SCIENCEBENCH_AGENT_INSTALL; default: online].")  # fmt: skip
 @click.option("--gateway", "gateways", multiple=True, metavar="URL",
               help="A model gateway this host's trials may reach (scheme, host and port; any path); "

@@ -66,7 +66,7 @@ class SciencebenchError(Exception):
             └── Cancelled               the job was cancelled before or while the trial ran
 
     Elsewhere in the package (each a SciencebenchError too): `bake.recipes.RecipeError`,
-    `bake.builder.BakeError`, `bake.command.BakeFailed`, `worker.pier.zygote.ZygoteError`.
+    `bake.offline.BakeError`, `bake.command.BakeFailed`, `worker.pier.zygote.ZygoteError`.
     """
 
     stage: ClassVar[Stage] = Stage.WORKER

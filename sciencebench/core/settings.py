@@ -66,8 +66,8 @@ class Settings(BaseSettings):
     pier_bin: str = Field(default="pier", min_length=1)
     # The digest-pinned inference-proxy image of the network policy (worker hosts).
     proxy_image: str = ""
-    # How this host gets agents: "online", Pier installs them in its derived build (hosts with
-    # internet, as the original runner's); "baked", only baked agent images run (`images bake`).
+    # How this host gets agents: "online", the worker installs the pinned harness itself, fetched on
+    # the host when missing and installed with no network; "baked", only baked agent images run.
     agent_install: Literal["online", "baked"] = "online"
     # Bytes the task images a worker host pulled may take (`50G`; 0: no budget); see worker/docker/budget.py.
     image_budget: int = Field(default=0, ge=0)
@@ -82,8 +82,10 @@ class Settings(BaseSettings):
     # The gateways this host's trials may reach (`worker --gateway`; comma- or space-separated URLs).
     # Empty: any gateway but an internal address; listed: only these (scheme, host, port).
     gateways: Annotated[tuple[Gateway, ...], NoDecode] = ()
-    # The artifacts `images bake` installs agents from (a bake host; `images bake --artifacts`).
+    # Where `images bake` and a worker's online install find agent artifacts (`images bake --artifacts`).
     agent_artifacts: Path = DEFAULT_AGENT_ARTIFACTS
+    # The npm registry a worker's online install fetches a missing harness tarball from (empty: npm's own).
+    npm_registry: str = ""
     # `sciencebench demo --base-image` and `--registry` (click reads these two as the options' values).
     demo_base_image: str = ""
     demo_registry: str = ""

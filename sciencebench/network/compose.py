@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from sciencebench.dockerhost.labels import MANAGED_LABEL, OWNER_LABEL
@@ -152,14 +151,12 @@ def policy_compose(
     }
 
 
-def build_network_problems(model: Mapping[str, Any], online_context: Path | None = None) -> list[str]:
+def build_network_problems(model: Mapping[str, Any]) -> list[str]:
     """Every build of a rendered compose model that would run with a network, or that builds the proxy.
 
     `model` is what `docker compose config --format json` printed. Each
-    `build` must have `network: none`, except `main`'s when its context is
-    `online_context` (Pier's agent-install build on a worker that allows
-    online installs; the caller checked that nothing of the task is in it).
-    Only `main` may be built: the proxy image is pinned, never built.
+    `build` must have `network: none`; only `main` may be built (the proxy
+    image is pinned, never built).
     """
     services = model.get("services")
     problems: list[str] = []
@@ -171,10 +168,6 @@ def build_network_problems(model: Mapping[str, Any], online_context: Path | None
             problems.append(f"service {name}: built for the trial (only {AGENT_SERVICE!r} may be built)")
         if not isinstance(build, Mapping):
             problems.append(f"service {name}: build is not a mapping")
-            continue
-        context = build.get("context")
-        online = name == AGENT_SERVICE and online_context is not None and isinstance(context, str)
-        if online and Path(str(context)) == online_context:
             continue
         network = build.get("network")
         if network != "none":

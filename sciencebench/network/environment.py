@@ -58,10 +58,12 @@ class IsolatedDockerEnvironment(VerifierHandoffEnvironment):
     container (default: computed from this host's state dir); `agent_image`,
     `{agent, version, image}` of the task image with the agent preinstalled
     (`sciencebench images bake`), run instead of Pier's per-trial install
-    build; `agent_install`, `online` (the default) when this worker lets
-    Pier's agent install build with the network, `baked` when every build
-    runs with none. A worker passes `proxy_image` and `owner`, so Pier's process
-    environment holds none of its settings. `start` raises PolicyRefused or
+    build; `agent_install`, `online` (the default) when this worker installs
+    the agent itself with no network (`network.offlineinstall`), `baked` when
+    only Pier's install build (offline too) is left; `agent_artifacts` and
+    `npm_registry`, where that install finds or fetches the harness's
+    artifacts. A worker passes these, so Pier's process environment holds
+    none of its settings. `start` raises PolicyRefused or
     PolicyViolation (both PolicyError), and AgentImageMismatch for an image
     baked for another agent or version.
 
@@ -78,16 +80,15 @@ class IsolatedDockerEnvironment(VerifierHandoffEnvironment):
 
     The layers: `ContainerFilesEnvironment` (`network.containerfiles`: nothing
     mounted, every copy through the archive API and `network.transfer`),
-    `AgentInstallEnvironment` (`network.agentinstall`: a baked image, or Pier's
-    online install under its checks), `PolicyComposeEnvironment`
+    `AgentInstallEnvironment` (`network.agentinstall`: a baked image, or the
+    online install's, made with no network), `PolicyComposeEnvironment`
     (`network.policycompose`: the task's files and every rendered compose model
     checked, each `docker compose` with an allowlisted environment),
     `VerifierHandoffEnvironment` (`network.handoff`: a same-container verifier
     starts with no process of the agent's and an empty /logs/verifier), then this
     one: the egress plan (`network.egress`), the policy compose override and
     proxy, inspection and the record. Every image build the trial causes gets
-    `build.network: none` from the policy override, except Pier's online agent
-    install.
+    `build.network: none` from the policy override.
     """
 
     def __init__(
@@ -156,7 +157,7 @@ class IsolatedDockerEnvironment(VerifierHandoffEnvironment):
             self._egress_proxy_env = proxy_environment(token, PROXY_SERVICE, PROXY_PORT)
         compose_path = directory / "docker-compose-policy.json"
         owner = self._owner or owner_id()
-        offline_build = self._builds and not self._online_install
+        offline_build = self._builds
         compose = policy_compose(plan.mode, proxy, owner, offline_build=offline_build)
         compose_path.write_text(json.dumps(compose, indent=2))
         self._policy_compose_path = compose_path

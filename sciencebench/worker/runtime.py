@@ -73,6 +73,9 @@ class DockerRuntime:
     def environment_kwargs(self) -> dict[str, str]:
         """Host-side keywords of the policy environment: proxy image, agent install, the host's owner id."""
         kwargs = {"owner": owner_id(self.settings.state_dir), "agent_install": self.settings.agent_install}
+        kwargs["agent_artifacts"] = str(self.settings.agent_artifacts)
+        if self.settings.npm_registry:
+            kwargs["npm_registry"] = self.settings.npm_registry
         if self.settings.proxy_image:
             kwargs["proxy_image"] = self.settings.proxy_image
         return kwargs
@@ -138,9 +141,7 @@ def host_preflight(platform: str, jobs_dir: Path | None, pier_bin: str, broker: 
     lines = [f"ok: {line}" for line in report.lines()]
     settings = Settings.from_env()
     lines.append(f"ok: {preflight.ensure_proxy_image(settings.proxy_image)}")
-    lines.append(
-        f"ok: agents {'installed by Pier online' if settings.agent_install == 'online' else 'baked only'}"
-    )
+    lines.append(f"ok: agents {'installed online' if settings.agent_install == 'online' else 'baked only'}")
     if broker:
         try:
             coordination.connect(settings).ping()
