@@ -43,7 +43,8 @@ HOLDINGS_CHECK_SEC = 1.0
 
 def worker_settings(settings: Settings, **overrides: Any) -> Settings:
     """The worker's settings with its command-line options; InputError when it serves nothing."""
-    settings = settings.model_copy(update={k: v for k, v in overrides.items() if v})
+    # An option not given is None (or no value at all); a 0 given (`--disk-limit 0`) counts.
+    settings = settings.model_copy(update={k: v for k, v in overrides.items() if v is not None and v != ()})
     if not settings.jobs_roots or not settings.selection_roots:
         raise InputError(
             "a worker serves only the directories it is given: set --jobs-root and --selection-root "
@@ -153,7 +154,10 @@ def _purge(app: Celery, queue: str) -> int:
 
 
 def host_kit(settings: Settings, slots: int = 0) -> HostKit:
-    """What this host brings to a job, for submit to check: agent install, proxy, roots, gateways, slots."""
+    """What this host brings to a job, for submit to check: agent install, proxy, roots, gateways, slots.
+
+    Its limits (pids, disk) are reported too, for `status` and the operator.
+    """
     return HostKit(
         slots=slots,
         agent_install=settings.agent_install,
@@ -162,6 +166,8 @@ def host_kit(settings: Settings, slots: int = 0) -> HostKit:
         selection_roots=tuple(str(root) for root in settings.selection_roots),
         env_file_roots=tuple(str(root) for root in settings.env_file_roots),
         gateways=tuple(gateway.origin for gateway in settings.gateways),
+        pids_limit=settings.pids_limit,
+        disk_limit=settings.disk_limit,
     )
 
 
