@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ import redis
 from sciencebench.core.paths import ScratchPaths
 from sciencebench.dockerhost import labels, naming
 from sciencebench.dockerhost.hostlocks import owner_id
+from tests.docker.test_network_pier_run import Task, pier_run
+from tests.docker.test_network_pier_run import task as task
 from tests.fixtures.selection import make_task
 from tests.fixtures.services import VENV_BIN, RedisServer, Worker
 from tests.reliability.support import records, summary_rows
@@ -199,3 +202,37 @@ def test_a_disk_fill_ends_its_trial_and_the_worker_takes_the_next(
         if c.labels.get(labels.COMPOSE_PROJECT_LABEL, "").startswith(naming.pier_trial_prefix("task_001"))
     ]
     assert left == []
+
+
+@pytest.mark.parametrize(
+    ("raised", "refused", "says"),
+    [
+        # Past every static check: inspection finds what the Engine applied.
+        ("memswap_limit: -1", "PolicyViolation", "MemorySwap is -1 (unlimited swap)"),
+        # Compose itself refuses a second memory beside Pier's.
+        ("mem_limit: 4g", "PolicyRefused", "'mem_limit' and 'deploy.resources.limits.memory'"),
+    ],
+)
+def test_a_task_compose_file_cannot_raise_its_memory(
+    task: Task, tmp_path: Path, docker_client: docker.DockerClient, raised: str, refused: str, says: str
+) -> None:
+    greedy = tmp_path / "greedy"
+    shutil.copytree(task.path, greedy)
+    (greedy / "environment" / "Dockerfile").unlink()
+    base = (task.path / "environment" / "Dockerfile").read_text().split()[1]
+    (greedy / "environment" / "docker-compose.yaml").write_text(
+        f"services:\n  main:\n    image: {base}\n    {raised}\n"
+    )
+    toml = (greedy / "task.toml").read_text()
+    (greedy / "task.toml").write_text(
+        toml.replace("[environment]\n", "[environment]\ncpus = 1\nmemory_mb = 512\n", 1)
+    )
+    result = pier_run(Task(greedy, task.verifier_image), tmp_path / "jobs", "greedy", "--agent", "nop")
+    info = result["exception_info"]
+    assert info is not None and info["exception_type"] == refused, info
+    assert says in info["exception_message"], info["exception_message"]
+    trial = Path(result["_trial_dir"]).name
+    assert (
+        docker_client.containers.list(all=True, filters={"label": f"{labels.COMPOSE_PROJECT_LABEL}={trial}"})
+        == []
+    )
