@@ -24,6 +24,7 @@ from sciencebench.coordination.protocol import Coordinator, HostKit
 from sciencebench.coordination.watchdog import start_watchdog
 from sciencebench.core.errors import InputError, PreflightError, PullError
 from sciencebench.core.settings import Settings
+from sciencebench.core.sizes import format_size
 from sciencebench.worker import preflight
 from sciencebench.worker.app import app
 from sciencebench.worker.context import WorkerContext, docker_runtime, use_context
@@ -64,6 +65,7 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     coord.ping()
     prepare_host(platform, settings)
     log.info(preflight.ensure_proxy_image(settings.proxy_image))
+    log.info(limits_line(settings))
     # One name for this worker everywhere: Celery's node name (`w1@host`) is
     # what heartbeats, pauses, unfit marks and records say.
     nodename = host_format(default_nodename(hostname or ""))
@@ -151,6 +153,12 @@ def _purge(app: Celery, queue: str) -> int:
     """Drop every message waiting on `queue` (the broker's queue of that name); how many."""
     with app.connection_for_write() as connection:
         return int(cast(Any, connection.default_channel).queue_purge(queue) or 0)
+
+
+def limits_line(settings: Settings) -> str:
+    """The worker log's line of what each trial container may use (`--pids-limit`, `--disk-limit`)."""
+    disk = format_size(settings.disk_limit) if settings.disk_limit else "not watched"
+    return f"each trial container: at most {settings.pids_limit} processes; writable layer {disk}"
 
 
 def host_kit(settings: Settings, slots: int = 0) -> HostKit:

@@ -26,7 +26,7 @@ from sciencebench.dockerhost.labels import COMPOSE_PROJECT_LABEL
 from sciencebench.network.compose import pids_limit_of, policy_compose
 from sciencebench.network.inspection import inspect_policy
 from sciencebench.worker.docker.diskwatch import DiskWatch, watching
-from sciencebench.worker.main import host_kit
+from sciencebench.worker.main import host_kit, limits_line
 from sciencebench.worker.runtime import DockerRuntime
 from tests.fixtures.hosts import PROXY_IMAGE
 
@@ -84,6 +84,9 @@ def test_worker_limit_options_win_over_the_environment_and_reach_the_host_kit(
     kit = host_kit(seen[0])
     assert (kit.pids_limit, kit.disk_limit) == (64, 0)  # a 0 given counts: not watched
     assert DockerRuntime(seen[0]).environment_kwargs()["pids_limit"] == "64"
+    assert limits_line(seen[0]) == "each trial container: at most 64 processes; writable layer not watched"
+    defaults = seen[0].model_copy(update={"pids_limit": 4096, "disk_limit": 20 << 30})
+    assert limits_line(defaults).endswith("at most 4096 processes; writable layer 20.0 GiB")
 
 
 @pytest.mark.parametrize(
