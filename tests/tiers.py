@@ -34,8 +34,8 @@ ALONE = {
     f"{_FAULTS}test_a_host_that_cannot_see_the_jobs_dir_hands_trials_back": "its good host paused meanwhile",
     f"{_FAULTS}test_missing_records_fail_summarize_and_retry_sends_only_them": "retry while a 3-s trial runs",
     "tests/integration/test_live_numbers.py": "the ETA within 1.5 x the trials' sleep",
-    f"{_LIMITS}test_a_fork_bomb_stops_at_the_pids_limit_and_its_neighbour_forks_on": (
-        "a fork bomb fills its container's pid space: nothing else may run beside it on the host"
+    f"{_LIMITS}test_a_fork_bomb_and_a_memory_hog_stop_beside_a_neighbour": (
+        "a fork bomb and a memory hog beside a neighbour trial, its time measured: nothing else beside them"
     ),
     "tests/integration/test_engines.py::test_a_private_engine_leaves_the_session_engines_bridge_alone": (
         "compares the host's network devices before and after"

@@ -1,7 +1,8 @@
 """Limits no agent can raise, on a real worker running real Pier on the real Engine (oracle agent).
 
-A fork bomb in one trial stops at the worker's --pids-limit while a
-neighbour trial on the same host forks on and gets its reward; a disk fill
+A memory hog and a fork bomb in one trial stop at its memory and the
+worker's --pids-limit while a neighbour trial beside it forks on, in its
+own time, and gets its reward; a disk fill
 past --disk-limit ends its trial with a ResourceLimitError record while the
 worker takes the next trial, whose container has exactly the task's cpus and
 memory as its cgroup limits.
@@ -44,11 +45,15 @@ for f in pids.max cpu.max memory.max pids/pids.max cpu/cpu.cfs_quota_us cpu/cpu.
 done
 """
 
-# Builtins only once the bomb runs (a fork would wait on the full pid table): `read -t` waits,
-# a glob counts the processes, `kill` ends the bomb's process group.
+# A memory hog first: `tail` keeps a line of /dev/zero, which never ends, until the kernel kills it
+# at the task's memory_mb (5G is past it with the swap the Engine allows beside it, too). Then the
+# bomb, with builtins only once it runs (a fork would wait on the full pid table): `read -t`
+# waits, a glob counts the processes, `kill` ends the bomb's process group.
 FORK_BOMB = (
     READ_LIMITS
     + """
+head -c 5G /dev/zero | tail > /dev/null
+echo "${PIPESTATUS[1]}" > /logs/artifacts/hog.txt
 mkfifo /tmp/wait && exec 9<>/tmp/wait
 setsid bash -c 'bomb() { bomb | bomb & }; bomb; wait' &
 group=$!
@@ -148,7 +153,7 @@ def _rows(job_dir: Path) -> dict[str, dict[str, str]]:
     return {row["task_id"]: row for row in summary_rows(job_dir)}
 
 
-def test_a_fork_bomb_stops_at_the_pids_limit_and_its_neighbour_forks_on(host: Host, base_image: str) -> None:
+def test_a_fork_bomb_and_a_memory_hog_stop_beside_a_neighbour(host: Host, base_image: str) -> None:
     selection = _selection(host.root / "selection", base_image, {"001": FORK_BOMB, "002": NEIGHBOUR})
     worker = _worker(host, 2, "--pids-limit", str(PIDS_LIMIT))
     try:
@@ -164,7 +169,11 @@ def test_a_fork_bomb_stops_at_the_pids_limit_and_its_neighbour_forks_on(host: Ho
     assert pids_max == str(PIDS_LIMIT)
     reached = int((bomb / "artifacts" / "procs.txt").read_text())
     assert PIDS_LIMIT // 2 <= reached <= PIDS_LIMIT, reached  # it filled its container's pid space, no more
+    assert (bomb / "artifacts" / "hog.txt").read_text().strip() == "137"  # killed at its memory limit
     assert (neighbour / "artifacts" / "forks.txt").read_text().strip() == "60"  # every fork beside it worked
+    # ... in about its 12 s of sleeps: the bomb and the hog, bounded by their own cgroup, did not slow it.
+    timings = records(job_dir)["002-1"]["timings_sec"]
+    assert timings["agent_execution"] < 24.0, timings
     assert subprocess.run(["true"], check=False).returncode == 0  # and the host forks too
 
 
