@@ -22,6 +22,7 @@ LONGEST_FIRST = (
     "tests/reliability/test_real_pier.py",  # the 24-trial soak and its audits: ~150
     "tests/docker/test_online_install.py",  # ~80
     "tests/docker/test_hostile_outputs.py",  # ~110
+    "tests/docker/test_trial_limits.py",  # a disk fill on a real worker, two tasks raising memory: ~90
 )
 
 # Modules (or single tests) that run in the last phase, one at a time, with nothing beside them.
