@@ -36,6 +36,15 @@ RESULT_EXPIRES_SEC = 14 * 24 * 3600
 DEFAULT_STATE_DIR = Path("/var/tmp/sciencebench")  # noqa: S108
 # Where `images bake` finds the agent artifacts scripts/agent-artifacts.sh fetched (a host cache).
 DEFAULT_AGENT_ARTIFACTS = Path("/var/tmp/sciencebench-agents")  # noqa: S108
+# Processes (tasks) per trial container: a fork bomb in one trial would otherwise
+# exhaust the host's pid space for every trial on it. 4096 leaves room for a
+# real agent, whose node/python toolchains spawn hundreds of processes.
+DEFAULT_PIDS_LIMIT = 4096
+# The pids limits a worker accepts: below 16 not even a shell and its verifier start.
+MIN_PIDS_LIMIT, MAX_PIDS_LIMIT = 16, 1 << 22
+# The most a trial container's writable layer may hold (`worker --disk-limit`): the released
+# tasks' storage_mb is 20480.
+DEFAULT_DISK_LIMIT = 20 << 30
 
 
 class Settings(BaseSettings):
@@ -71,6 +80,11 @@ class Settings(BaseSettings):
     agent_install: Literal["online", "baked"] = "online"
     # Bytes the task images a worker host pulled may take (`50G`; 0: no budget); see worker/docker/budget.py.
     image_budget: int = Field(default=0, ge=0)
+    # Processes each trial container may run (`worker --pids-limit`): the policy's pids limit.
+    pids_limit: int = Field(default=DEFAULT_PIDS_LIMIT, ge=MIN_PIDS_LIMIT, le=MAX_PIDS_LIMIT)
+    # Bytes a trial container's writable layer may hold (`worker --disk-limit`, `20G`; 0: no watch);
+    # past it the trial ends with a ResourceLimitError (worker/diskwatch.py).
+    disk_limit: int = Field(default=DEFAULT_DISK_LIMIT, ge=0)
     # Names of further variables of the worker's environment that Pier gets (colon-separated);
     # everything else of the worker's environment stays out of Pier's (see worker/pier/process.py).
     pier_env: Annotated[tuple[str, ...], NoDecode] = ()
@@ -148,7 +162,7 @@ class Settings(BaseSettings):
         # " " is as unset as "": the worker and Pier's plugin (state_dir_from_env) must agree.
         return (value.strip() or DEFAULT_STATE_DIR) if isinstance(value, str) else value
 
-    @field_validator("image_budget", mode="before")
+    @field_validator("image_budget", "disk_limit", mode="before")
     @classmethod
     def _size(cls, value: Any) -> Any:
         return parse_size(value) if isinstance(value, str) else value

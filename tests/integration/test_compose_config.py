@@ -188,7 +188,8 @@ def test_the_policy_pids_limit_merges_with_piers_resource_limits(tmp_path: Path)
     # policy's pids limit must merge with them (compose refused a distinct pids_limit: every trial failed).
     from pier.environments.docker import write_resources_compose_file
 
-    from sciencebench.network.compose import DEFAULT_PIDS_LIMIT, policy_compose
+    from sciencebench.core.settings import DEFAULT_PIDS_LIMIT
+    from sciencebench.network.compose import policy_compose
 
     base = tmp_path / "docker-compose.yaml"
     base.write_text("services:\n  main:\n    image: busybox\n")

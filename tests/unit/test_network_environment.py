@@ -19,8 +19,8 @@ from pier.models.task.config import EnvironmentConfig
 from pier.models.trial.paths import TrialPaths
 
 from sciencebench.core.errors import PolicyRefused, PolicyViolation
+from sciencebench.core.settings import DEFAULT_PIDS_LIMIT
 from sciencebench.dockerhost import hostlocks
-from sciencebench.network.compose import DEFAULT_PIDS_LIMIT
 from sciencebench.network.egress import parse_inference_urls, plan_egress
 from sciencebench.network.environment import IsolatedDockerEnvironment
 
