@@ -58,6 +58,11 @@ def _interval(interval: Interval | None) -> str:
     return "-" if interval is None else f"[{interval[0]:.3f}, {interval[1]:.3f}]"
 
 
+def _seconds(value: float) -> str:
+    """`0.4s` under a minute (a fast trial is not `0s`), else `3m05s` as everywhere."""
+    return f"{value:.1f}s" if value < 60 else duration_text(value)
+
+
 def _colour(index: int) -> str:
     return PALETTE[index % len(PALETTE)]
 
@@ -87,7 +92,7 @@ def _bar_chart(chart_id: str, title: str, bars: Sequence[_Bar], top: float, unit
     for i, bar in enumerate(bars):
         y = 28 + i * step
         width = max(bar.value, 0.0) / top * plot
-        value = f"{bar.value:.3f}{unit}" if unit != "s" else duration_text(bar.value)
+        value = f"{bar.value:.3f}{unit}" if unit != "s" else _seconds(bar.value)
         parts += [
             f'<text x="{LABEL_WIDTH - 6}" y="{y + 12}" text-anchor="end">{_e(_short(bar.label))}'
             f"<title>{_e(bar.label)}</title></text>",

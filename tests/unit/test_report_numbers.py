@@ -143,6 +143,13 @@ def test_the_page_escapes_every_job_string_and_loads_nothing(tmp_path: Path) -> 
     assert f"<style>{STYLE}</style>" in page
 
 
+def test_durations_under_a_minute_keep_their_tenths(tmp_path: Path) -> None:
+    job = _job(tmp_path, "d", ["001", "002"])
+    fast, slow = _record(job, "001", 1, 1.0, **_spent(0.4)), _record(job, "002", 1, 1.0, **_spent(185))
+    page = render(report_numbers([JobFiles(job=job, records=[fast, slow], run_record=None)]), T0)
+    assert ">0.4s</text>" in page and ">3m05s</text>" in page
+
+
 def _report(tmp_path: Path, *args: str) -> Any:
     return CliRunner().invoke(cli.main, ["report", *args, "--jobs-dir", str(tmp_path / "jobs")])
 
