@@ -84,6 +84,8 @@ def test_report_of_real_jobs_renders_offline_in_chromium(cluster: Cluster) -> No
         path = cluster.selection(_behaviours(cluster, reward), root=cluster.root / f"sel-{job}")
         done = _local(cluster, path, job)
         assert done.returncode == 1, done.stdout + done.stderr  # 004 errored
+        # The job's end names the flaky task before its table, as summarize does.
+        assert done.stdout.index("flaky: 1 task(s)") < done.stdout.index(f"{job}: 8 trial(s)"), done.stdout
         # summarize names the flaky task before anything else, and summary.json keeps it.
         summary = _sciencebench(cluster, "summarize", "--job-name", job, "--jobs-dir", str(cluster.jobs_dir))
         assert summary.stdout.splitlines()[:2] == [
