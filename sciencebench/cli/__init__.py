@@ -5,7 +5,7 @@ Exit codes: one table for every command, `cli.exitcodes` (each `--help` ends wit
 
 from __future__ import annotations
 
-from sciencebench.cli import compare, hosts, jobs, results, run  # noqa: F401 (each module adds its commands to `main`)
+from sciencebench.cli import compare, hosts, jobs, report, results, run  # noqa: F401 (each module adds its commands to `main`)
 from sciencebench.cli.common import main
 from sciencebench.cli.exitcodes import show_in_help
 

@@ -19,6 +19,7 @@ from sciencebench.core.paths import DEFAULT_JOBS_DIR, JobPaths
 
 if TYPE_CHECKING:
     from sciencebench.coordination.records import FinalizerAnswer
+    from sciencebench.core.flaky import FlakyTask
     from sciencebench.core.summary import Summary, SummaryFile, SummaryRow
 
 
@@ -118,10 +119,11 @@ def status_from_files(job: JobSpec, paths: JobPaths, why: str) -> bool:
 
 
 def print_summary(paths: JobPaths) -> None:
-    """The job's summary table, its numbers and where its results are."""
+    """The job's flaky tasks first, then its summary table, its numbers and where its results are."""
     from sciencebench.core.summary import SummaryFile
 
     summary = SummaryFile.read(paths)
+    _print_flaky(summary.flaky_tasks)
     _print_rows(f"{paths.job_name}: {_trial_count(summary)}", summary.rows)
     out.print("\n".join(_number_lines(summary)), markup=False, highlight=False, soft_wrap=True)
     out.print(f"results: {paths.summary_csv}")
@@ -135,6 +137,14 @@ def _print_rows(title: str, rows: Sequence[SummaryRow]) -> None:
     for row in rows:
         table.add_row(row.task_id, row.trial_id, str(row.reward), row.failure_class)
     out.print(table)
+
+
+def _print_flaky(flaky: list[FlakyTask]) -> None:
+    """The tasks whose reward differs across attempts (`core.flaky`), before anything else."""
+    from sciencebench.core.flaky import flaky_lines
+
+    if flaky:
+        out.print("\n".join(flaky_lines(flaky)), markup=False, highlight=False, soft_wrap=True)
 
 
 def _trial_count(summary: SummaryFile) -> str:
@@ -205,6 +215,7 @@ def _print_counts(paths: JobPaths, summary: Summary) -> None:
     from sciencebench.core.stats import report_lines
 
     result, stats = summary.result, summary.result.stats
+    _print_flaky(summary.flaky)
     lines = [
         f"{paths.job_name}: {stats.n_completed_trials} of {result.n_total_trials} trial(s) recorded, "
         f"{stats.n_errored_trials} errored"
