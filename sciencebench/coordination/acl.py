@@ -2,9 +2,10 @@
 
 Every client of the broker logs in as its role's user: `login` (submit, status,
 cancel: it enqueues trials and reads state, and never takes, renews or commits
-a lease), `worker` (what a worker host does), `flower` (reads and listens only)
-and `admin` (the operator's redis-cli). The unauthenticated `default` user may
-only PING (the compose healthcheck).
+a lease), `worker` (what a worker host does), `flower` (reads, listens to
+events and inspects workers, writing only its own queues) and `admin` (the
+operator's redis-cli). The unauthenticated `default` user may only PING (the
+compose healthcheck). The channels assume database 0 (`/0` in every broker URL).
 
 What the ACL can and cannot do. Redis checks each command a Lua script calls,
 and each key it names, against the user that runs the script, so a script can
@@ -12,8 +13,9 @@ do no more than its caller could with plain commands. But a permission cannot
 be tied to a script: a user whose scripts write a key may write that key with
 SET or HSET too, outside the script's checks. So roles are kept apart by key
 patterns and commands, not by which scripts they may run: the login user has
-no write to any lease, running entry, record or count key, and with it no way
-to take a worker's lease, by script or by hand. Scripts are allowed by
+no write to any record or count, and none to a lease but a rename of its own
+parking key onto an absent one (`lua/lib/park_absent.lua`, a Redis 7 selector),
+so it cannot take a worker's lease, by script or by hand. Scripts are allowed by
 `EVALSHA` of their known hashes only (`EVAL` and `FUNCTION` are refused), which
 keeps an arbitrary script from running, though a script could do nothing its
 caller's plain commands could not.
@@ -67,6 +69,9 @@ def _sha(source: str) -> str:
     return hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
 
 
+# Celery's task events (kombu's fanout channels of database 0, the broker URLs' `/0`); PSUBSCRIBE
+# is allowed a pattern only as it is written here.
+_EVENTS = "&/0.celeryev/*"
 _LEASE = "sciencebench:*:lease:*"
 # A login node parks held trials it sends (`lib/park_absent.lua`): it may rename its parking
 # key onto an absent lease (RENAMENX: never over one that exists, never one away, as it
@@ -78,6 +83,18 @@ _LOGIN_SELECTORS = (
 )
 
 
+# Flower reads, and keeps its own event queue and its inspect replies' queue. Its event capture
+# wakes the workers and it inspects them by broadcast, so it may publish on their control
+# channel: read-only Flower (FLOWER_READ_ONLY) sends nothing else, and its password is the operator's.
+_FLOWER = ("+@read", "-@dangerous", "+@connection", "+@transaction", "+subscribe", "+psubscribe",
+           "+unsubscribe", "+punsubscribe", "+ping", "+select", "+info", "+client|setname", "+time",
+           "+set", "+sadd", "+srem", "+zadd", "+del", "+brpop", "+publish", "+script|load",
+           "+script|exists")  # fmt: skip
+# kombu's consumer takes `unacked_mutex` (redis-py's lock) before it looks for unacknowledged messages.
+_FLOWER_KEYS = ("celeryev.*", "*.reply.celery.pidbox*", "unacked_mutex", "_kombu.binding.celeryev",
+                "_kombu.binding_deadlines",
+                "_kombu.binding_permanent.celeryev", "_kombu.binding.reply.celery.pidbox",
+                "_kombu.binding_permanent.reply.celery.pidbox")  # fmt: skip
 # Celery's chord scripts, kombu's binding scripts and redis-py's lock (kombu's mutex), as registered.
 _CELERY = (CHORD_PART_RETURN_LUA, CHORD_CLEANUP_LUA, CHORD_CLAIM_EXTEND_LUA, REFRESH_BINDING, SWEEP_BINDINGS,
            Lock.LUA_RELEASE_SCRIPT, Lock.LUA_EXTEND_SCRIPT, Lock.LUA_REACQUIRE_SCRIPT)  # fmt: skip
@@ -110,15 +127,13 @@ class Role:
 ROLES = (
     Role("login", "login nodes: enqueue trials, read state; no lease, record or count",
          _DATA, ("%R~*", *(f"%RW~{key}" for key in (*_SEND_KEYS, *_LOGIN_STATE))),
-         ("&/*.celeryev/*", "&celery-task-meta-*"),
+         (_EVENTS, "&celery-task-meta-*"),
          (*(script.source() for script in LOGIN_SCRIPTS), *_CELERY), _LOGIN_SELECTORS),
     Role("worker", "worker hosts: take, renew and commit leases, consume trials",
          _DATA, ("~*",), ("&*",), (*(script.source() for script in scripts.ALL), *_CELERY)),
-    Role("flower", "Flower: reads state and listens to events, writes only its own event binding",
-         ("+@read", "-@dangerous", "+@connection", "+subscribe", "+psubscribe", "+unsubscribe",
-          "+punsubscribe", "+ping", "+select", "+info", "+client|setname"),
-         ("%R~*", "%RW~_kombu.binding.celeryev", "%RW~_kombu.binding_deadlines"),
-         ("&/*.celeryev/*",)),
+    Role("flower", "Flower: reads state and events, inspects workers, writes only its own queues",
+         _FLOWER, ("%R~*", *(f"%RW~{key}" for key in _FLOWER_KEYS)), (_EVENTS, "&/0.celery.pidbox"),
+         (REFRESH_BINDING, SWEEP_BINDINGS, Lock.LUA_RELEASE_SCRIPT, Lock.LUA_EXTEND_SCRIPT)),
     Role("admin", "the operator's redis-cli", ("+@all",), ("~*",), ("&*",)),
 )  # fmt: skip
 ROLE_NAMES = tuple(role.name for role in ROLES)
