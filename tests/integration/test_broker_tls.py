@@ -13,6 +13,7 @@ import datetime
 import ipaddress
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,8 +24,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from sciencebench.coordination import acl, scripts
-from sciencebench.coordination.keys import job_key
+from sciencebench.coordination import acl, connect, scripts
+from sciencebench.coordination.keys import job_key, parking_token
+from sciencebench.coordination.protocol import Held
+from sciencebench.core.models import Redispatch, TrialSpec
+from sciencebench.core.settings import Settings
 from tests.fixtures.flower import Flower
 from tests.fixtures.services import VENV_BIN, RedisServer, redis_server_bin, stop_workers
 from tests.integration.conftest import Cluster
@@ -275,3 +279,30 @@ def test_a_wrong_password_and_the_default_user_get_nothing(broker: TlsRedis) -> 
         anonymous.get("sciencebench:jobs")
     with pytest.raises(redis.exceptions.AuthenticationError):  # as compose's default: no requirepass
         broker.client("login", "not-the-password").ping()
+
+
+def _held(task_id: str) -> Held:
+    trial = TrialSpec(
+        job_id=uuid.UUID(int=7), job_name="held", jobs_dir=Path("/jobs"), task_id=task_id, attempt=1,
+        task_dir=Path(f"/sel/task_{task_id}"), task_toml_sha256="x", image_refs=[], expected_sec=1.0,
+    )  # fmt: skip
+    payload = Redispatch(task_id=f"celery-{task_id}", trial=trial, group_id="g", group_index=0, host="")
+    return Held(payload=payload, expected_sec=1.0)
+
+
+def test_the_login_user_parks_the_held_trials_it_sends_and_no_held_lease(broker: TlsRedis) -> None:
+    admin = broker.client()
+    admin.flushdb()
+    admin.acl_log_reset()
+    job = str(uuid.UUID(int=7))
+    # The login node's own store connection: Settings over TLS, as every command makes it.
+    coord = connect(Settings.from_env(_tls_env(broker, "login")))
+    coord.hold(job, [_held("001"), _held("002")], [], window=1)
+    admin.set(job_key(job, "lease", "002#1"), "worker-owner", px=60_000)  # a worker runs 002 already
+    sent = coord.release_held(job, 30.0)
+    assert sorted(payload.trial.task_id for payload in sent) == ["001", "002"]
+    assert admin.get(job_key(job, "lease", "001#1")) == parking_token("celery-001")
+    assert 0 < admin.pttl(job_key(job, "lease", "001#1")) <= 30_000
+    assert admin.get(job_key(job, "lease", "002#1")) == "worker-owner"
+    assert not list(admin.scan_iter(job_key(job, "parking", "*")))
+    assert _refused(admin) == []
