@@ -1,30 +1,12 @@
 """Redis ACL users per role, generated from the scripts each role runs (`compose/redis-users.acl`).
 
-Every client of the broker logs in as its role's user: `login` (submit, status,
-cancel: it enqueues trials and reads state, and never takes, renews or commits
-a lease), `worker` (what a worker host does), `flower` (reads, listens to
-events and inspects workers, writing only its own queues) and `admin` (the
-operator's redis-cli). The unauthenticated `default` user may only PING (the
-compose healthcheck). The channels assume database 0 (`/0` in every broker URL).
-
-What the ACL can and cannot do. Redis checks each command a Lua script calls,
-and each key it names, against the user that runs the script, so a script can
-do no more than its caller could with plain commands. But a permission cannot
-be tied to a script: a user whose scripts write a key may write that key with
-SET or HSET too, outside the script's checks. So roles are kept apart by key
-patterns and commands, not by which scripts they may run: the login user has
-no write to any record or count, and none to a lease but a rename of its own
-parking key onto an absent one (`lua/lib/park_absent.lua`, a Redis 7 selector),
-so it cannot take a worker's lease, by script or by hand. Scripts are allowed by
-`EVALSHA` of their known hashes only (`EVAL` and `FUNCTION` are refused), which
-keeps an arbitrary script from running, though a script could do nothing its
-caller's plain commands could not.
-
-`python -m sciencebench.coordination.acl` writes the file: with no passwords,
-the reviewable rules (every user `off`, as committed in compose/); with
-`--passwords FILE` (lines `role=password`), the deployable file holding
-each password's SHA-256 only. `tests/unit/test_acl.py` checks the committed
-file is what the scripts of this tree give.
+`login` (submit, status, cancel: enqueues, reads state, never takes, renews or
+commits a lease), `worker`, `flower` (reads, listens, inspects; writes only its
+own queues), `admin` (the operator's redis-cli); `default` may only PING (the
+compose healthcheck). `python -m sciencebench.coordination.acl` writes the
+file: without passwords the reviewable rules (every user `off`, as committed);
+with `--passwords FILE` (lines `role=password`) the deployable one, holding each
+password's SHA-256 only. `tests/unit/test_acl.py` checks the committed file.
 """
 
 from __future__ import annotations
@@ -45,6 +27,17 @@ from kombu.transport.redis import REFRESH_BINDING, SWEEP_BINDINGS  # type: ignor
 from redis.lock import Lock
 
 from sciencebench.coordination import scripts
+
+# What the ACL can and cannot do. Redis checks each command a Lua script calls, and each key
+# it names, against the user that runs the script, so a script can do no more than its
+# caller could with plain commands. But a permission cannot be tied to a script: a user
+# whose scripts write a key may write it with SET or HSET too. So the roles are kept apart
+# by key patterns and commands, not by the scripts they may run: the login user writes no
+# record or count, and no lease but by renaming its own parking key onto an absent one
+# (`lua/lib/park_absent.lua`, a Redis 7 selector), so it cannot take a worker's lease, by
+# script or by hand. Scripts run by `EVALSHA` of their known hashes only (no `EVAL` or
+# `FUNCTION`): no arbitrary script, though one could do nothing its caller could not.
+# The channels assume database 0 (`/0` in every broker URL).
 
 # Commands every role but flower's may use on the keys its patterns allow (no EVAL, no admin command).
 _DATA = ("+@read", "+@write", "+@pubsub", "+@transaction", "+@connection", "+@blocking", "-@dangerous",
@@ -157,7 +150,7 @@ def render(passwords: Mapping[str, str] | None = None) -> str:
 def _read_passwords(path: Path) -> dict[str, str]:
     passwords = {}
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip() or line.lstrip().startswith("#"):
+        if not line.strip():
             continue
         role, sep, password = line.partition("=")
         if not sep or not password.strip() or any(ch.isspace() for ch in password.strip()):
