@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import os
 import subprocess
 import time
 import uuid
@@ -251,9 +252,19 @@ def _run_and_attack(tls_cluster: TlsCluster, broker: TlsRedis) -> None:
     assert {what for *_, what in refused} == {leases[0], absent, "evalsha", "eval", "/0.celery.pidbox"}
 
 
-def test_a_client_without_a_certificate_is_refused(broker: TlsRedis) -> None:
+def test_a_client_without_a_certificate_is_refused(broker: TlsRedis, tmp_path: Path) -> None:
     with pytest.raises(redis.ConnectionError):
         broker.client("login", ssl_certfile=None, ssl_keyfile=None).ping()
+    # A login node without its certificate: one line at once, not a wait or a traceback.
+    env = {**os.environ, "SCIENCEBENCH_BROKER_URL": broker.url_of("login"),
+           "SCIENCEBENCH_BROKER_CA": str(broker.pki.ca)}  # fmt: skip
+    started = time.monotonic()
+    done = subprocess.run([str(VENV_BIN / "sciencebench"), "share"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1 and time.monotonic() - started < 30
+    assert done.stderr.splitlines() == ["sciencebench: error: broker unreachable: ConnectionError"], (
+        done.stderr
+    )
 
 
 def test_a_client_with_a_certificate_of_another_ca_is_refused(broker: TlsRedis) -> None:
