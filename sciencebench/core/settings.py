@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sciencebench.core.errors import ProfileError, SettingsError
@@ -57,6 +58,11 @@ class Settings(BaseSettings):
     broker_url: str = DEFAULT_BROKER_URL
     # Empty means: the broker URL.
     result_backend: str = ""
+    # TLS to the broker (`rediss://` URLs): the CA file that signed the broker's certificate (empty: the
+    # system's CAs), and this client's certificate and key when the broker asks for one (both or neither).
+    broker_ca: Path | None = None
+    broker_cert: Path | None = None
+    broker_key: Path | None = None
     # The first back-off before a provider failure's rerun (doubling, capped; a Retry-After seen wins).
     provider_backoff_sec: float = Field(default=30.0, ge=0, le=24 * 3600)
     provider_backoff_max_sec: float = Field(default=600.0, ge=0, le=24 * 3600)
@@ -156,6 +162,46 @@ class Settings(BaseSettings):
             check_redis_url(value)
         return value
 
+    @field_validator("broker_ca", "broker_cert", "broker_key")
+    @classmethod
+    def _readable_file(cls, value: Path | None) -> Path | None:
+        if value is not None and not (value.is_absolute() and os.access(value, os.R_OK) and value.is_file()):
+            raise ValueError(f"must be an absolute path of a readable file (got {str(value)!r})")
+        return value
+
+    @model_validator(mode="after")
+    def _tls_needs_rediss(self) -> Settings:
+        if (self.broker_cert is None) != (self.broker_key is None):
+            name = "broker_key" if self.broker_key is None else "broker_cert"
+            raise ValueError(f"{ENV_PREFIX}{name.upper()}: needs SCIENCEBENCH_BROKER_CERT and _KEY both")
+        if self.broker_ca or self.broker_cert:
+            plain = [url for url in (self.broker_url, self.backend_url) if not _is_tls(url)]
+            if plain:
+                raise ValueError(f"{ENV_PREFIX}BROKER_CA/CERT/KEY: TLS to the broker needs rediss:// URLs")
+        return self
+
+    def broker_ssl(self, url: str) -> dict[str, Any]:
+        """The TLS options of a client of `url` (redis-py's and kombu's names); {} for a plain URL.
+
+        The broker's certificate is always verified: against `broker_ca`, else the system's CAs.
+        """
+        if not _is_tls(url):
+            return {}
+        options: dict[str, Any] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+        if self.broker_ca:
+            options["ssl_ca_certs"] = str(self.broker_ca)
+        if self.broker_cert and self.broker_key:
+            options.update(ssl_certfile=str(self.broker_cert), ssl_keyfile=str(self.broker_key))
+        return options
+
+    def broker_client_url(self, url: str) -> str:
+        """`url` with its TLS options in the query (redis-py's `from_url`); `url` itself when plain."""
+        options = {name: "required" if name == "ssl_cert_reqs" else value
+                   for name, value in self.broker_ssl(url).items()}  # fmt: skip
+        if not options:
+            return url
+        return f"{url}{'&' if urlsplit(url).query else '?'}{urlencode(options)}"
+
     @field_validator("state_dir", mode="before")
     @classmethod
     def _state_dir(cls, value: Any) -> Any:
@@ -192,6 +238,8 @@ class Settings(BaseSettings):
             error = exc.errors()[0]
             field = str(error["loc"][0]) if error["loc"] else ""
             message = str(error["msg"]).removeprefix("Value error, ")
+            if not field:  # a rule between settings: its message names them
+                raise SettingsError(message) from None
             raise SettingsError(f"{ENV_PREFIX}{field.upper()}: {message}") from None
 
     @property
@@ -256,6 +304,11 @@ def check_redis_url(url: str) -> None:
         database = parts.path.strip("/") if parts.scheme != "unix" else ""
         if database and not database.isdigit():
             raise ValueError("names a database that is not a number")
+
+
+def _is_tls(url: str) -> bool:
+    """Whether every part of a broker URL (a `;` failover list) speaks TLS (`rediss://`)."""
+    return all(urlsplit(part).scheme == "rediss" for part in url.split(";"))
 
 
 def required_visibility_timeout(longest_trial_sec: float) -> int:
