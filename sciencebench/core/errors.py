@@ -167,21 +167,25 @@ class RegistryError(PullError):
 
     `registry` is its host (`docker.io`), `status` what it answered ("429",
     "503", "reset", "refused", "timeout"), `hint_sec` the wait it asked for
-    (Retry-After, or its RateLimit headers), None when it named none. The
-    worker waits and tries again whatever --max-retries says, backing off per
-    registry across the cluster (`coordination.registries`), up to the
-    registry deadline; a trial that reaches it is recorded with
-    `TrialRecord.registry_status`: not the model's failure, rerun by `retry --failed`.
+    (Retry-After, or its RateLimit headers), None when it named none; not
+    `asked`: the pull was held back, the cluster backing off from the
+    registry already (`hint_sec` the rest of that wait). The worker waits and
+    tries again whatever --max-retries says, backing off per registry across
+    the cluster (`coordination.registries`), up to the registry deadline; a
+    trial that reaches it is recorded with `TrialRecord.registry_status`: not
+    the model's failure, rerun by `retry --failed`.
     """
 
     deterministic = True  # its own waits replace --max-retries
 
-    def __init__(self, message: str, registry: str, status: str, hint_sec: float | None = None) -> None:
+    def __init__(
+        self, message: str, registry: str, status: str, hint_sec: float | None = None, asked: bool = True
+    ) -> None:
         super().__init__(message)
-        self.registry, self.status, self.hint_sec = registry, status, hint_sec
+        self.registry, self.status, self.hint_sec, self.asked = registry, status, hint_sec, asked
 
-    def __reduce__(self) -> tuple[type[RegistryError], tuple[str, str, str, float | None]]:
-        return (type(self), (str(self), self.registry, self.status, self.hint_sec))
+    def __reduce__(self) -> tuple[type[RegistryError], tuple[str, str, str, float | None, bool]]:
+        return (type(self), (str(self), self.registry, self.status, self.hint_sec, self.asked))
 
 
 class PolicyError(TrialError):

@@ -13,6 +13,7 @@ host found unhealthy raises `HostFault` (the host's fault, not the job's);
 from __future__ import annotations
 
 import logging
+import random
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -137,20 +138,29 @@ def registry_left(settings: Settings, tries: list[Try]) -> float:
 def _registry_wait(ctx: WorkerContext, refused: RegistryError, estimate: float, left: float) -> float | None:
     """The wait before pulling from `refused.registry` again, as the cluster agreed; None: past the deadline.
 
-    The refusal is marked in the store (`coordination.registries`), which
-    returns the registry's `not_before` across every host; a store that does
-    not answer leaves this host's own `estimate`. A wait that would end past
-    the deadline (`left` seconds away) ends the trial now.
+    A refusal the registry answered is marked in the store
+    (`coordination.registries`), which returns the registry's `not_before`
+    across every host; a pull held back (not `asked`) waits the rest of that
+    wait; a store that does not answer leaves this host's own `estimate`.
+    Each trial adds up to 10 % (the trials of the cluster do not all come back
+    at once). A wait that would end past the deadline (`left` seconds away)
+    ends the trial now.
     """
     settings = ctx.settings
     try:
-        marks = registry_marks(ctx.coord)
-        state = marks.refused(refused.registry, refused.status, str(refused), refused.hint_sec,
-                              settings.registry_backoff_sec, settings.registry_backoff_max_sec)  # fmt: skip
-        wait = state.wait_sec(marks.now())
+        if refused.asked:
+            marks = registry_marks(ctx.coord)
+            state = marks.refused(
+                refused.registry, refused.status, str(refused), refused.hint_sec,
+                settings.registry_backoff_sec, settings.registry_backoff_max_sec,
+            )  # fmt: skip
+            wait = state.wait_sec(marks.now())
+        else:
+            wait = refused.hint_sec or 0.0
     except Exception:  # the mark is advice: a store blip leaves this host's own back-off
         log.warning("registry %s: its back-off could not be shared", refused.registry, exc_info=True)
         wait = estimate if refused.hint_sec is None else max(refused.hint_sec, estimate)
+    wait *= 1.0 + 0.1 * random.random()  # noqa: S311  (jitter, not a secret)
     if wait > left:
         log.warning("registry %s: its wait of %.0fs ends past the registry deadline (%.0fs left)",
                     refused.registry, wait, max(left, 0.0))  # fmt: skip

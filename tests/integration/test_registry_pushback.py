@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sciencebench.coordination.redis import RedisCoordinator
+from sciencebench.coordination.registries import registry_marks
 from tests.fixtures.engines import EngineFactory, loopback_registry
 from tests.fixtures.registry import Published
 from tests.fixtures.services import Worker
@@ -77,6 +80,8 @@ def test_a_429_storm_ends_with_every_trial_completed_and_no_error(
     waited = [t for r in records for t in r["earlier_tries"]]
     assert waited and {t["registry_status"] for t in waited} == {"429"}, waited  # the storm was real
     assert throttle.refused(), throttle.log
+    held = [t for t in waited if "held back" in (t["exception_message"] or "")]
+    assert held, waited  # trials the cluster's back-off kept from asking at all
     gets = [e for e in throttle.log if e["method"] == "GET" and e["status"] == 200]
     assert len({e["path"] for e in gets}) == 6  # each image's manifest served once it was its turn
     summary = json.loads((cluster.jobs_dir / "storm" / "summary.json").read_text())
@@ -88,8 +93,8 @@ def test_past_the_deadline_a_trial_ends_as_the_registrys_failure_and_retry_faile
 ) -> None:
     uid = uuid.uuid4().hex[:8]
     shut, open_ = (published.unique(f"deadline-{n}-{uid}", size=MIB) for n in range(2))
-    # Every manifest GET refused; the RateLimit headers name a window of 60 s, past the 5 s deadline.
-    throttle = Throttle(upstream=loopback_registry(), limit=0, window_sec=60.0)
+    # Every manifest GET refused; the RateLimit headers name a window of 10 s, past the 5 s deadline.
+    throttle = Throttle(upstream=loopback_registry(), limit=0, window_sec=10.0)
     with serve(throttle) as proxy:
         _workers(cluster, engines, kit_image, registry_backoff_sec="0.5", registry_deadline_sec="5")
         path = _selection(cluster, "deadline", [through(shut, proxy), open_])
@@ -99,6 +104,7 @@ def test_past_the_deadline_a_trial_ends_as_the_registrys_failure_and_retry_faile
         failed, passed = by_task["001"], by_task["002"]
         assert failed["registry_status"] == "429" and failed["exception_type"] == "RegistryError", failed
         assert failed["stage"] == "pull" and "toomanyrequests" in failed["exception_message"]
+        assert failed["tries"] == 1  # the registry's wait (10 s) ends past the deadline: no wait at all
         assert passed["rewards"] == {"reward": 1.0}
         summary = json.loads((cluster.jobs_dir / "deadline" / "summary.json").read_text())
         classes = {row["task_id"]: row["failure_class"] for row in summary["rows"]}
@@ -110,7 +116,11 @@ def test_past_the_deadline_a_trial_ends_as_the_registrys_failure_and_retry_faile
         shown = cluster.cli("status", "deadline", "--jobs-dir", str(cluster.jobs_dir))
         lines = [line for line in shown.stdout.splitlines() if line.startswith(f"registry {proxy}:")]
         assert len(lines) == 1 and "rate-limited (429), next try in" in lines[0], shown.stdout + shown.stderr
-        throttle.limit = None  # the registry is back
+        throttle.limit = None  # the registry is back; the cluster's back-off from it runs out first
+        coord = RedisCoordinator(cluster.redis.url)
+        mark = registry_marks(coord).state(proxy)
+        assert mark is not None and mark.status == "429"
+        time.sleep(mark.wait_sec(coord.now()) + 0.2)
         again = cluster.cli("retry", "deadline", "--failed", "--wait", "--jobs-dir", str(cluster.jobs_dir))
     assert again.returncode == 0, again.stdout + again.stderr
     rerun = {r["task_id"]: r for r in _records(cluster, "deadline")}["001"]

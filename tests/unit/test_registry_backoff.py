@@ -143,3 +143,24 @@ def test_past_the_registry_deadline_the_trial_ends_as_the_registrys_failure(tmp_
     assert record.tries == calls[0] == 1  # the registry's wait of 2 s ends past the deadline: no retry either
     assert world.pier.runs == 0
     assert TrialRecord.model_validate_json(record.model_dump_json()).registry_status == "429"
+
+
+def test_a_pull_held_back_by_the_clusters_back_off_waits_it_out_without_counting_a_refusal(
+    tmp_path: Path,
+) -> None:
+    world = _world(tmp_path, [None])
+    marks = registry_marks(world.coord)
+    marks.refused("docker.io", "429", "another host was refused", 3.0, 1, 10)  # the cluster backs off
+    calls = [0]
+
+    def ensure_images(refs: list[str], platform: str, skip_pull: bool) -> None:
+        calls[0] += 1
+        if calls[0] == 1:  # as `ImagePuller` holds a pull back: nothing sent to the registry
+            raise RegistryError("pull held back", "docker.io", "429", 3.0, asked=False)
+
+    world.runtime.ensure_images = ensure_images  # type: ignore[method-assign]
+    outcome = world.handle()
+    assert isinstance(outcome, Answer) and outcome.record.exception_type is None and outcome.record.tries == 2
+    assert 3.0 <= sum(world.slept) <= 3.5  # the rest of the cluster's wait, and its own jitter
+    (state,) = marks.states()
+    assert state.failures == 1  # a pull never sent is no refusal

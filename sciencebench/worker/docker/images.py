@@ -155,6 +155,10 @@ class ImagePuller:
     With an `image_budget` (bytes), the task images this host pulled are kept
     within it (`budget.ImageBudget`): least recently used free images are
     evicted before a pull, and again after it for the image's real size.
+
+    With a `registry_gate` (registry -> (seconds the cluster still waits, its
+    last answer), None: go), a pull from a registry the cluster is backing
+    off from is not sent: RegistryError, not `asked`.
     """
 
     def __init__(
@@ -163,11 +167,13 @@ class ImagePuller:
         client_factory: Callable[[], docker.DockerClient] | None = None,
         lock_timeout_sec: float = 3 * 3600.0,
         image_budget: int = 0,
+        registry_gate: Callable[[str], tuple[float, str] | None] | None = None,
     ) -> None:
         self._state = state or state_dir()
         self.budget = ImageBudget(image_budget, self._state, pull_log_path(self._state))
         self._client = ClientPerProcess(client_factory or connect)
         self._lock_timeout_sec = lock_timeout_sec
+        self._registry_gate = registry_gate
         self._guard = threading.Lock()
         self._pulls = 0
         # (ref, platform) -> when (monotonic) the engine last showed it present as pinned.
@@ -303,6 +309,11 @@ class ImagePuller:
         repository = image_repository(ref)
         digest = image_digest(ref)
         registry, _ = docker.auth.resolve_repository_name(repository)
+        held = self._registry_gate(registry) if self._registry_gate is not None else None
+        if held is not None:
+            wait, status = held
+            why = f"the cluster backs off from registry {registry} ({status}) for {wait:.0f}s more"
+            raise RegistryError(f"pull of {ref} held back: {why}", registry, status, wait, asked=False)
         auth = registry_auth(registry)
         started = time.monotonic()
         try:
