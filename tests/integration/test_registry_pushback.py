@@ -66,7 +66,8 @@ def test_a_429_storm_ends_with_every_trial_completed_and_no_error(
 ) -> None:
     uid = uuid.uuid4().hex[:8]
     originals = [published.unique(f"storm-{n}-{uid}", size=MIB) for n in range(6)]
-    throttle = Throttle(upstream=loopback_registry(), limit=2, window_sec=3.0)
+    # 2 manifest GETs per 3 s, and blobs at 8 MiB/s: a pull takes a while, as from a real registry.
+    throttle = Throttle(upstream=loopback_registry(), limit=2, window_sec=3.0, bytes_per_sec=8 * MIB)
     with serve(throttle) as proxy:
         _workers(cluster, engines, kit_image, registry_backoff_sec="0.5", registry_backoff_max_sec="2",
                  registry_deadline_sec="120")  # fmt: skip
@@ -93,8 +94,8 @@ def test_past_the_deadline_a_trial_ends_as_the_registrys_failure_and_retry_faile
 ) -> None:
     uid = uuid.uuid4().hex[:8]
     shut, open_ = (published.unique(f"deadline-{n}-{uid}", size=MIB) for n in range(2))
-    # Every manifest GET refused; the RateLimit headers name a window of 10 s, past the 5 s deadline.
-    throttle = Throttle(upstream=loopback_registry(), limit=0, window_sec=10.0)
+    # Every manifest GET refused; the RateLimit headers name a window of 20 s, past the 5 s deadline.
+    throttle = Throttle(upstream=loopback_registry(), limit=0, window_sec=20.0)
     with serve(throttle) as proxy:
         _workers(cluster, engines, kit_image, registry_backoff_sec="0.5", registry_deadline_sec="5")
         path = _selection(cluster, "deadline", [through(shut, proxy), open_])
@@ -104,7 +105,7 @@ def test_past_the_deadline_a_trial_ends_as_the_registrys_failure_and_retry_faile
         failed, passed = by_task["001"], by_task["002"]
         assert failed["registry_status"] == "429" and failed["exception_type"] == "RegistryError", failed
         assert failed["stage"] == "pull" and "toomanyrequests" in failed["exception_message"]
-        assert failed["tries"] == 1  # the registry's wait (10 s) ends past the deadline: no wait at all
+        assert failed["tries"] == 1  # the registry's wait (20 s) ends past the deadline: no wait at all
         assert passed["rewards"] == {"reward": 1.0}
         summary = json.loads((cluster.jobs_dir / "deadline" / "summary.json").read_text())
         classes = {row["task_id"]: row["failure_class"] for row in summary["rows"]}
