@@ -45,6 +45,7 @@ from __future__ import annotations
 #   sciencebench:gateways             set of gateway authorities ever limited (`coordination.gateways`)
 #   sciencebench:gateway:<authority>  hash: limit, ceiling, status, reason, at
 #   sciencebench:gateway:<authority>:slots  zset member -> lease expiry (ms, the server's clock)
+#   sciencebench:registry:<host>      hash: not_before, status, reason, failures, at (`registries`)
 
 PREFIX = "sciencebench"
 JOBS_KEY = f"{PREFIX}:jobs"
