@@ -17,6 +17,7 @@ import docker.errors
 import docker.types
 
 from sciencebench.bake.recipes import MOUNT_DIR, Recipe
+from sciencebench.core.compose_policy import POLICY_LOGGING
 from sciencebench.core.errors import SciencebenchError
 from sciencebench.core.images import image_digest, image_repository
 from sciencebench.core.settings import DEFAULT_PIDS_LIMIT
@@ -26,6 +27,13 @@ BUILD_TIMEOUT_SEC = 1800
 # bomb would take every pid of the host) and memory (a hog would take a neighbour trial's), swap none.
 INSTALL_PIDS_LIMIT = DEFAULT_PIDS_LIMIT
 INSTALL_MEMORY = 4 * 2**30
+
+
+def _bounded_logs() -> docker.types.LogConfig:
+    """The trials' bounded output (`POLICY_LOGGING`): what the Engine keeps of PID 1's on the host's disk."""
+    return docker.types.LogConfig(type=POLICY_LOGGING["driver"], config=dict(POLICY_LOGGING["options"]))
+
+
 # What a call to the engine may raise: the SDK's errors, and the connection errors (OSError) beneath them.
 ENGINE_ERRORS = (docker.errors.DockerException, OSError)
 
@@ -66,6 +74,7 @@ def run_offline(
         container = client.containers.run(
             image, command, detach=True, network_mode="none", user="root",
             pids_limit=INSTALL_PIDS_LIMIT, mem_limit=INSTALL_MEMORY, memswap_limit=INSTALL_MEMORY,
+            log_config=_bounded_logs(),
         )  # fmt: skip
     except ENGINE_ERRORS as exc:
         raise BakeError(f"running {image}: {flat(str(exc))}") from None
@@ -113,7 +122,7 @@ def build(client: docker.DockerClient, recipe: Recipe, base: str, repository: st
         command = [recipe.script] if entrypoint else ["/bin/sh", "-c", recipe.script]
         container = client.containers.create(
             base, command=command, entrypoint=["/bin/sh", "-c"] if entrypoint else None, user="root",
-            network_mode="none", mounts=mounts,
+            network_mode="none", mounts=mounts, log_config=_bounded_logs(),
             pids_limit=INSTALL_PIDS_LIMIT, mem_limit=INSTALL_MEMORY, memswap_limit=INSTALL_MEMORY,
         )  # fmt: skip
     except ENGINE_ERRORS as exc:

@@ -56,3 +56,15 @@ def test_the_install_build_runs_within_the_limits(
         docker_client.images.remove("review34-install-limits:probe", force=True)
     assert code == 0
     assert _limits(output) == EXPECTED
+
+
+def test_a_probe_of_the_task_image_keeps_bounded_output(
+    docker_client: docker.DockerClient, base_image: str
+) -> None:
+    # What the Engine keeps of PID 1's output is a file on the host's disk: 30 MB printed, at most
+    # the policy's two 10 MB files kept.
+    code, output = run_offline(
+        docker_client, base_image, ["sh", "-c", "head -c 30000000 /dev/zero | tr '\\0' a | fold -w 1000"]
+    )
+    assert code == 0
+    assert 0 < len(output) <= 21_000_000
