@@ -17,10 +17,23 @@ import docker.errors
 import docker.types
 
 from sciencebench.bake.recipes import MOUNT_DIR, Recipe
+from sciencebench.core.compose_policy import POLICY_LOGGING
 from sciencebench.core.errors import SciencebenchError
 from sciencebench.core.images import image_digest, image_repository
+from sciencebench.core.settings import DEFAULT_PIDS_LIMIT
 
 BUILD_TIMEOUT_SEC = 1800
+# The task image's own code runs in these containers: bounded as a trial's are, in processes (a fork
+# bomb would take every pid of the host) and memory (a hog would take a neighbour trial's), swap none.
+INSTALL_PIDS_LIMIT = DEFAULT_PIDS_LIMIT
+INSTALL_MEMORY = 4 * 2**30
+
+
+def _bounded_logs() -> docker.types.LogConfig:
+    """The trials' bounded output (`POLICY_LOGGING`): what the Engine keeps of PID 1's on the host's disk."""
+    return docker.types.LogConfig(type=POLICY_LOGGING["driver"], config=dict(POLICY_LOGGING["options"]))
+
+
 # What a call to the engine may raise: the SDK's errors, and the connection errors (OSError) beneath them.
 ENGINE_ERRORS = (docker.errors.DockerException, OSError)
 
@@ -58,7 +71,11 @@ def run_offline(
 ) -> tuple[int, str]:
     """Run `command` in a network-less, throw-away container of `image`; `(exit code, output)`."""
     try:
-        container = client.containers.run(image, command, detach=True, network_mode="none", user="root")
+        container = client.containers.run(
+            image, command, detach=True, network_mode="none", user="root",
+            pids_limit=INSTALL_PIDS_LIMIT, mem_limit=INSTALL_MEMORY, memswap_limit=INSTALL_MEMORY,
+            log_config=_bounded_logs(),
+        )  # fmt: skip
     except ENGINE_ERRORS as exc:
         raise BakeError(f"running {image}: {flat(str(exc))}") from None
     try:
@@ -105,7 +122,8 @@ def build(client: docker.DockerClient, recipe: Recipe, base: str, repository: st
         command = [recipe.script] if entrypoint else ["/bin/sh", "-c", recipe.script]
         container = client.containers.create(
             base, command=command, entrypoint=["/bin/sh", "-c"] if entrypoint else None, user="root",
-            network_mode="none", mounts=mounts,
+            network_mode="none", mounts=mounts, log_config=_bounded_logs(),
+            pids_limit=INSTALL_PIDS_LIMIT, mem_limit=INSTALL_MEMORY, memswap_limit=INSTALL_MEMORY,
         )  # fmt: skip
     except ENGINE_ERRORS as exc:
         raise BakeError(f"starting the install on {base}: {flat(str(exc))}") from None

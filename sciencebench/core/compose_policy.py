@@ -58,6 +58,11 @@ _RESOURCE_KEYS = frozenset({"cpus", "memory", "pids"})
 _RESERVED_LABELS = ("com.docker.", "org.sciencebench.")
 _VOLUME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _NO_NEW_PRIVILEGES = frozenset({"no-new-privileges", "no-new-privileges:true", "no-new-privileges=true"})
+# How the Engine keeps every trial container's output (PID 1's stdout and stderr, which any process of
+# the container may write): a file on the host's disk, no part of the writable layer, unbounded by
+# default. The policy's override sets it (`network.compose`); a task may not, and a rendered model
+# must have exactly this.
+POLICY_LOGGING: dict[str, Any] = {"driver": "json-file", "options": {"max-size": "10m", "max-file": "2"}}
 
 
 def _inside(source: str, ctx: _Context, roots: Iterable[Path] | None = None) -> bool:
@@ -208,6 +213,9 @@ def _service_problems(name: str, service: Any, ctx: _Context) -> list[str]:
         elif key == "privileged":
             if value is not False:
                 problems.append(f"{where}: privileged")
+        elif key == "logging" and ctx.rendered:
+            if value != POLICY_LOGGING:
+                problems.append(f"{where}: logging {value!r} (the policy's is {POLICY_LOGGING!r})")
         elif key == "pull_policy":
             if value not in _PULL_POLICIES:
                 problems.append(f"{where}: pull_policy {value!r}")

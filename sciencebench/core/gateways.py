@@ -164,16 +164,25 @@ def pin_gateways(
 
     With an operator's list nothing is pinned (admission matched every gateway
     against it: the list is the operator's word); nor is a gateway named by an
-    address (admission checked it). A name is resolved here, and every
-    address it gives must be neither internal (`internal_kind`) nor in
-    `forbidden` (this worker's and the broker's addresses): a name that
-    resolves to any such address, or to none, is refused. The proxy then
-    connects to the first address, whatever a later lookup says (a name
+    address (admission refused an internal one; one in `forbidden` is refused
+    here). A name is resolved here, and every address it gives must be
+    neither internal (`internal_kind`) nor in `forbidden` (this worker's and
+    the broker's addresses): a name that resolves to any such address, or to
+    none, is refused. The proxy then connects to the first address, whatever
+    a later lookup says (a name
     rebound between check and connect gains nothing).
     """
     pins: dict[str, str] = {}
     for gateway in gateways:
-        if listed or _is_address(gateway.host):
+        if listed:
+            continue
+        if _is_address(gateway.host):
+            # Admission refused an internal literal; this worker's and its broker's own are known only here.
+            if str(ipaddress.ip_address(gateway.host.strip("[]"))) in forbidden:
+                raise ValueError(
+                    f"gateway {gateway.url}: {gateway.host} is an address of this worker or its broker; this "
+                    f"worker reaches it only when its operator lists it (worker --gateway {gateway.origin})"
+                )
             continue
         addresses = resolve(gateway.host)
         if not addresses:

@@ -12,10 +12,12 @@ period on every trial. A build for the trial gets `network: none`
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from sciencebench.core.compose_policy import POLICY_LOGGING
 from sciencebench.core.errors import PolicyRefused
 from sciencebench.core.settings import DEFAULT_PIDS_LIMIT, MAX_PIDS_LIMIT, MIN_PIDS_LIMIT
 from sciencebench.dockerhost.labels import MANAGED_LABEL, OWNER_LABEL
@@ -79,6 +81,7 @@ def _hardening(role: str, owner: str, pids_limit: int) -> dict[str, Any]:
         "pids_limit": pids_limit,
         "deploy": {"resources": {"limits": {"pids": pids_limit}}},
         "stop_signal": "SIGKILL",
+        "logging": copy.deepcopy(POLICY_LOGGING),  # bounded output on the host's disk
         "labels": labels,
     }
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import docker
 
+from sciencebench.core.compose_policy import POLICY_LOGGING
 from sciencebench.core.harness import POLICY_NAME
 from sciencebench.core.settings import DEFAULT_PIDS_LIMIT
 from sciencebench.core.versions import parse_version
@@ -135,6 +136,15 @@ def _container_checks(container: Json, mount_roots: Sequence[str] | None) -> lis
     return failures
 
 
+def _log_checks(container: Json) -> list[str]:
+    """The container's output is kept as the policy says (`POLICY_LOGGING`): bounded on the host's disk."""
+    config = (container.get("HostConfig") or {}).get("LogConfig") or {}
+    kept = {"driver": config.get("Type"), "options": dict(config.get("Config") or {})}
+    if kept != POLICY_LOGGING:
+        return [f"{_name(container)}: HostConfig.LogConfig is {kept!r}, expected {POLICY_LOGGING!r}"]
+    return []
+
+
 def _pids_checks(container: Json, pids_limit: int) -> list[str]:
     """A missing, 0 or negative PidsLimit is unlimited; above `pids_limit` is too high."""
     value = (container.get("HostConfig") or {}).get("PidsLimit")
@@ -241,7 +251,8 @@ def inspect_policy(
     all) or `isolated-allowlist` (agent on one internal isolated bridge shared
     only with the proxy). `mount_roots` are the host directories bind mounts
     may come from (the trial's and the task's). The agent and the proxy must
-    have a `HostConfig.PidsLimit` in 1..`pids_limit`; the agent has the task's
+    have a `HostConfig.PidsLimit` in 1..`pids_limit` and bounded logs
+    (`POLICY_LOGGING`); the agent has the task's
     `cpus` and `memory_mb` as its limits when the task sets them. Never raises
     on malformed input: a missing field is a failed check.
     """
@@ -257,6 +268,7 @@ def inspect_policy(
         failures.extend(_container_checks(container, mount_roots))
         if labels.get(SERVICE_LABEL) in (agent_service, proxy_service):
             failures.extend(_pids_checks(container, pids_limit))
+            failures.extend(_log_checks(container))
 
     expected = {agent_service} | ({proxy_service} if mode == "isolated-allowlist" else set())
     for service, members in sorted(by_service.items()):

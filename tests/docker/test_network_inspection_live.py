@@ -142,6 +142,8 @@ NONE_DEVIATIONS: dict[str, tuple[Mutation, list[str]]] = {
     "agent on a network": (set_key(main, "network_mode", "bridge"), ["NetworkMode is 'bridge'"]),
     "privileged verifier": (set_key(main, "privileged", True), ["main", "Privileged is true"]),
     "missing cap drop": (set_key(main, "cap_drop", []), ["NET_ADMIN not in", "NET_RAW not in"]),
+    # PID 1's stdout is a file on the host's disk beside the writable layer: unbounded, a disk fill.
+    "unbounded logs": (set_key(main, "logging", {"driver": "json-file"}), ["main", "HostConfig.LogConfig"]),
 }
 
 

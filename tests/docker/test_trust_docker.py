@@ -24,6 +24,7 @@ import pytest
 from pier.models.task.config import EnvironmentConfig
 from pier.models.trial.paths import TrialPaths
 
+from sciencebench.core.compose_policy import POLICY_LOGGING
 from sciencebench.core.errors import PolicyRefused
 from sciencebench.dockerhost.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
 from sciencebench.network import environment as environment_module
@@ -76,11 +77,15 @@ def project(docker_client: docker.DockerClient) -> Iterator[str]:
         container.remove(force=True)
 
 
+# The policy's logging (`core.compose_policy.POLICY_LOGGING`), as the SDK spells it.
+BOUNDED_LOGS = docker.types.LogConfig(type=POLICY_LOGGING["driver"], config=dict(POLICY_LOGGING["options"]))
+
+
 def _agent(client: docker.DockerClient, base_image: str, project: str, **host: object) -> None:
     client.containers.run(
         base_image, ["sleep", "30"], detach=True, network_mode="none", cap_drop=list(DROPPED_CAPS),
         labels={COMPOSE_PROJECT_LABEL: project, COMPOSE_SERVICE_LABEL: "main"},
-        pids_limit=host.pop("pids_limit", 256), **host,
+        pids_limit=host.pop("pids_limit", 256), log_config=host.pop("log_config", BOUNDED_LOGS), **host,
     )  # fmt: skip
 
 
@@ -247,3 +252,14 @@ def test_a_container_without_a_pids_limit_is_a_violation(
     snapshot = collect_snapshot(project)
     violations = inspect_policy(snapshot.engine_version, snapshot.containers, snapshot.networks, mode="none")
     assert len(violations) == 1 and "PidsLimit" in violations[0], violations
+
+
+def test_a_container_with_unbounded_logs_is_a_violation(
+    docker_client: docker.DockerClient, base_image: str, project: str
+) -> None:
+    # The Engine's default keeps PID 1's output without bound on the host's disk, beside the
+    # writable layer: 50 MB written to /proc/1/fd/1 by an exec grew the host's log file by 50 MB.
+    _agent(docker_client, base_image, project, log_config=docker.types.LogConfig(type="json-file"))
+    snapshot = collect_snapshot(project)
+    violations = inspect_policy(snapshot.engine_version, snapshot.containers, snapshot.networks, mode="none")
+    assert len(violations) == 1 and "LogConfig" in violations[0], violations

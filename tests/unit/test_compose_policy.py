@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sciencebench.core.compose_policy import compose_problems
+from sciencebench.core.compose_policy import POLICY_LOGGING, compose_problems
 from sciencebench.core.interpolation import interpolation
 from sciencebench.core.taskdir import DEFINING_FILES, read_regular, task_toml_sha256
 from sciencebench.core.taskreview import review_task, review_task_dir
@@ -321,6 +321,19 @@ def test_a_rendered_model_of_a_confined_task_passes(task: Path, tmp_path: Path) 
     assert _rendered_problems(task, trial, _rendered(task, trial)) == []
     build = {"context": str(task / "environment"), "dockerfile": "Dockerfile", "network": "none"}
     assert _rendered_problems(task, trial, _rendered(task, trial, build=build, pull_policy="build")) == []
+
+
+def test_a_rendered_model_keeps_the_policys_bounded_logs_and_a_task_sets_none(
+    task: Path, tmp_path: Path
+) -> None:
+    # PID 1's output is a file on the host's disk beside the writable layer: the policy bounds it.
+    trial = tmp_path / "trial"
+    assert _rendered_problems(task, trial, _rendered(task, trial, logging=POLICY_LOGGING)) == []
+    unbounded = {"driver": "json-file", "options": {"max-size": "100g"}}
+    problems = _rendered_problems(task, trial, _rendered(task, trial, logging=unbounded))
+    assert len(problems) == 1 and "service main: logging" in problems[0], problems
+    problems = _problems(task, "services: {main: {image: x, logging: {driver: none}}}")
+    assert any("'logging' is not allowed" in p for p in problems), problems
 
 
 @pytest.mark.parametrize(

@@ -145,3 +145,12 @@ def test_the_worker_refuses_a_job_whose_gateway_name_resolves_to_loopback(tmp_pa
         gateway_pins(job, Settings())
     listed = Settings(gateways=tuple(gw("https://localhost:8443")))
     assert gateway_pins(job, listed) == {}
+
+
+def test_an_address_literal_of_the_worker_or_its_broker_is_refused() -> None:
+    # A global address of the worker itself (its Docker API, its sshd) passes admission's
+    # internal-range check; only the worker knows it is its own.
+    with pytest.raises(ValueError, match="is an address of this worker or its broker"):
+        pin_gateways(gw(f"https://{PUBLIC}:2375/v1"), [], forbidden={PUBLIC}, resolve=resolver({}))
+    listed = gw(f"https://{PUBLIC}:2375")
+    assert pin_gateways(gw(f"https://{PUBLIC}:2375/v1"), listed, forbidden={PUBLIC}) == {}

@@ -141,6 +141,17 @@ def test_no_build_keeps_the_network_not_even_pier_s_agent_install() -> None:
     assert len(build_network_problems(proxy)) == 2
 
 
+def test_every_policy_service_keeps_bounded_logs() -> None:
+    # PID 1's stdout is a file on the host's disk, no part of the writable layer: 50 MB written to
+    # /proc/1/fd/1 by an exec grew it by 50 MB with the Engine's default (unbounded json-file).
+    for compose in (policy_compose("none"), policy_compose("isolated-allowlist", PROXY)):
+        for service in compose["services"].values():
+            assert service["logging"] == {
+                "driver": "json-file",
+                "options": {"max-size": "10m", "max-file": "2"},
+            }
+
+
 def test_every_policy_service_gets_a_pids_limit() -> None:
     # A fork bomb in one trial would otherwise reach every trial of the host.
     for compose in (policy_compose("none"), policy_compose("isolated-allowlist", PROXY)):

@@ -242,6 +242,7 @@ def test_no_allowlist_environment_is_network_none(tmp_path: Path) -> None:
                 "cap_drop": ["NET_ADMIN", "NET_RAW"],
                 "privileged": False,
                 "stop_signal": "SIGKILL",
+                "logging": {"driver": "json-file", "options": {"max-size": "10m", "max-file": "2"}},
                 "labels": {
                     "org.sciencebench.network-role": "agent",
                     "org.sciencebench.owner": hostlocks.owner_id(),

@@ -42,6 +42,7 @@ EGRESS: dict[str, Any] = json.loads(
    },
    "HostConfig": {
     "PidsLimit": 4096,
+    "LogConfig": {"Type": "json-file", "Config": {"max-size": "10m", "max-file": "2"}},
     "NetworkMode": "task_002__fixtureegress_sb-internal",
     "CapDrop": [
      "CAP_NET_ADMIN",
@@ -76,6 +77,7 @@ EGRESS: dict[str, Any] = json.loads(
    },
    "HostConfig": {
     "PidsLimit": 4096,
+    "LogConfig": {"Type": "json-file", "Config": {"max-size": "10m", "max-file": "2"}},
     "NetworkMode": "task_002__fixtureegress_sb-egress",
     "CapDrop": [
      "CAP_NET_ADMIN",
@@ -201,6 +203,7 @@ NONE: dict[str, Any] = json.loads(
    },
    "HostConfig": {
     "PidsLimit": 4096,
+    "LogConfig": {"Type": "json-file", "Config": {"max-size": "10m", "max-file": "2"}},
     "NetworkMode": "none",
     "CapDrop": [
      "CAP_NET_ADMIN",
@@ -589,6 +592,23 @@ def test_unbounded_or_too_high_pids_limit_fails(service: str, value: int | None)
     else:
         host["PidsLimit"] = value
     only(verdict(snap), service, "PidsLimit")
+
+
+UNBOUNDED_LOGS = [
+    {"Type": "json-file", "Config": {}},
+    {"Type": "json-file", "Config": {"max-size": "100g"}},
+    {"Type": "journald", "Config": {}},
+]
+
+
+@pytest.mark.parametrize("service", ["main", "sb-egress-proxy"])
+def test_unbounded_container_logs_fail(service: str) -> None:
+    # PID 1's stdout, which any process of the container may write, is a file on the host's disk
+    # outside the writable layer the disk watch measures.
+    for log_config in [None, *UNBOUNDED_LOGS]:
+        snap = egress()
+        container(snap, service)["HostConfig"]["LogConfig"] = log_config
+        only(verdict(snap), service, "LogConfig")
 
 
 def test_pids_limit_within_a_lower_bound_passes() -> None:

@@ -126,7 +126,13 @@ def _agent(**host: Any) -> dict[str, Any]:
         "Id": "a" * 64,
         "Name": "/t__abcdefg-main-1",
         "Config": {"Labels": {"com.docker.compose.service": "main"}},
-        "HostConfig": {"CapDrop": ["NET_ADMIN", "NET_RAW"], "NetworkMode": "none", "PidsLimit": 64, **host},
+        "HostConfig": {
+            "CapDrop": ["NET_ADMIN", "NET_RAW"],
+            "NetworkMode": "none",
+            "PidsLimit": 64,
+            "LogConfig": {"Type": "json-file", "Config": {"max-size": "10m", "max-file": "2"}},
+            **host,
+        },
     }
 
 

@@ -1,19 +1,19 @@
-"""A bound on what a trial's containers write to their writable layers, watched while Pier runs.
+"""A bound on what a trial's containers write to their writable layers and volumes, watched while Pier runs.
 
 overlay2 bounds a writable layer only on a filesystem with project quotas,
 which worker hosts lack; unbounded, one agent filling its disk fills the
 host's for every trial. So every `DISK_POLL_SEC` the worker asks the Engine
-for the writable-layer size (`SizeRw`) of each container of the try's
-compose projects (the agent's, the proxy's, a separate verifier's). One past
-the limit is killed at once and `exceeded` says which: the try stops Pier
-and ends with a ResourceLimitError (`worker.stages`).
+for the writable-layer size (`SizeRw`) of each container of the try's compose
+projects, plus the volumes it mounts (an image's `VOLUME` is no part of
+`SizeRw`). One past the limit is killed at once and `exceeded` says which:
+the try stops Pier and ends with a ResourceLimitError (`worker.stages`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -30,21 +30,48 @@ log = logging.getLogger(__name__)
 DISK_POLL_SEC = 3.0
 
 
-def over_limit(containers: list[dict[str, Any]], limit: int) -> dict[str, Any] | None:
-    """The first of `containers` (a container listing with sizes) whose `SizeRw` is above `limit` bytes."""
+def volume_names(attrs: dict[str, Any]) -> list[str]:
+    """The volumes a container mounts (its entry of a container listing): anonymous, named, an image's."""
+    return [
+        str(m.get("Name")) for m in attrs.get("Mounts") or [] if m.get("Type") == "volume" and m.get("Name")
+    ]
+
+
+def written(attrs: dict[str, Any], volumes: Mapping[str, int]) -> int:
+    """What a container wrote: its writable layer (`SizeRw`) and the volumes it mounts (`volumes`: sizes)."""
+    size = attrs.get("SizeRw")
+    layer = size if isinstance(size, int) and size > 0 else 0
+    return layer + sum(max(volumes.get(name, 0), 0) for name in volume_names(attrs))
+
+
+def over_limit(
+    containers: list[dict[str, Any]], limit: int, volumes: Mapping[str, int] | None = None
+) -> dict[str, Any] | None:
+    """The first of `containers` (a listing with sizes) that wrote more than `limit` bytes (`written`)."""
     for attrs in containers:
-        size = attrs.get("SizeRw")
-        if isinstance(size, int) and size > limit:
+        if written(attrs, volumes or {}) > limit:
             return attrs
     return None
 
 
-def limit_message(attrs: dict[str, Any], limit: int) -> str:
+def volume_sizes(api: docker.APIClient) -> dict[str, int]:
+    """The size of every volume of the Engine (its disk usage report, volumes only), by name."""
+    # docker-py's `df` has no `type`; asked for volumes only, the Engine measures nothing else.
+    url = api._url("/system/df")  # type: ignore[attr-defined]
+    report = api._result(api._get(url, params={"type": "volume"}), True)  # type: ignore[attr-defined]
+    return {
+        str(volume.get("Name")): int((volume.get("UsageData") or {}).get("Size") or 0)
+        for volume in report.get("Volumes") or []
+    }
+
+
+def limit_message(attrs: dict[str, Any], limit: int, volumes: Mapping[str, int] | None = None) -> str:
     """What the record says of a container past the limit (`attrs`: its entry of a container listing)."""
     names = attrs.get("Names") or [str(attrs.get("Id", "?"))[:12]]
     name = str(names[0]).lstrip("/")
+    where = "its writable layer and volumes" if volume_names(attrs) else "its writable layer"
     return (
-        f"container {name} wrote {format_size(int(attrs.get('SizeRw') or 0))} to its writable layer, "
+        f"container {name} wrote {format_size(written(attrs, volumes or {}))} to {where}, "
         f"past this host's limit of {format_size(limit)} (worker --disk-limit); the trial was ended"
     )
 
@@ -117,10 +144,12 @@ class DiskWatch:
             # size=True: the Engine measures each listed container's writable layer (SizeRw)
             for summary in api.containers(size=True, filters={"label": f"{COMPOSE_PROJECT_LABEL}={project}"})
         ]
-        found = over_limit(sizes, self.limit)
+        # Volumes are measured only when a container mounts one (the Engine walks every volume).
+        volumes = volume_sizes(api) if any(volume_names(summary) for summary in sizes) else {}
+        found = over_limit(sizes, self.limit, volumes)
         if found is None:
             return False
-        self.exceeded = limit_message(found, self.limit)
+        self.exceeded = limit_message(found, self.limit, volumes)
         try:
             api.kill(found["Id"])
         except ENGINE_ERRORS as exc:  # already stopped; Pier is stopped next
