@@ -78,7 +78,10 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
 
     if local:
         require_worker_extra("submit --local")
+        from sciencebench.coordination.embedded import check_embedded
         from sciencebench.local import run_local
+
+        check_embedded(settings.state_dir)  # before the job is written
 
         prepared = submitting.persist(prepared, record)
         sys.exit(conclude(prepared.job, run_local(prepared, settings, out)))
