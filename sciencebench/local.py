@@ -3,11 +3,11 @@
 Like a worker's start, it first removes what crashed trials of this host
 state left on the Engine (`worker.runtime.sweep_crashed`).
 
-`--n-concurrent` threads each run `worker.trial.handle` (the code a Celery
-worker runs) against an in-process coordinator, as the job's only worker
-(it serves exactly the job's directories and runs the submit's `--pier-bin`);
-`coordination.records.finish_job` (the code the chord finalizer runs) writes
-the same three files.
+`--n-concurrent` threads each run `worker.trial.handle` (a Celery worker's
+code) on the host's embedded store (`coordination.embedded`) as the job's only
+worker (it serves exactly the job's directories and runs the submit's
+`--pier-bin`); `coordination.records.finish_job` (the chord finalizer's code)
+writes the same three files.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from sciencebench.coordination.memory import MemoryCoordinator
+from sciencebench.coordination import embedded
 from sciencebench.coordination.records import FinalizerAnswer, finish_job
+from sciencebench.coordination.redis import RedisCoordinator
 from sciencebench.core.models import JobSpec
 from sciencebench.core.paths import JobPaths
 from sciencebench.core.settings import Settings
@@ -46,7 +47,17 @@ def run_local(prepared: Prepared, settings: Settings, console: Console) -> Final
     """Run every trial with `n_concurrent` threads; return what the finalizer would answer."""
     job = prepared.job
     settings = local_settings(settings, job)
-    coord = MemoryCoordinator()
+    coord = embedded.coordinator(settings.state_dir)
+    try:
+        return _run(prepared, settings, console, coord)
+    finally:
+        coord.close()
+
+
+def _run(
+    prepared: Prepared, settings: Settings, console: Console, coord: RedisCoordinator
+) -> FinalizerAnswer:
+    job = prepared.job
     if job.max_cost_usd is not None or job.max_tokens is not None:
         coord.set_budget(job.job_key, job.max_cost_usd, job.max_tokens)
     ctx = WorkerContext(coord=coord, runtime=docker_runtime(settings), settings=settings)

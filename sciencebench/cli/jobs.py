@@ -37,7 +37,7 @@ GONE_HOST_SHOWN_SEC = 3600.0
 def status(job_name: str, jobs_dir: Path) -> None:
     """Show a job's counts, each trial's state and host, its budget and its gateways' limits."""
     from sciencebench.coordination.budget import status_line
-    from sciencebench.coordination.gateways import gateway_limits
+    from sciencebench.coordination.gateways import GatewayLimits
     from sciencebench.coordination.shares import cluster_slots, share_lines
     from sciencebench.login.cluster import is_live
 
@@ -65,7 +65,7 @@ def status(job_name: str, jobs_dir: Path) -> None:
         out.print(
             f"unfit host {host}: {mark.reason} ({now - mark.at:.0f}s ago)", markup=False, soft_wrap=True
         )
-    for limit in gateway_limits(coord).limits():  # every gateway's cluster-wide limit, and why
+    for limit in GatewayLimits(coord).limits():  # every gateway's cluster-wide limit, and why
         why = f"; {limit.reason} ({now - limit.at:.0f}s ago)" if limit.reason else ""
         if limit.status and not limit.reason.startswith("provider error"):
             why = f"; last provider error {limit.status} ({now - limit.error_at:.0f}s ago){why}"

@@ -1,8 +1,7 @@
-"""The store's keys: every piece of coordination state has one name, over Redis and in memory.
+"""The store's keys: every piece of coordination state has one name.
 
 The table below the imports lists every key; the Lua scripts name the keys
-they take alike (`coordination.scripts.store_keys`), and the gateway limits'
-keys are built in `coordination.gateways` (`gateway_key`).
+they take alike (`coordination.scripts.store_keys`).
 """
 
 from __future__ import annotations
@@ -57,11 +56,17 @@ WEIGHTS_KEY = f"{PREFIX}:shares:weights"
 HOLDS_KEY = f"{PREFIX}:hosts:holds"
 ROUTED_KEY = f"{PREFIX}:place:routed"
 PULLING_KEY = f"{PREFIX}:place:pulling"
+GATEWAYS_KEY = f"{PREFIX}:gateways"
 
 
 def job_key(job: str, *parts: str) -> str:
     """The name of one piece of a job's state: `sciencebench:<job>:<part>:...`."""
     return ":".join((PREFIX, job, *parts))
+
+
+def gateway_key(authority: str, *parts: str) -> str:
+    """A model gateway's limit (`coordination.gateways`): `sciencebench:gateway:<authority>[:part]`."""
+    return ":".join((PREFIX, "gateway", authority, *parts))
 
 
 def parking_token(task_id: str) -> str:

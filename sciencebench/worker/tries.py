@@ -13,7 +13,7 @@ import logging
 from datetime import datetime
 from pathlib import Path
 
-from sciencebench.coordination.gateways import GatewaySlot, gateway_limits
+from sciencebench.coordination.gateways import GatewayLimits, GatewaySlot
 from sciencebench.coordination.heartbeat import Heartbeat
 from sciencebench.core.errors import Cancelled, NoRoomError, PreflightError, Stage, TrialError
 from sciencebench.core.failures import failure_record
@@ -171,7 +171,7 @@ def _gateway_slot(spec: TrialSpec, ctx: WorkerContext, job: JobSpec) -> GatewayS
         return None
     member = f"{spec.job_key}/{spec.key}/{ctx.owner}"
     return GatewaySlot(
-        gateway_limits(ctx.coord), authority, member, job.n_concurrent, ctx.settings.lease_seconds
+        GatewayLimits(ctx.coord), authority, member, job.n_concurrent, ctx.settings.lease_seconds
     )
 
 

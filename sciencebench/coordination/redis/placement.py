@@ -20,10 +20,9 @@ from sciencebench.coordination.placement import (
     expected_of,
     host_lines,
 )
-from sciencebench.coordination.protocol import PREFIX
+from sciencebench.coordination.protocol import PREFIX, Coordinator
 
 if TYPE_CHECKING:
-    from sciencebench.coordination.redis import RedisCoordinator
     from sciencebench.core.models import Redispatch
 
 __all__ = ["RedisPlacementStore"]
@@ -32,7 +31,7 @@ __all__ = ["RedisPlacementStore"]
 class RedisPlacementStore(PlacementStore):
     """`PlacementStore` over the cluster's Redis (through the coordinator's client and outage handling)."""
 
-    def __init__(self, coord: RedisCoordinator) -> None:
+    def __init__(self, coord: Coordinator) -> None:
         self._coord = coord
         self._loads = scripts.Registered(coord.client, scripts.PLACE_LOADS)
         self._report = scripts.Registered(coord.client, scripts.PLACE_REPORT)
