@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from sciencebench.coordination import scripts
-from sciencebench.coordination.keys import GATEWAYS_KEY, gateway_key
+from sciencebench.coordination.keys import GATEWAYS_KEY, ClusterKeys
 from sciencebench.coordination.protocol import Coordinator
 
 
@@ -69,7 +69,7 @@ class GatewayLimits:
 
     def release(self, authority: str, member: str) -> None:
         """Give a slot back."""
-        self._coord.patiently(lambda: self._coord.client.zrem(gateway_key(authority, "slots"), member))
+        self._coord.patiently(lambda: self._coord.client.zrem(ClusterKeys.gateway_slots(authority), member))
 
     def provider_error(self, authority: str, status: str, since: float = float("inf")) -> int:
         """Halve the authority's limit (never below 1) because of `status`; the new limit.
@@ -97,8 +97,8 @@ class GatewayLimits:
         def read() -> list[tuple[str, dict[str, Any], int]]:
             rows = []
             for authority in sorted(cast("set[str]", client.smembers(GATEWAYS_KEY))):
-                fields = cast("dict[str, Any]", client.hgetall(gateway_key(authority)))
-                held = int(client.zcount(gateway_key(authority, "slots"), now_ms, "+inf"))
+                fields = cast("dict[str, Any]", client.hgetall(ClusterKeys.gateway(authority)))
+                held = int(client.zcount(ClusterKeys.gateway_slots(authority), now_ms, "+inf"))
                 rows.append((authority, fields, held))
             return rows
 

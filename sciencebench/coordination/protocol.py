@@ -23,7 +23,8 @@ from sciencebench.coordination.keys import (
     KIT_KEY,
     PAUSED_KEY,
     PREFIX,
-    job_key,
+    ClusterKeys,
+    JobKeys,
     parking_token,
 )
 from sciencebench.coordination.models import Claim, Held, HostKit, HostStatus, Start, Unfit
@@ -43,18 +44,19 @@ __all__ = [  # the keys and models are named here too: callers import the contra
     "PREFIX",
     "Board",
     "Claim",
+    "ClusterKeys",
     "Coordinator",
     "Held",
     "History",
     "HostKit",
     "HostStatus",
     "JobControl",
+    "JobKeys",
     "Leases",
     "Results",
     "Slots",
     "Start",
     "Unfit",
-    "job_key",
     "parking_token",
 ]
 

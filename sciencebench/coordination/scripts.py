@@ -30,8 +30,8 @@ from sciencebench.coordination.keys import (
     ROUTED_KEY,
     SHARES_KEY,
     WEIGHTS_KEY,
-    gateway_key,
-    job_key,
+    ClusterKeys,
+    JobKeys,
 )
 
 LUA = files("sciencebench.coordination") / "lua"
@@ -60,33 +60,34 @@ def store_keys(job: str, key: str = "", authority: str = "") -> Mapping[str, str
 
     `authority`: a model gateway's `host:port`, for the gateway limits' keys (`coordination.gateways`).
     """
+    job_keys = JobKeys(job)
     return {
         "jobs": JOBS_KEY,
         "gateways": GATEWAYS_KEY,
-        "gateway": gateway_key(authority),
-        "gateway_slots": gateway_key(authority, "slots"),
+        "gateway": ClusterKeys.gateway(authority),
+        "gateway_slots": ClusterKeys.gateway_slots(authority),
         "history": HISTORY_KEY,
         "shares": SHARES_KEY,
         "weights": WEIGHTS_KEY,
         "holds": HOLDS_KEY,
         "routed": ROUTED_KEY,
         "pulling": PULLING_KEY,
-        "lease": job_key(job, "lease", key),
-        "result": job_key(job, "result", key),
-        "counted": job_key(job, "counted", key),
-        "running": job_key(job, "running"),
-        "slots": job_key(job, "slots"),
-        "state": job_key(job, "state"),
-        "cancelled": job_key(job, "cancelled"),
-        "waiting": job_key(job, "waiting"),
-        "waiting_payloads": job_key(job, "waiting", "payloads"),
-        "held": job_key(job, "held"),
-        "held_payloads": job_key(job, "held", "payloads"),
-        "held_tasks": job_key(job, "held", "tasks"),
-        "held_probe": job_key(job, "held", "probe"),
-        "held_meta": job_key(job, "held", "meta"),
-        "budget": job_key(job, "budget"),
-        "budget_started": job_key(job, "budget", "started"),
+        "lease": job_keys.lease(key),
+        "result": job_keys.result(key),
+        "counted": job_keys.counted(key),
+        "running": job_keys.running,
+        "slots": job_keys.slots,
+        "state": job_keys.state,
+        "cancelled": job_keys.cancelled,
+        "waiting": job_keys.waiting,
+        "waiting_payloads": job_keys.waiting_payloads,
+        "held": job_keys.held,
+        "held_payloads": job_keys.held_payloads,
+        "held_tasks": job_keys.held_tasks,
+        "held_probe": job_keys.held_probe,
+        "held_meta": job_keys.held_meta,
+        "budget": job_keys.budget,
+        "budget_started": job_keys.budget_started,
     }
 
 
