@@ -36,8 +36,8 @@ _SOCKET_PATH_MAX = 107
 
 
 def store_dir(state_dir: Path) -> Path:
-    """Where the embedded server keeps its socket, data, pid and log: `<state dir>/store`."""
-    return state_dir / STORE_DIR
+    """Where the embedded server keeps its socket, data, pid and log: `<state dir>/store` (absolute)."""
+    return state_dir.absolute() / STORE_DIR  # the server resolves its paths after its chdir there
 
 
 def socket_path(state_dir: Path) -> Path:

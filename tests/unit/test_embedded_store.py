@@ -58,6 +58,15 @@ def test_its_data_outlives_the_server_and_a_killed_server_is_started_again(state
     coord.close()
 
 
+def test_a_relative_state_dir_is_its_absolute_path(
+    tmp_path: Path, state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    coord = embedded.coordinator(Path(state.name))
+    assert coord.client.config_get("unixsocket")["unixsocket"] == str(embedded.socket_path(state))
+    coord.close()
+
+
 def test_commands_at_once_share_one_server(state: Path) -> None:
     sockets: list[Path] = []
     threads = [threading.Thread(target=lambda: sockets.append(embedded.ensure(state))) for _ in range(4)]
