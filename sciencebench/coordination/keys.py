@@ -20,6 +20,7 @@ from __future__ import annotations
 #   sciencebench:J:result:K           the trial's TrialRecord JSON
 #   sciencebench:J:counted:K          the chord has been told about K
 #   sciencebench:J:lease:K            owner id, expires unless renewed
+#   sciencebench:J:parking:K          a parked lease on its way to `lease:K` (`lib/park_absent.lua`)
 #   sciencebench:J:running            hash K -> Redispatch JSON
 #   sciencebench:J:slots              zset K -> slot expiry (ms, the server's clock)
 #   sciencebench:J:waiting            list of trial keys waiting for a slot, oldest first

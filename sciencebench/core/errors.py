@@ -61,12 +61,13 @@ class SciencebenchError(Exception):
             │   └── AgentImageMismatch  `agent_image` names another agent's image
             ├── HarnessError            Pier crashed, timed out or could not start
             │   └── HarnessTimeoutError Pier outran the trial's whole budget
+            ├── ResourceLimitError      a trial container went past a host limit (its writable layer)
             ├── CollectError            Pier produced no usable trial directory
             │   └── OutputLimitError    the trial's outputs went past a bound (depth, entries, bytes)
             └── Cancelled               the job was cancelled before or while the trial ran
 
     Elsewhere in the package (each a SciencebenchError too): `bake.recipes.RecipeError`,
-    `bake.builder.BakeError`, `bake.command.BakeFailed`, `worker.pier.zygote.ZygoteError`.
+    `bake.offline.BakeError`, `bake.command.BakeFailed`, `worker.pier.zygote.ZygoteError`.
     """
 
     stage: ClassVar[Stage] = Stage.WORKER
@@ -230,6 +231,15 @@ class HarnessTimeoutError(HarnessError):
     """Pier outran the trial's whole budget; another try would too (as Pier's own timeouts)."""
 
     deterministic = True
+
+
+class ResourceLimitError(TrialError):
+    """A trial container went past a limit of its host (`worker --disk-limit`): the trial was ended.
+
+    The same agent on the same task would again: deterministic.
+    """
+
+    stage = Stage.HARNESS
 
 
 class CollectError(TrialError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from sciencebench.dockerhost.naming import pier_trial_prefix
 from sciencebench.worker import preflight
 from sciencebench.worker.docker.budget import ImageBudget
 from sciencebench.worker.docker.cleanup import remove_trial, sweep_leftovers
+from sciencebench.worker.docker.diskwatch import watching
 from sciencebench.worker.docker.engine import ClientPerProcess, connect
 from sciencebench.worker.docker.images import ImagePuller, pull_log_path
 
@@ -71,8 +73,15 @@ class DockerRuntime:
             raise RefusedError(str(exc)) from None
 
     def environment_kwargs(self) -> dict[str, str]:
-        """Host-side keywords of the policy environment: proxy image, agent install, the host's owner id."""
-        kwargs = {"owner": owner_id(self.settings.state_dir), "agent_install": self.settings.agent_install}
+        """Host-side keywords of the policy environment: proxy image, agent install, owner id, pids limit."""
+        kwargs = {
+            "owner": owner_id(self.settings.state_dir),
+            "agent_install": self.settings.agent_install,
+            "pids_limit": str(self.settings.pids_limit),
+            "agent_artifacts": str(self.settings.agent_artifacts),
+        }
+        if self.settings.npm_registry:
+            kwargs["npm_registry"] = self.settings.npm_registry
         if self.settings.proxy_image:
             kwargs["proxy_image"] = self.settings.proxy_image
         return kwargs
@@ -88,6 +97,12 @@ class DockerRuntime:
     def live_trial(self, task_dir_name: str) -> AbstractContextManager[None]:
         """Hold while Pier runs: a sweep by any worker of this host spares the trial."""
         return hold_live_trial(pier_trial_prefix(task_dir_name), state=self.settings.state_dir)
+
+    def watch_disk(
+        self, trial_names: Callable[[], list[str]]
+    ) -> AbstractContextManager[Callable[[], str | None]]:
+        """Watch the writable layers of these trials' containers against `--disk-limit` (`diskwatch`)."""
+        return watching(self.settings.disk_limit, trial_names)
 
     def cleanup_trial(self, trial_name: str) -> None:
         """Remove the trial's compose projects (best effort; problems are logged)."""
@@ -138,9 +153,7 @@ def host_preflight(platform: str, jobs_dir: Path | None, pier_bin: str, broker: 
     lines = [f"ok: {line}" for line in report.lines()]
     settings = Settings.from_env()
     lines.append(f"ok: {preflight.ensure_proxy_image(settings.proxy_image)}")
-    lines.append(
-        f"ok: agents {'installed by Pier online' if settings.agent_install == 'online' else 'baked only'}"
-    )
+    lines.append(f"ok: agents {'installed online' if settings.agent_install == 'online' else 'baked only'}")
     if broker:
         try:
             coordination.connect(settings).ping()
