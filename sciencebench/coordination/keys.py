@@ -122,6 +122,10 @@ class JobKeys:
         """The trial's lease ("" gives the prefix a script completes)."""
         return f"{self._base}:lease:{key}"
 
+    def parking(self, key: str) -> str:
+        """A parked lease on its way to `lease(key)` (`lua/lib/park_absent.lua` builds it from the lease)."""
+        return f"{self._base}:parking:{key}"
+
     def pattern(self) -> str:
         """A `SCAN` pattern matching every key of the job."""
         return f"{self._base}:*"

@@ -276,8 +276,10 @@ def test_a_failed_try_is_cleaned_up_before_the_next_try_runs(tmp_path: Path, sto
     assert len(set(world.runtime.cleaned)) == 2
 
 
-def test_a_container_past_the_disk_limit_ends_the_trial_with_a_resource_failure(tmp_path: Path) -> None:
-    world = _world(tmp_path, [None], max_retries=2)
+def test_a_container_past_the_disk_limit_ends_the_trial_with_a_resource_failure(
+    tmp_path: Path, store: RedisCoordinator
+) -> None:
+    world = _world(store, tmp_path, [None], max_retries=2)
     world.runtime.disk_exceeded = "container t-main-1 wrote 2.0 GiB to its writable layer, past ..."
     outcome = world.handle()
     assert isinstance(outcome, Answer)
