@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sciencebench.coordination import embedded
+from sciencebench.coordination.keys import JobKeys
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.coordination.records import FinalizerAnswer, finish_job
 from sciencebench.coordination.redis import RedisCoordinator
@@ -65,8 +66,7 @@ def _run(
         coord.uncancel(job.job_key)  # an interrupted run cancelled it
         if note := continue_budget(coord, job, None, None):
             console.print(note, markup=False, highlight=False)
-        for trial in prepared.trials:  # the store keeps the interrupted run's records: these run again
-            coord.clear_result(job.job_key, trial.key)
+        _run_afresh(coord, job, [trial.key for trial in prepared.trials])
     elif job.max_cost_usd is not None or job.max_tokens is not None:
         coord.set_budget(job.job_key, job.max_cost_usd, job.max_tokens)
     ctx = WorkerContext(coord=coord, runtime=docker_runtime(settings), settings=settings)
@@ -96,6 +96,21 @@ def _run(
             _stop(coord, job, pool, futures, console)
             raise
     return finish_job(coord, JobPaths(job.jobs_dir, job.job_name), job.job_name, job.job_id)
+
+
+def _run_afresh(coord: RedisCoordinator, job: JobSpec, keys: list[str]) -> None:
+    """The trials to run again start afresh: the embedded store outlives an interrupted run.
+
+    Its records of them go (a cancelled trial's, say), and so do the leases and
+    slots a killed run left, which would hold them until they lapse: this
+    process is the job's only worker.
+    """
+    job_keys = JobKeys(job.job_key)
+    for key in keys:
+        coord.clear_result(job.job_key, key)
+    if keys:
+        coord.patiently(lambda: coord.client.delete(*map(job_keys.lease, keys)))
+        coord.patiently(lambda: coord.client.zrem(job_keys.slots, *keys))
 
 
 def _stop(coord: Coordinator, job: JobSpec, pool: ThreadPoolExecutor, futures: list[Future[Any]],
