@@ -69,7 +69,7 @@ def _run(
         _run_afresh(coord, job, [trial.key for trial in prepared.trials])
     elif job.max_cost_usd is not None or job.max_tokens is not None:
         coord.set_budget(job.job_key, job.max_cost_usd, job.max_tokens)
-    ctx = WorkerContext(coord=coord, runtime=docker_runtime(settings), settings=settings)
+    ctx = WorkerContext(coord=coord, runtime=docker_runtime(settings, coord), settings=settings)
     ctx.runtime.check_host()
     if swept := sweep_crashed(settings):
         console.print(swept, markup=False, highlight=False)

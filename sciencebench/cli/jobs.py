@@ -37,9 +37,10 @@ GONE_HOST_SHOWN_SEC = 3600.0
 @job_option
 @handle_errors
 def status(job_name: str, jobs_dir: Path) -> None:
-    """Show a job's counts, each trial's state and host, its budget and its gateways' limits."""
+    """Show a job's counts, each trial's state and host, its budget, its gateways' and registries' state."""
     from sciencebench.coordination.budget import status_line
     from sciencebench.coordination.gateways import GatewayLimits
+    from sciencebench.coordination.registries import RedisRegistryMarks
     from sciencebench.coordination.shares import cluster_slots, share_lines
     from sciencebench.login.cluster import is_live
 
@@ -88,6 +89,9 @@ def status(job_name: str, jobs_dir: Path) -> None:
             why = f"; last provider error {limit.status} ({now - limit.error_at:.0f}s ago){why}"
         line = f"gateway {limit.authority}: limit {limit.limit} of {limit.ceiling}, {limit.held} running{why}"
         out.print(line, markup=False, soft_wrap=True)
+    for registry in RedisRegistryMarks(coord).states():  # every registry the cluster backs off from now
+        if registry.wait_sec(now) > 0:
+            out.print(registry.line(now), markup=False, soft_wrap=True)
     for host, health in sorted(coord.hosts().items()):
         silent = now - health.seen_at
         if silent > GONE_HOST_SHOWN_SEC:

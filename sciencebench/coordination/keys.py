@@ -45,6 +45,7 @@ from __future__ import annotations
 #   sciencebench:gateways             set of gateway authorities ever limited (`coordination.gateways`)
 #   sciencebench:gateway:<authority>  hash: limit, ceiling, status, reason, at
 #   sciencebench:gateway:<authority>:slots  zset member -> lease expiry (ms, the server's clock)
+#   sciencebench:registry:<host>      hash: not_before, status, reason, failures, at (`registries`)
 
 PREFIX = "sciencebench"
 
@@ -76,6 +77,11 @@ class ClusterKeys:
     def gateway(authority: str) -> str:
         """A model gateway's limit (`coordination.gateways`)."""
         return f"{PREFIX}:gateway:{authority}"
+
+    @staticmethod
+    def registry(host: str) -> str:
+        """An image registry that pushed back (`coordination.registries`)."""
+        return f"{PREFIX}:registry:{host}"
 
     @staticmethod
     def gateway_slots(authority: str) -> str:

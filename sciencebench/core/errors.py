@@ -53,7 +53,8 @@ class SciencebenchError(Exception):
             ├── WorkspaceError          task dir unreadable / jobs dir unwritable
             ├── SecretsMismatchError    env file changed since submit
             ├── PullError               image pull or digest verification failed
-            │   └── NoRoomError         the image budget cannot fit the trial's images now (handed back)
+            │   ├── NoRoomError         the image budget cannot fit the trial's images now (handed back)
+            │   └── RegistryError       the registry pushed back (429, 5xx, reset, timeout): waited out
             ├── PolicyError             network policy (raised inside Pier): deterministic
             │   ├── PolicyRefused       refused before anything started
             │   ├── PolicyViolation     started containers/networks break the policy
@@ -159,6 +160,32 @@ class NoRoomError(PullError):
     """
 
     deterministic = True
+
+
+class RegistryError(PullError):
+    """The registry, not the trial, failed a pull: 429 `toomanyrequests`, a 5xx, reset, refused, timed out.
+
+    `registry` is its host (`docker.io`), `status` what it answered ("429",
+    "503", "reset", "refused", "timeout"), `hint_sec` the wait it asked for
+    (Retry-After, or its RateLimit headers), None when it named none; not
+    `asked`: the pull was held back, the cluster backing off from the
+    registry already (`hint_sec` the rest of that wait). The worker waits and
+    tries again whatever --max-retries says, backing off per registry across
+    the cluster (`coordination.registries`), up to the registry deadline; a
+    trial that reaches it is recorded with `TrialRecord.registry_status`: not
+    the model's failure, rerun by `retry --failed`.
+    """
+
+    deterministic = True  # its own waits replace --max-retries
+
+    def __init__(
+        self, message: str, registry: str, status: str, hint_sec: float | None = None, asked: bool = True
+    ) -> None:
+        super().__init__(message)
+        self.registry, self.status, self.hint_sec, self.asked = registry, status, hint_sec, asked
+
+    def __reduce__(self) -> tuple[type[RegistryError], tuple[str, str, str, float | None, bool]]:
+        return (type(self), (str(self), self.registry, self.status, self.hint_sec, self.asked))
 
 
 class PolicyError(TrialError):

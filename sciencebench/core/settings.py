@@ -66,6 +66,13 @@ class Settings(BaseSettings):
     # The first back-off before a provider failure's rerun (doubling, capped; a Retry-After seen wins).
     provider_backoff_sec: float = Field(default=30.0, ge=0, le=24 * 3600)
     provider_backoff_max_sec: float = Field(default=600.0, ge=0, le=24 * 3600)
+    # A pull a registry pushed back (429, 5xx, reset, refused, timed out) is tried again, after a back-off
+    # shared per registry across the cluster (`coordination.registries`: the registry's Retry-After or
+    # RateLimit headers, else doubling from the first back-off with jitter, capped), until this deadline
+    # (from the trial's first refused pull); then the trial ends as a registry failure, not the model's.
+    registry_deadline_sec: float = Field(default=2 * 3600.0, ge=0, le=7 * 24 * 3600)
+    registry_backoff_sec: float = Field(default=30.0, ge=0, le=24 * 3600)
+    registry_backoff_max_sec: float = Field(default=900.0, ge=0, le=24 * 3600)
     # A lost host's trial is dispatched again within two lease periods.
     lease_seconds: float = Field(default=60.0, gt=0, le=24 * 3600)
     # At least the floor; 0 (or unset) means the floor.

@@ -44,6 +44,7 @@ MODEL_COLUMN = "model"
 MISSING_PATCH = "MissingPatch"
 # Trials whose reward does not count for the model (TrialRecord.scored): their own classes.
 PROVIDER_ERROR = "provider_error"
+REGISTRY_ERROR = "registry_error"
 NOT_STARTED = "not_started"
 
 
@@ -132,9 +133,11 @@ def load_records(paths: JobPaths) -> list[TrialRecord]:
 
 
 def failure_class(record: TrialRecord) -> str:
-    """The summary's `failure_class`: provider, not started, the exception type, `MissingPatch`, or empty."""
+    """The summary's `failure_class`: provider, registry, not started, exception, `MissingPatch` or ""."""
     if record.provider_status is not None:
         return PROVIDER_ERROR
+    if record.registry_status is not None:
+        return REGISTRY_ERROR
     if record.not_started is not None:
         return NOT_STARTED
     if record.exception_type:
@@ -256,7 +259,7 @@ def write_summary(job: JobSpec, now: datetime | None = None) -> Summary:
     ran = [trial for record, trial in zip(records, trials, strict=True) if record.not_started is None]
     result = job_result(job, records, ran, now)
     config = job_config(job)
-    # The scored trials only (`TrialRecord.scored`): provider failures and trials never started apart.
+    # The scored trials only (`TrialRecord.scored`): provider, registry failures, trials never started apart.
     numbers = job_numbers(records, trials, [row.failure_class for row in rows], job.n_concurrent)
     recorded = {record.key for record in records}
     flaky = flaky_tasks(records)

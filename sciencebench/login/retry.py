@@ -86,7 +86,7 @@ def resend(
 
 
 def failed_trials(job: JobSpec) -> list[TrialSpec]:
-    """Trial specs of every errored, provider-failed, unrecorded or never started trial.
+    """Trial specs of every errored, provider- or registry-failed, unrecorded or never started trial.
 
     Rebuilt from the selection; a trial never started is one the job's budget stopped.
 
@@ -102,6 +102,7 @@ def failed_trials(job: JobSpec) -> list[TrialSpec]:
         or records[(task_id, attempt)].errored
         or records[(task_id, attempt)].not_started is not None
         or records[(task_id, attempt)].provider_status is not None  # failed on its provider, exit 0 or not
+        or records[(task_id, attempt)].registry_status is not None  # its registry refused past the deadline
     }
     if not wanted:
         return []

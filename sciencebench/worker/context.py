@@ -131,11 +131,11 @@ def worker_context(default: Callable[[], WorkerContext]) -> WorkerContext:
         return _context
 
 
-def docker_runtime(settings: Settings) -> HostRuntime:
-    """The real engine seam (imported late: it loads the Docker SDK)."""
+def docker_runtime(settings: Settings, coord: Coordinator | None = None) -> HostRuntime:
+    """The real engine seam (imported late: it loads the Docker SDK); `coord` shares registry back-offs."""
     from sciencebench.worker.runtime import DockerRuntime
 
-    return DockerRuntime(settings)
+    return DockerRuntime(settings, coord)
 
 
 _job_cache: dict[Path, tuple[float, JobSpec]] = {}

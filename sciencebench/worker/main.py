@@ -87,7 +87,7 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     # Forked pool processes build their context with these settings, not from the environment alone.
     use_context(lambda: cluster_context(settings))
     # Runs that dead worker processes of this host left after their Pier ended: committed, not run again.
-    keeper = WorkerContext(coord=coord, runtime=docker_runtime(settings), settings=settings)
+    keeper = WorkerContext(coord=coord, runtime=docker_runtime(settings, coord), settings=settings)
     _recover(keeper)
     pier_bin = settings.pier_bin
     # Imports Pier in the background while Celery starts; pool processes share it.

@@ -16,6 +16,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from sciencebench import coordination
+from sciencebench.coordination.protocol import Coordinator
+from sciencebench.coordination.registries import RedisRegistryMarks
 from sciencebench.core.errors import BrokerUnavailableError, PreflightError, PullError, RefusedError
 from sciencebench.core.models import JobSpec
 from sciencebench.core.settings import Settings
@@ -35,15 +37,35 @@ PREFLIGHT_TTL_SEC = 60.0
 
 
 class DockerRuntime:
-    """The `HostRuntime` of a real worker host (one per worker process)."""
+    """The `HostRuntime` of a real worker host (one per worker process).
 
-    def __init__(self, settings: Settings) -> None:
+    With the cluster's store (`coord`), no pull goes to a registry the cluster is backing off from.
+    """
+
+    def __init__(self, settings: Settings, coord: Coordinator | None = None) -> None:
         self.settings = settings
-        self.puller = ImagePuller(state=settings.state_dir, image_budget=settings.image_budget)
+        self._coord = coord
+        gate = self._registry_wait if coord is not None else None
+        self.puller = ImagePuller(
+            state=settings.state_dir, image_budget=settings.image_budget, registry_gate=gate
+        )
         self._report: preflight.HostReport | None = None
         self._checked_at = -PREFLIGHT_TTL_SEC
         self._client = ClientPerProcess()
         self._lock = threading.Lock()
+
+    def _registry_wait(self, registry: str) -> tuple[float, str] | None:
+        """(seconds left, last answer) of the cluster's back-off from `registry`; None: pull now."""
+        if self._coord is None:
+            return None
+        try:
+            marks = RedisRegistryMarks(self._coord)
+            state = marks.state(registry)
+            wait = state.wait_sec(marks.now()) if state is not None else 0.0
+        except Exception:  # the mark is advice: a store blip lets the pull go
+            log.warning("registry %s: the cluster's back-off could not be read", registry, exc_info=True)
+            return None
+        return (wait, state.status) if state is not None and wait > 0 else None
 
     def check_host(self, fresh: bool = False) -> preflight.HostReport:
         """Raise PreflightError when this host cannot run trials now.

@@ -29,6 +29,7 @@ from sciencebench.core.errors import (
     HarnessError,
     HarnessTimeoutError,
     RefusedError,
+    RegistryError,
     ResourceLimitError,
     Stage,
     WorkspaceError,
@@ -67,6 +68,7 @@ class Try:
     retryable: bool
     retry_after_sec: float | None = None  # a provider failure's Retry-After, when a log showed one
     leftovers: tuple[str, ...] = ()  # Pier's trial directories whose compose projects `clean_up` removes
+    refused: RegistryError | None = None  # the registry that pushed back the try's pull
 
 
 # --- the task's files: a snapshot of the worker's own, then every check on it ------------------

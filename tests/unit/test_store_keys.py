@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit
 # A table row: `#   sciencebench:...  what it holds`.
 ROW = re.compile(r"^#\s+(sciencebench:\S+)\s", re.MULTILINE)
 # What the table writes for a job, a trial key and the other names a key is built from.
-NAMES = {"job": "J", "key": "K", "name": "<name>", "authority": "<authority>"}
+NAMES = {"job": "J", "key": "K", "name": "<name>", "authority": "<authority>", "host": "<host>"}
 
 
 def _built() -> set[str]:
