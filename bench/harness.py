@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import sb
+from sciencebench.coordination import embedded
 from tests.fixtures.services import FAKE_PIER, VENV_BIN, RedisServer, Worker
 
 REPO = Path(__file__).resolve().parents[1]
@@ -159,6 +160,9 @@ class Harness:
                 worker.stop()
         with contextlib.suppress(Exception):
             self.redis.stop()
+        for state in (self.state_dir, self.pull_state):  # the embedded stores of its `submit --local`s
+            with contextlib.suppress(Exception):
+                embedded.stop(state)
         if self.pushed_refs:
             from bench.images import remove_images
 

@@ -3,11 +3,11 @@
 Like a worker's start, it first removes what crashed trials of this host
 state left on the Engine (`worker.runtime.sweep_crashed`).
 
-`--n-concurrent` threads each run `worker.trial.handle` (the code a Celery
-worker runs) against an in-process coordinator, as the job's only worker
-(it serves exactly the job's directories and runs the submit's `--pier-bin`);
-`coordination.records.finish_job` (the code the chord finalizer runs) writes
-the same three files.
+`--n-concurrent` threads each run `worker.trial.handle` (a Celery worker's
+code) on the host's embedded store (`coordination.embedded`) as the job's only
+worker (it serves exactly the job's directories and runs the submit's
+`--pier-bin`); `coordination.records.finish_job` (the chord finalizer's code)
+writes the same three files.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from sciencebench.coordination.memory import MemoryCoordinator
+from sciencebench.coordination import embedded
+from sciencebench.coordination.keys import JobKeys
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.coordination.records import FinalizerAnswer, finish_job
+from sciencebench.coordination.redis import RedisCoordinator
 from sciencebench.core.models import JobSpec
 from sciencebench.core.paths import JobPaths
 from sciencebench.core.settings import Settings
@@ -49,11 +51,22 @@ def run_local(prepared: Prepared, settings: Settings, console: Console) -> Final
     """Run every trial with `n_concurrent` threads; return what the finalizer would answer."""
     job = prepared.job
     settings = local_settings(settings, job)
-    coord = MemoryCoordinator()
+    coord = embedded.coordinator(settings.state_dir)
+    try:
+        return _run(prepared, settings, console, coord)
+    finally:
+        coord.close()
+
+
+def _run(
+    prepared: Prepared, settings: Settings, console: Console, coord: RedisCoordinator
+) -> FinalizerAnswer:
+    job = prepared.job
     if prepared.resumed:  # the spend of the trials kept counts
         coord.uncancel(job.job_key)  # an interrupted run cancelled it
         if note := continue_budget(coord, job, None, None):
             console.print(note, markup=False, highlight=False)
+        _run_afresh(coord, job, [trial.key for trial in prepared.trials])
     elif job.max_cost_usd is not None or job.max_tokens is not None:
         coord.set_budget(job.job_key, job.max_cost_usd, job.max_tokens)
     ctx = WorkerContext(coord=coord, runtime=docker_runtime(settings, coord), settings=settings)
@@ -83,6 +96,21 @@ def run_local(prepared: Prepared, settings: Settings, console: Console) -> Final
             _stop(coord, job, pool, futures, console)
             raise
     return finish_job(coord, JobPaths(job.jobs_dir, job.job_name), job.job_name, job.job_id)
+
+
+def _run_afresh(coord: RedisCoordinator, job: JobSpec, keys: list[str]) -> None:
+    """The trials to run again start afresh: the embedded store outlives an interrupted run.
+
+    Its records of them go (a cancelled trial's, say), and so do the leases and
+    slots a killed run left, which would hold them until they lapse: this
+    process is the job's only worker.
+    """
+    job_keys = JobKeys(job.job_key)
+    for key in keys:
+        coord.clear_result(job.job_key, key)
+    if keys:
+        coord.patiently(lambda: coord.client.delete(*map(job_keys.lease, keys)))
+        coord.patiently(lambda: coord.client.zrem(job_keys.slots, *keys))
 
 
 def _stop(coord: Coordinator, job: JobSpec, pool: ThreadPoolExecutor, futures: list[Future[Any]],

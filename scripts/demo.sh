@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's main job: a real two-task selection through real Pier in
-# embedded mode (no Redis), on this host. Prepares what it needs first:
-# .venv from the lock file, Docker Engine 28 with compose v2 and a loopback
+# embedded mode (no broker; sciencebench starts its own redis-server), on
+# this host. Prepares what it needs first: .venv from the lock file, the
+# redis-server package, Docker Engine 28 with compose v2 and a loopback
 # registry (scripts/host-setup.sh), and a Debian-built base image.
 #
 #   scripts/demo.sh                  the oracle solves the selection (no model)

@@ -1,4 +1,4 @@
-"""Fixtures shared by every tier: real redis-server, the fixture base image."""
+"""Fixtures shared by every tier: real redis-server, the embedded store, the fixture base image."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from sciencebench.coordination import embedded
+from sciencebench.coordination.redis import RedisCoordinator
 from tests import tiers
 from tests.fixtures.services import RedisServer
 
@@ -72,6 +74,36 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def store_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A state dir whose embedded store (`coordination.embedded`) runs all session (one per xdist worker)."""
+    state = tmp_path_factory.mktemp("store")
+    embedded.ensure(state)
+    return state  # stopped with the other embedded stores of the session (`_embedded_stores_stop`)
+
+
+@pytest.fixture
+def store(store_state: Path) -> Iterator[RedisCoordinator]:
+    """A coordinator on the session's embedded store, emptied for the test."""
+    coord = embedded.coordinator(store_state)
+    coord.client.flushdb()
+    yield coord
+    coord.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _embedded_stores_stop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """At the session's end, stop every embedded store started under its temp dirs (by `submit --local`s too).
+
+    They run on after the command that started them, by design; a test session leaves none behind.
+    """
+    yield
+    base = tmp_path_factory.getbasetemp()
+    for depth in range(4):
+        for pidfile in base.glob("/".join(["*"] * depth + [embedded.STORE_DIR, embedded.PIDFILE])):
+            embedded.stop(pidfile.parent.parent)
 
 
 @pytest.fixture

@@ -39,8 +39,8 @@ GONE_HOST_SHOWN_SEC = 3600.0
 def status(job_name: str, jobs_dir: Path) -> None:
     """Show a job's counts, each trial's state and host, its budget, its gateways' and registries' state."""
     from sciencebench.coordination.budget import status_line
-    from sciencebench.coordination.gateways import gateway_limits
-    from sciencebench.coordination.registries import registry_marks
+    from sciencebench.coordination.gateways import GatewayLimits
+    from sciencebench.coordination.registries import RedisRegistryMarks
     from sciencebench.coordination.shares import cluster_slots, share_lines
     from sciencebench.login.cluster import is_live
 
@@ -83,13 +83,13 @@ def status(job_name: str, jobs_dir: Path) -> None:
         out.print(
             f"unfit host {host}: {mark.reason} ({now - mark.at:.0f}s ago)", markup=False, soft_wrap=True
         )
-    for limit in gateway_limits(coord).limits():  # every gateway's cluster-wide limit, and why
+    for limit in GatewayLimits(coord).limits():  # every gateway's cluster-wide limit, and why
         why = f"; {limit.reason} ({now - limit.at:.0f}s ago)" if limit.reason else ""
         if limit.status and not limit.reason.startswith("provider error"):
             why = f"; last provider error {limit.status} ({now - limit.error_at:.0f}s ago){why}"
         line = f"gateway {limit.authority}: limit {limit.limit} of {limit.ceiling}, {limit.held} running{why}"
         out.print(line, markup=False, soft_wrap=True)
-    for registry in registry_marks(coord).states():  # every registry the cluster backs off from now
+    for registry in RedisRegistryMarks(coord).states():  # every registry the cluster backs off from now
         if registry.wait_sec(now) > 0:
             out.print(registry.line(now), markup=False, soft_wrap=True)
     for host, health in sorted(coord.hosts().items()):

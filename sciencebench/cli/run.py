@@ -103,7 +103,10 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
                   f"kept, {len(prepared.trials)} to run")  # fmt: skip
     if local:
         require_worker_extra("submit --local")
+        from sciencebench.coordination.embedded import check_embedded
         from sciencebench.local import run_local
+
+        check_embedded(settings.state_dir)  # before the job is written
 
         prepared = submitting.persist(prepared, record)
         sys.exit(conclude(prepared.job, run_local(prepared, settings, out)))

@@ -1,9 +1,10 @@
 """Coordination state shared by the login node and the workers, beside the broker's queues.
 
 One protocol (`protocol.Coordinator`: results, leases, slots, job control,
-display states) with a Redis and an in-memory implementation, the lease
-heartbeat of a running trial, the lost-host watchdog, and the Celery app
-both sides configure alike. `connect` is the one way to the cluster's store.
+display states) over Redis, the lease heartbeat of a running trial, the
+lost-host watchdog, and the Celery app both sides configure alike.
+`connect` is the one way to the cluster's store, `embedded.coordinator` to
+the private one of `submit --local`.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -171,77 +170,6 @@ def from_hash(ledger: dict[str, str], started: dict[str, str]) -> Budget:
         reached_at=number("reached_at"),
         started_when_reached=None if when is None else int(when),
     )
-
-
-# --- in memory: the same ledger for `coordination.memory` (its caller holds the lock) --------------
-
-
-@dataclass
-class Ledger:
-    """A job's ledger in memory: the same rules as the scripts above."""
-
-    max_cost_usd: float | None = None
-    max_tokens: int | None = None
-    tokens: int = 0
-    cost_usd: float = 0.0
-    trials: int = 0
-    unpriced: int = 0
-    first_priced: bool | None = None
-    started: dict[str, float] = field(default_factory=dict)
-    reached_at: float | None = None
-    started_when_reached: int | None = None
-
-    def is_reached(self) -> bool:
-        """Whether the spend has reached a limit."""
-        return reached(self.max_cost_usd, self.max_tokens, self.cost_usd, self.tokens)
-
-    def _mark(self, now: float) -> None:
-        self.reached_at, self.started_when_reached = now, len(self.started)
-
-    def add(self, spend: Spend, now: float) -> None:
-        """Add a committed record's spend."""
-        if spend.tokens is None and spend.cost_usd is None:
-            return
-        was = self.is_reached()
-        self.trials += 1
-        if spend.tokens is not None:
-            self.tokens += spend.tokens
-            if self.first_priced is None:
-                self.first_priced = spend.cost_usd is not None
-            self.unpriced += spend.cost_usd is None
-        if spend.cost_usd is not None:
-            self.cost_usd += spend.cost_usd
-        if not was and self.is_reached():
-            self._mark(now)
-
-    def let_start(self, key: str, now: float) -> bool:
-        """Let a trial start unless the budget is reached (noted when the job has limits)."""
-        if self.is_reached():
-            return False
-        if self.max_cost_usd is not None or self.max_tokens is not None:
-            self.started[key] = now
-        return True
-
-    def set_limits(
-        self, max_cost_usd: float | None, max_tokens: int | None, spent: Spend | None, fresh: bool, now: float
-    ) -> None:
-        """New limits (`fresh`: the ledger was just made, so `spent` seeds it); reached judged again."""
-        self.max_cost_usd, self.max_tokens = max_cost_usd, max_tokens
-        self.reached_at = self.started_when_reached = None
-        if fresh and spent is not None:
-            self.tokens = spent.tokens or 0
-            self.cost_usd = spent.cost_usd or 0.0
-        if self.is_reached():
-            self._mark(now)
-
-    def snapshot(self) -> Budget:
-        """The ledger as a Budget."""
-        return Budget(
-            max_cost_usd=self.max_cost_usd, max_tokens=self.max_tokens, tokens=self.tokens,
-            cost_usd=self.cost_usd, trials=self.trials, unpriced=self.unpriced,
-            first_priced=self.first_priced, started=dict(self.started), reached_at=self.reached_at,
-            started_when_reached=self.started_when_reached,
-        )  # fmt: skip
 
 
 # --- what people read: `status`, and the line under a job's summary ------------------------------

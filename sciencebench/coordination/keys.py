@@ -1,8 +1,8 @@
-"""The store's keys: every piece of coordination state has one name, over Redis and in memory.
+"""The store's keys: every piece of coordination state has one name.
 
-The table below the imports lists every key; the Lua scripts name the keys
-they take alike (`coordination.scripts.store_keys`), and the gateway limits'
-keys are built in `coordination.gateways` (`gateway_key`).
+The table below the imports lists every key, `JobKeys` and `ClusterKeys`
+build each (`tests/unit/test_store_keys.py` checks they agree); the Lua
+scripts get them by name (`coordination.scripts.store_keys`).
 """
 
 from __future__ import annotations
@@ -48,22 +48,108 @@ from __future__ import annotations
 #   sciencebench:registry:<host>      hash: not_before, status, reason, failures, at (`registries`)
 
 PREFIX = "sciencebench"
-JOBS_KEY = f"{PREFIX}:jobs"
-HOSTS_KEY = f"{PREFIX}:hosts"
-PAUSED_KEY = f"{PREFIX}:hosts:paused"
-IMAGES_KEY = f"{PREFIX}:hosts:images"
-KIT_KEY = f"{PREFIX}:hosts:kit"
-HISTORY_KEY = f"{PREFIX}:history"
-SHARES_KEY = f"{PREFIX}:shares"
-WEIGHTS_KEY = f"{PREFIX}:shares:weights"
-HOLDS_KEY = f"{PREFIX}:hosts:holds"
-ROUTED_KEY = f"{PREFIX}:place:routed"
-PULLING_KEY = f"{PREFIX}:place:pulling"
 
 
-def job_key(job: str, *parts: str) -> str:
-    """The name of one piece of a job's state: `sciencebench:<job>:<part>:...`."""
-    return ":".join((PREFIX, job, *parts))
+class ClusterKeys:
+    """The keys of the whole cluster's state (no job's), as the table above lists them."""
+
+    jobs = f"{PREFIX}:jobs"
+    hosts = f"{PREFIX}:hosts"
+    paused = f"{PREFIX}:hosts:paused"
+    kit = f"{PREFIX}:hosts:kit"
+    images = f"{PREFIX}:hosts:images"
+    holds = f"{PREFIX}:hosts:holds"
+    routed = f"{PREFIX}:place:routed"
+    pulling = f"{PREFIX}:place:pulling"
+    history = f"{PREFIX}:history"
+    shares = f"{PREFIX}:shares"
+    weights = f"{PREFIX}:shares:weights"
+    gateways = f"{PREFIX}:gateways"
+    # What every job's keys start with, before the job id: the scripts that loop over jobs take it.
+    job_prefix = f"{PREFIX}:"
+
+    @staticmethod
+    def lock(name: str) -> str:
+        """A short-lived mutual exclusion (`Leases.try_lock`)."""
+        return f"{PREFIX}:lock:{name}"
+
+    @staticmethod
+    def gateway(authority: str) -> str:
+        """A model gateway's limit (`coordination.gateways`)."""
+        return f"{PREFIX}:gateway:{authority}"
+
+    @staticmethod
+    def registry(host: str) -> str:
+        """An image registry that pushed back (`coordination.registries`)."""
+        return f"{PREFIX}:registry:{host}"
+
+    @staticmethod
+    def gateway_slots(authority: str) -> str:
+        """A model gateway's held slots."""
+        return f"{PREFIX}:gateway:{authority}:slots"
+
+
+class JobKeys:
+    """Every key of one job's state, `sciencebench:<job>:...`, as the table above lists them."""
+
+    __slots__ = ("_base", "budget", "budget_started", "cancelled", "dispatches", "held", "held_meta",
+                 "held_payloads", "held_probe", "held_tasks", "job", "running", "share_sent", "slots",
+                 "state", "unfit", "waiting", "waiting_payloads")  # fmt: skip
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self._base = base = f"{PREFIX}:{job}"
+        self.running = f"{base}:running"
+        self.slots = f"{base}:slots"
+        self.waiting = f"{base}:waiting"
+        self.waiting_payloads = f"{base}:waiting:payloads"
+        self.held = f"{base}:held"
+        self.held_payloads = f"{base}:held:payloads"
+        self.held_tasks = f"{base}:held:tasks"
+        self.held_probe = f"{base}:held:probe"
+        self.held_meta = f"{base}:held:meta"
+        self.state = f"{base}:state"
+        self.unfit = f"{base}:unfit"
+        self.cancelled = f"{base}:cancelled"
+        self.dispatches = f"{base}:dispatches"
+        self.budget = f"{base}:budget"
+        self.budget_started = f"{base}:budget:started"
+        self.share_sent = f"{base}:share:sent"
+
+    def result(self, key: str) -> str:
+        """The trial's record (`key`: its trial key; "" gives the prefix a script completes)."""
+        return f"{self._base}:result:{key}"
+
+    def counted(self, key: str) -> str:
+        """Present once the chord counted the trial."""
+        return f"{self._base}:counted:{key}"
+
+    def lease(self, key: str) -> str:
+        """The trial's lease ("" gives the prefix a script completes)."""
+        return f"{self._base}:lease:{key}"
+
+    def parking(self, key: str) -> str:
+        """A parked lease on its way to `lease(key)` (`lua/lib/park_absent.lua` builds it from the lease)."""
+        return f"{self._base}:parking:{key}"
+
+    def pattern(self) -> str:
+        """A `SCAN` pattern matching every key of the job."""
+        return f"{self._base}:*"
+
+
+# The cluster's keys by the names the modules import.
+JOBS_KEY = ClusterKeys.jobs
+HOSTS_KEY = ClusterKeys.hosts
+PAUSED_KEY = ClusterKeys.paused
+IMAGES_KEY = ClusterKeys.images
+KIT_KEY = ClusterKeys.kit
+HISTORY_KEY = ClusterKeys.history
+SHARES_KEY = ClusterKeys.shares
+WEIGHTS_KEY = ClusterKeys.weights
+HOLDS_KEY = ClusterKeys.holds
+ROUTED_KEY = ClusterKeys.routed
+PULLING_KEY = ClusterKeys.pulling
+GATEWAYS_KEY = ClusterKeys.gateways
 
 
 def parking_token(task_id: str) -> str:

@@ -14,12 +14,10 @@ from __future__ import annotations
 import heapq
 import json
 import statistics
-import threading
-import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from pydantic import BaseModel
 
@@ -28,11 +26,6 @@ from sciencebench.coordination.protocol import Coordinator
 from sciencebench.core.images import repo_digest_name
 from sciencebench.core.keys import TrialKey
 from sciencebench.core.models import Redispatch
-
-if TYPE_CHECKING:
-    from sciencebench.coordination.memory import MemoryCoordinator
-    from sciencebench.coordination.memory.placement import MemoryPlacementStore
-
 
 # The bound on a trial's wait for a host that holds its images: the pull it saves (the free host's,
 # at the pull throughput the hosts measured), at least the floor (what a second copy of the image
@@ -306,8 +299,7 @@ class Placement:
 class PlacementStore(ABC):
     """What placement keeps in the store (its keys: `coordination.keys`).
 
-    Over Redis `coordination.redis.placement.RedisPlacementStore`, in one
-    process `coordination.memory.placement.MemoryPlacementStore`.
+    Its implementation: `coordination.redis.placement.RedisPlacementStore`.
     """
 
     @abstractmethod
@@ -426,26 +418,6 @@ def host_lines(items: Iterable[tuple[str, str, float | None, float]], now: float
                        line=tuple(seconds for _, seconds in sorted(line.get(host, []))))
         for host in ends.keys() | line.keys()
     }  # fmt: skip
-
-
-_MEMORY: weakref.WeakKeyDictionary[MemoryCoordinator, MemoryPlacementStore] = weakref.WeakKeyDictionary()
-_MEMORY_LOCK = threading.Lock()
-
-
-def placement_store(coord: Coordinator) -> PlacementStore:
-    """The placement state kept in `coord`'s store (Redis, or the embedded mode's memory)."""
-    from sciencebench.coordination.memory import MemoryCoordinator
-    from sciencebench.coordination.memory.placement import MemoryPlacementStore
-    from sciencebench.coordination.redis import RedisCoordinator
-    from sciencebench.coordination.redis.placement import RedisPlacementStore
-
-    if isinstance(coord, RedisCoordinator):
-        return RedisPlacementStore(coord)
-    assert isinstance(coord, MemoryCoordinator), "a coordinator of another kind keeps no placement"
-    with _MEMORY_LOCK:
-        if coord not in _MEMORY:
-            _MEMORY[coord] = MemoryPlacementStore(coord)
-        return _MEMORY[coord]
 
 
 def cluster_view(coord: Coordinator, store: PlacementStore, lease_seconds: float) -> Placement:

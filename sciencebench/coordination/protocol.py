@@ -1,9 +1,8 @@
 """The coordination contract: what the login node and the workers share besides the broker.
 
-One protocol in parts (`Coordinator`, whose docstring lists them), with two
-implementations that one conformance suite checks alike
-(`tests/coordination/`): `RedisCoordinator` for a cluster,
-`MemoryCoordinator` for the embedded single-process mode. The store's keys
+One protocol in parts (`Coordinator`, whose docstring lists them), over
+Redis (`RedisCoordinator`, checked by `tests/coordination/`): a cluster's
+broker, or the embedded mode's server (`coordination.embedded`). The keys
 are listed in `coordination.keys`; what the parts answer besides records
 (`Start`, `Held`, `HostKit`, ...) is `coordination.models`. Times that
 several hosts compare (slot expiry, host heartbeats) come from one clock:
@@ -13,7 +12,7 @@ the store's (`now`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from sciencebench.coordination.budget import Budgets
 from sciencebench.coordination.keys import (
@@ -24,12 +23,16 @@ from sciencebench.coordination.keys import (
     KIT_KEY,
     PAUSED_KEY,
     PREFIX,
-    job_key,
+    ClusterKeys,
+    JobKeys,
     parking_token,
 )
 from sciencebench.coordination.models import Claim, Held, HostKit, HostStatus, Start, Unfit
 from sciencebench.coordination.shares import Shares
 from sciencebench.core.models import Redispatch, TrialState, TrialStatus
+
+if TYPE_CHECKING:
+    import redis
 
 __all__ = [  # the keys and models are named here too: callers import the contract from one place
     "HISTORY_KEY",
@@ -41,18 +44,19 @@ __all__ = [  # the keys and models are named here too: callers import the contra
     "PREFIX",
     "Board",
     "Claim",
+    "ClusterKeys",
     "Coordinator",
     "Held",
     "History",
     "HostKit",
     "HostStatus",
     "JobControl",
+    "JobKeys",
     "Leases",
     "Results",
     "Slots",
     "Start",
     "Unfit",
-    "job_key",
     "parking_token",
 ]
 
@@ -388,4 +392,9 @@ class Coordinator(Results, Leases, Slots, JobControl, Board, History, Budgets, S
 
     def patiently[T](self, fn: Callable[[], T]) -> T:
         """Run `fn` (any broker-backed call) waiting out a broker outage."""
+        ...
+
+    @property
+    def client(self) -> redis.Redis:
+        """The store's Redis client (placement and the gateway limits keep their keys through it)."""
         ...

@@ -12,27 +12,22 @@ named one, else doubling with jitter, capped (`backoff_sec`); a mark lapses
 from __future__ import annotations
 
 import random
-import threading
-import time
-import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
-from sciencebench.coordination.protocol import PREFIX, Coordinator
+from sciencebench.coordination.keys import ClusterKeys
+from sciencebench.coordination.protocol import Coordinator
 
-if TYPE_CHECKING:
-    from sciencebench.coordination.redis import RedisCoordinator
-
-REGISTRY_PREFIX = f"{PREFIX}:registry:"
+REGISTRY_PREFIX = ClusterKeys.registry("")
 # How long a mark outlives its `not_before`: refusals within it count as in a row.
 KEEP_SEC = 3600.0
 
 
 def registry_key(registry: str) -> str:
-    """`sciencebench:registry:<host>`."""
-    return f"{REGISTRY_PREFIX}{registry}"
+    """`sciencebench:registry:<host>` (`ClusterKeys.registry`)."""
+    return ClusterKeys.registry(registry)
 
 
 @dataclass(frozen=True)
@@ -147,7 +142,7 @@ def _state(registry: str, fields: dict[str, Any]) -> RegistryState:
 class RedisRegistryMarks(RegistryMarks):
     """`RegistryMarks` over the coordinator's Redis: one hash per registry, plain commands."""
 
-    def __init__(self, coord: RedisCoordinator) -> None:
+    def __init__(self, coord: Coordinator) -> None:
         self._coord = coord
 
     def now(self) -> float:
@@ -174,44 +169,3 @@ class RedisRegistryMarks(RegistryMarks):
         client = self._coord.client
         keys = self._coord.patiently(lambda: list(client.scan_iter(match=f"{REGISTRY_PREFIX}*", count=100)))
         return [str(key).removeprefix(REGISTRY_PREFIX) for key in keys]
-
-
-class MemoryRegistryMarks(RegistryMarks):
-    """The same marks in one process (`submit --local`)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._marks: dict[str, tuple[float, dict[str, Any]]] = {}  # registry -> (lapses at, fields)
-
-    def now(self) -> float:
-        """This process's clock."""
-        return time.time()
-
-    def _read(self, registry: str) -> dict[str, Any]:
-        with self._lock:
-            lapses, fields = self._marks.get(registry, (0.0, {}))
-            return dict(fields) if lapses > time.time() else {}
-
-    def _write(self, registry: str, fields: dict[str, str], keep_sec: float) -> None:
-        with self._lock:
-            self._marks[registry] = (time.time() + keep_sec, dict(fields))
-
-    def _registries(self) -> list[str]:
-        with self._lock:
-            return [registry for registry, (lapses, _) in self._marks.items() if lapses > time.time()]
-
-
-_MEMORY: weakref.WeakKeyDictionary[Coordinator, MemoryRegistryMarks] = weakref.WeakKeyDictionary()
-_MEMORY_LOCK = threading.Lock()
-
-
-def registry_marks(coord: Coordinator) -> RegistryMarks:
-    """The registry marks kept in `coord`'s store (Redis, or the embedded mode's memory)."""
-    from sciencebench.coordination.redis import RedisCoordinator
-
-    if isinstance(coord, RedisCoordinator):
-        return RedisRegistryMarks(coord)
-    with _MEMORY_LOCK:
-        if coord not in _MEMORY:
-            _MEMORY[coord] = MemoryRegistryMarks()
-        return _MEMORY[coord]

@@ -22,6 +22,7 @@ from redis.commands.core import Script as RedisScript
 from redis.typing import EncodableT
 
 from sciencebench.coordination.keys import (
+    GATEWAYS_KEY,
     HISTORY_KEY,
     HOLDS_KEY,
     JOBS_KEY,
@@ -29,7 +30,8 @@ from sciencebench.coordination.keys import (
     ROUTED_KEY,
     SHARES_KEY,
     WEIGHTS_KEY,
-    job_key,
+    ClusterKeys,
+    JobKeys,
 )
 
 LUA = files("sciencebench.coordination") / "lua"
@@ -47,38 +49,45 @@ class Script:
         """The text Redis runs: the functions used, then the script."""
         return _source(self)
 
-    def key_list(self, job: str, key: str = "") -> list[str]:
+    def key_list(self, job: str, key: str = "", authority: str = "") -> list[str]:
         """The `KEYS` list in the script's order, for the job's trial `key` (`store_keys`)."""
-        named = store_keys(job, key)
+        named = store_keys(job, key, authority)
         return [named[name] for name in self.keys]
 
 
-def store_keys(job: str, key: str = "") -> Mapping[str, str]:
-    """Each name a script's `KEYS` use -> its Redis key, for a job's trial `key` (`coordination.protocol`)."""
+def store_keys(job: str, key: str = "", authority: str = "") -> Mapping[str, str]:
+    """Each name a script's `KEYS` use -> its Redis key, for a job's trial `key` (`coordination.protocol`).
+
+    `authority`: a model gateway's `host:port`, for the gateway limits' keys (`coordination.gateways`).
+    """
+    job_keys = JobKeys(job)
     return {
         "jobs": JOBS_KEY,
+        "gateways": GATEWAYS_KEY,
+        "gateway": ClusterKeys.gateway(authority),
+        "gateway_slots": ClusterKeys.gateway_slots(authority),
         "history": HISTORY_KEY,
         "shares": SHARES_KEY,
         "weights": WEIGHTS_KEY,
         "holds": HOLDS_KEY,
         "routed": ROUTED_KEY,
         "pulling": PULLING_KEY,
-        "lease": job_key(job, "lease", key),
-        "result": job_key(job, "result", key),
-        "counted": job_key(job, "counted", key),
-        "running": job_key(job, "running"),
-        "slots": job_key(job, "slots"),
-        "state": job_key(job, "state"),
-        "cancelled": job_key(job, "cancelled"),
-        "waiting": job_key(job, "waiting"),
-        "waiting_payloads": job_key(job, "waiting", "payloads"),
-        "held": job_key(job, "held"),
-        "held_payloads": job_key(job, "held", "payloads"),
-        "held_tasks": job_key(job, "held", "tasks"),
-        "held_probe": job_key(job, "held", "probe"),
-        "held_meta": job_key(job, "held", "meta"),
-        "budget": job_key(job, "budget"),
-        "budget_started": job_key(job, "budget", "started"),
+        "lease": job_keys.lease(key),
+        "result": job_keys.result(key),
+        "counted": job_keys.counted(key),
+        "running": job_keys.running,
+        "slots": job_keys.slots,
+        "state": job_keys.state,
+        "cancelled": job_keys.cancelled,
+        "waiting": job_keys.waiting,
+        "waiting_payloads": job_keys.waiting_payloads,
+        "held": job_keys.held,
+        "held_payloads": job_keys.held_payloads,
+        "held_tasks": job_keys.held_tasks,
+        "held_probe": job_keys.held_probe,
+        "held_meta": job_keys.held_meta,
+        "budget": job_keys.budget,
+        "budget_started": job_keys.budget_started,
     }
 
 
@@ -124,9 +133,14 @@ PLACE_LOADS = Script("place_loads", ("jobs", "routed"))
 PLACE_REPORT = Script("place_report", ("holds", "pulling"))
 PLACE_LINES = Script("place_lines", ("jobs", "routed"), uses=("measured",))
 
+# A model gateway's cluster-wide limit (`coordination.gateways`): keys of one authority, no job's.
+GATEWAY_ACQUIRE = Script("gateway_acquire", ("gateway", "gateway_slots", "gateways"))
+GATEWAY_RENEW = Script("gateway_renew", ("gateway_slots",))
+GATEWAY_ADJUST = Script("gateway_adjust", ("gateway",))
+
 ALL = (PARK, RENEW, COMMIT, FINISH, WAIT, TAKE_ORPHAN, SLOT, START, NEXT_WAITING, RELEASE_HELD,
        ADD_DURATIONS, SET_BUDGET, START_WITHIN_BUDGET, SHARE_CHOOSE, PLACE_LOADS, PLACE_REPORT,
-       PLACE_LINES)  # fmt: skip
+       PLACE_LINES, GATEWAY_ACQUIRE, GATEWAY_RENEW, GATEWAY_ADJUST)  # fmt: skip
 
 
 class Registered:
@@ -136,6 +150,6 @@ class Registered:
         self.script = script
         self._run: RedisScript | AsyncScript = client.register_script(script.source())
 
-    def __call__(self, job: str, key: str, args: Sequence[EncodableT] = ()) -> Any:
+    def __call__(self, job: str, key: str, args: Sequence[EncodableT] = (), authority: str = "") -> Any:
         """Run it on the job's trial `key` (its keys by name, `store_keys`) with `args` (its ARGV)."""
-        return self._run(keys=self.script.key_list(job, key), args=list(args))
+        return self._run(keys=self.script.key_list(job, key, authority), args=list(args))

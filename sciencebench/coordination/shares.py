@@ -193,10 +193,11 @@ def _fill_locked(
     it (nor towards its job's `--n-concurrent`, which its start still
     checks) until it starts there.
     """
-    from sciencebench.coordination.placement import cluster_view, placement_store
+    from sciencebench.coordination.placement import cluster_view
+    from sciencebench.coordination.redis.placement import RedisPlacementStore
     from sciencebench.coordination.watchdog import send_again
 
-    store = placement_store(coord)
+    store = RedisPlacementStore(coord)
     table = coord.share_table()[0]
     # The hosts' images, loads and pulling marks are read only when a job here asked for placement.
     wanted = any(share.placement for share in table.values())

@@ -20,8 +20,9 @@ from celery.result import AsyncResult
 from celery.utils.nodenames import worker_direct
 from rich.console import Console
 
-from sciencebench.coordination.placement import cluster_view, pinned, placement_store
+from sciencebench.coordination.placement import cluster_view, pinned
 from sciencebench.coordination.protocol import Coordinator
+from sciencebench.coordination.redis.placement import RedisPlacementStore
 from sciencebench.core.sizes import format_size
 from sciencebench.core.wire import PREWARM_IMAGES
 from sciencebench.login.cluster import is_live
@@ -72,7 +73,7 @@ def prewarm(
     the job's trials go where their images are. Without it every host pulls
     what it lacks: any host may take any trial.
     """
-    store = placement_store(coord)
+    store = RedisPlacementStore(coord)
     placed = cluster_view(coord, store, lease_seconds)
     if not placed.hosts:
         console.print("pre-pull: no live worker host; nothing pulled")

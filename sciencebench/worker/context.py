@@ -4,7 +4,7 @@ The trial logic (`worker.trial`) takes its `WorkerContext` as an argument.
 A worker process builds its own once, after Celery's prefork fork
 (`worker_context`), from the builder its entry point set (`use_context`:
 `worker.main`, else the Celery task module's default); the embedded mode
-builds one with an in-memory coordinator, unit tests one with a fake
+builds one on its embedded store, unit tests one with a fake
 `HostRuntime`. `HostRuntime` is the seam to the container engine: the real
 one is `runtime.DockerRuntime`.
 """

@@ -71,7 +71,7 @@ os.register_at_fork(
 class Claimed(BaseModel):
     """A run's claim: the trial's message, its lease's owner and host, when the run started.
 
-    `clustered`: a Celery worker's run (a `submit --local` run's store died with it).
+    `clustered`: a Celery worker's run (a `submit --local` run is not run again by a worker).
     """
 
     model_config = ConfigDict(frozen=True)

@@ -19,8 +19,9 @@ from celery.signals import worker_ready, worker_shutdown
 from celery.utils.nodenames import default_nodename, host_format
 
 from sciencebench.coordination import connect
-from sciencebench.coordination.placement import host_queue, placement_store
+from sciencebench.coordination.placement import host_queue
 from sciencebench.coordination.protocol import Coordinator, HostKit
+from sciencebench.coordination.redis.placement import RedisPlacementStore
 from sciencebench.coordination.watchdog import start_watchdog
 from sciencebench.core.errors import InputError, PreflightError, PullError
 from sciencebench.core.settings import Settings
@@ -79,7 +80,7 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     # Live before its first trial: a host that cannot serve a job hands trials back only while
     # another live host may (`worker.trial._unfit`), and the keeper's first beat is a quarter lease away.
     coord.describe_host(nodename, host_kit(settings, concurrency))
-    holdings = HoldingsReporter(nodename, settings.state_dir, placement_store(coord))
+    holdings = HoldingsReporter(nodename, settings.state_dir, RedisPlacementStore(coord))
     holdings.tick(force=True)  # what it holds, before fill places its first trial
     _report_images(coord, settings, holdings.line)
     coord.beat(nodename)

@@ -118,7 +118,7 @@ def _recover(ctx: WorkerContext, dead: DeadRun) -> Verdict:
     spec, owner, started = claimed.spec, claimed.owner, claimed.started
     name = f"{spec.label} of job {spec.job_name}"
     if not claimed.clustered:
-        return Verdict(f"{name}: removed (a `submit --local` run: its store ended with its process)")
+        return Verdict(f"{name}: removed (a `submit --local` run: no worker runs it again)")
     # The dead process's own name and lease: its record says where it ran, its lease is the claim's.
     theirs = dataclasses.replace(
         ctx, owner=owner, settings=ctx.settings.model_copy(update={"hostname": claimed.host})

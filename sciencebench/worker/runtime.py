@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sciencebench import coordination
 from sciencebench.coordination.protocol import Coordinator
-from sciencebench.coordination.registries import registry_marks
+from sciencebench.coordination.registries import RedisRegistryMarks
 from sciencebench.core.errors import BrokerUnavailableError, PreflightError, PullError, RefusedError
 from sciencebench.core.models import JobSpec
 from sciencebench.core.settings import Settings
@@ -59,7 +59,7 @@ class DockerRuntime:
         if self._coord is None:
             return None
         try:
-            marks = registry_marks(self._coord)
+            marks = RedisRegistryMarks(self._coord)
             state = marks.state(registry)
             wait = state.wait_sec(marks.now()) if state is not None else 0.0
         except Exception:  # the mark is advice: a store blip lets the pull go

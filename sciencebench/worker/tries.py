@@ -17,9 +17,9 @@ import random
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sciencebench.coordination.gateways import GatewaySlot, gateway_limits
+from sciencebench.coordination.gateways import GatewayLimits, GatewaySlot
 from sciencebench.coordination.heartbeat import Heartbeat
-from sciencebench.coordination.registries import backoff_sec, registry_marks
+from sciencebench.coordination.registries import RedisRegistryMarks, backoff_sec
 from sciencebench.core.errors import Cancelled, NoRoomError, PreflightError, RegistryError, Stage, TrialError
 from sciencebench.core.failures import failure_record
 from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec, TryRecord
@@ -149,7 +149,7 @@ def _registry_wait(ctx: WorkerContext, refused: RegistryError, estimate: float, 
     settings = ctx.settings
     try:
         if refused.asked:
-            marks = registry_marks(ctx.coord)
+            marks = RedisRegistryMarks(ctx.coord)
             state = marks.refused(
                 refused.registry, refused.status, str(refused), refused.hint_sec,
                 settings.registry_backoff_sec, settings.registry_backoff_max_sec,
@@ -241,7 +241,7 @@ def _gateway_slot(spec: TrialSpec, ctx: WorkerContext, job: JobSpec) -> GatewayS
         return None
     member = f"{spec.job_key}/{spec.key}/{ctx.owner}"
     return GatewaySlot(
-        gateway_limits(ctx.coord), authority, member, job.n_concurrent, ctx.settings.lease_seconds
+        GatewayLimits(ctx.coord), authority, member, job.n_concurrent, ctx.settings.lease_seconds
     )
 
 

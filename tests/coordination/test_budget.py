@@ -1,7 +1,7 @@
-"""The job budget's part of the coordination contract, for both implementations (`coordination.budget`).
+"""The job budget's part of the coordination contract (`coordination.budget`).
 
-Runs against `RedisCoordinator` on a real redis-server and `MemoryCoordinator`
-alike (the `coord` fixture of the conformance suite).
+Runs against `RedisCoordinator` on the session's embedded store (the `coord`
+fixture of the conformance suite).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from tests.coordination import test_conformance
 from tests.fixtures.leases import claim as _claim
 
 JOB_ID = test_conformance.JOB_ID
-coord = test_conformance.coord  # the conformance suite's fixture: each case runs on both implementations
+coord = test_conformance.coord  # the conformance suite's fixture
+pytestmark = pytest.mark.unit
 
 
 def _record(key: str, tokens: tuple[int | None, int | None] = (None, None), cost: float | None = None) -> str:

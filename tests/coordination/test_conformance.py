@@ -1,8 +1,8 @@
-"""One conformance suite for both coordination implementations (no Docker needed).
+"""The coordination contract, checked against `RedisCoordinator` on a real redis-server (no Docker).
 
-Every case runs against `RedisCoordinator` on a real redis-server and against
-`MemoryCoordinator`: the embedded mode must keep exactly the contract a
-cluster keeps.
+The cluster and the embedded mode run this one implementation (the embedded
+mode on its private server, `coordination.embedded`); each case runs on the
+session's embedded store (the `store` fixture), emptied for it.
 """
 
 from __future__ import annotations
@@ -10,37 +10,26 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from sciencebench.coordination.history import SAMPLES
-from sciencebench.coordination.memory import MemoryCoordinator
 from sciencebench.coordination.protocol import Claim, Coordinator, Held, HostKit
 from sciencebench.coordination.redis import RedisCoordinator
 from sciencebench.core.models import Redispatch, TrialRecord, TrialSpec, TrialState, TrialStatus
 from tests.fixtures.leases import claim as _claim
-from tests.fixtures.services import RedisServer
 
 TTL = 0.4  # seconds: short enough to watch a lease expire
 JOB_ID = uuid.UUID("00000000-0000-4000-8000-000000000001")
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("memory", marks=pytest.mark.unit),
-        pytest.param("redis", marks=pytest.mark.integration),
-    ]
-)
-def coord(request: pytest.FixtureRequest) -> Iterator[Coordinator]:
-    if request.param == "memory":
-        yield MemoryCoordinator()
-        return
-    server: RedisServer = request.getfixturevalue("redis_server")
-    redis.Redis.from_url(server.url).flushdb()
-    yield RedisCoordinator(server.url)
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def coord(store: RedisCoordinator) -> Coordinator:
+    return store
 
 
 def _payload(task_id: str = "001", attempt: int = 1) -> Redispatch:

@@ -1,35 +1,24 @@
-"""The per-gateway concurrency limits (no Docker): one contract over Redis and in memory."""
+"""The per-gateway concurrency limits (no Docker), on the session's embedded store."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
-import redis
 
-from sciencebench.coordination.gateways import GatewayLimits, GatewaySlot, gateway_limits
-from sciencebench.coordination.memory import MemoryCoordinator
+from sciencebench.coordination.gateways import GatewayLimits, GatewaySlot
 from sciencebench.coordination.redis import RedisCoordinator
-from tests.fixtures.services import RedisServer
 
 TTL = 0.4
 GW = "gw:4000"
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("memory", marks=pytest.mark.unit),
-        pytest.param("redis", marks=pytest.mark.integration),
-    ]
-)
-def limits(request: pytest.FixtureRequest) -> Iterator[GatewayLimits]:
-    if request.param == "memory":
-        yield gateway_limits(MemoryCoordinator())
-        return
-    server: RedisServer = request.getfixturevalue("redis_server")
-    redis.Redis.from_url(server.url).flushdb()
-    yield gateway_limits(RedisCoordinator(server.url))
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def limits(store: RedisCoordinator) -> GatewayLimits:
+    return GatewayLimits(store)
 
 
 def test_the_limit_starts_at_n_concurrent_and_admits_that_many(limits: GatewayLimits) -> None:

@@ -1,4 +1,4 @@
-"""Placement's store (both coordinators), and `fill` sending each trial to a host's queue (Redis, Celery)."""
+"""Placement's store (the embedded store), and `fill` sending each trial to a host's queue (Redis, Celery)."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from sciencebench.coordination.placement import (
     cluster_view,
     host_queue,
     pinned,
-    placement_store,
 )
 from sciencebench.coordination.protocol import Coordinator, Held, HostKit, parking_token
 from sciencebench.coordination.redis import RedisCoordinator
+from sciencebench.coordination.redis.placement import RedisPlacementStore
 from sciencebench.coordination.shares import Share, fill
 from sciencebench.core.models import Redispatch, TrialSpec
 from tests.coordination import test_conformance
@@ -33,7 +33,7 @@ from tests.fixtures.services import RedisServer
 JOB_ID = uuid.UUID("00000000-0000-4000-8000-000000000002")
 JOB = str(JOB_ID)  # the job key of the trials `_payload` makes (where fill parks and routes them)
 GB = 1 << 30
-coord = test_conformance.coord  # the conformance suite's fixture: each case runs on both implementations
+coord = test_conformance.coord  # the conformance suite's fixture
 
 
 def _ref(name: str) -> str:
@@ -51,8 +51,9 @@ def _payload(task_id: str, attempt: int = 1, images: tuple[str, ...] = (), host:
     )
 
 
+@pytest.mark.unit
 def test_reports_are_kept_per_host_and_a_held_image_loses_its_pulling_mark(coord: Coordinator) -> None:
-    store = placement_store(coord)
+    store = RedisPlacementStore(coord)
     a, b = pinned([_ref("a"), _ref("b")])
     store.mark_pulling("h1", [a, b], at=5.0)
     store.report("h1", HostImages(images={a: GB}, bytes_per_sec=80e6))
@@ -66,8 +67,9 @@ def test_reports_are_kept_per_host_and_a_held_image_loses_its_pulling_mark(coord
     assert set(store.holdings()) == {"h1"}
 
 
+@pytest.mark.unit
 def test_a_hosts_load_is_its_running_trials_and_those_routed_to_it_not_started(coord: Coordinator) -> None:
-    store = placement_store(coord)
+    store = RedisPlacementStore(coord)
     coord.set_running("j", "001#1", _payload("001", host="h1"))  # claimed on h1: it runs there
     coord.hold("j", [Held(payload=_payload("002", a), expected_sec=1.0) for a in (1, 2, 3)], [], window=1)
     for _ in range(3):
@@ -92,7 +94,7 @@ def _running_holder(coord: Coordinator, measured_sec: float, image_bytes: int) -
 
     Both pull at 100 MB/s: h2 would pull a in `image_bytes / 100e6` s.
     """
-    store = placement_store(coord)
+    store = RedisPlacementStore(coord)
     for host in ("h1", "h2"):
         coord.describe_host(host, HostKit(slots=1))
         coord.beat(host)
@@ -104,10 +106,11 @@ def _running_holder(coord: Coordinator, measured_sec: float, image_bytes: int) -
     coord.run_started("j", "001#2", None, "h1")
 
 
+@pytest.mark.unit
 def test_a_trial_pulls_on_a_free_host_rather_than_wait_longer_for_the_holder(coord: Coordinator) -> None:
     """The holder's slot frees in about 20 s (its trial's task measured 20 s); the pull takes 1 s."""
     _running_holder(coord, measured_sec=20.0, image_bytes=100_000_000)
-    placed = cluster_view(coord, placement_store(coord), lease_seconds=30)
+    placed = cluster_view(coord, RedisPlacementStore(coord), lease_seconds=30)
     [end] = placed.hosts["h1"].ends
     assert 19.0 < end <= 20.0  # from its start (its `running` state) and its task's measured seconds
     choice = placed.choose([_ref("a")], measured=20.0)
@@ -118,10 +121,11 @@ def test_a_trial_pulls_on_a_free_host_rather_than_wait_longer_for_the_holder(coo
     )
 
 
+@pytest.mark.unit
 def test_a_trial_waits_for_the_holder_when_it_frees_sooner_than_the_pull(coord: Coordinator) -> None:
     """The holder's slot frees in about 5 s; the pull takes 60 s: wait there, at most the 60 s saved."""
     _running_holder(coord, measured_sec=5.0, image_bytes=6_000_000_000)
-    placed = cluster_view(coord, placement_store(coord), lease_seconds=30)
+    placed = cluster_view(coord, RedisPlacementStore(coord), lease_seconds=30)
     choice = placed.choose([_ref("a")], measured=5.0)
     assert choice is not None and (choice.host, choice.pulls) == ("h1", ())
     assert choice.until - placed.now == pytest.approx(60.0)
@@ -129,8 +133,9 @@ def test_a_trial_waits_for_the_holder_when_it_frees_sooner_than_the_pull(coord: 
     assert 9.0 < placed.hosts["h1"].frees_in() <= 10.0
 
 
+@pytest.mark.unit
 def test_a_hosts_line_is_the_expected_seconds_of_the_trials_routed_to_it(coord: Coordinator) -> None:
-    store = placement_store(coord)
+    store = RedisPlacementStore(coord)
     coord.hold("j", [Held(payload=_payload("002", a), expected_sec=1.0) for a in (1, 2, 3)], [], window=1)
     for _ in range(3):
         assert coord.next_waiting("j", 30) is not None  # guarded: running entries no host claimed
@@ -143,6 +148,7 @@ def test_a_hosts_line_is_the_expected_seconds_of_the_trials_routed_to_it(coord: 
     assert store.estimate("j", _payload("003", 2)) is None  # nothing measured task 003
 
 
+@pytest.mark.unit
 def test_an_unmeasured_trial_runs_as_long_again_as_it_has_and_waits_in_line_for_the_floor(
     coord: Coordinator,
 ) -> None:
@@ -155,7 +161,7 @@ def test_an_unmeasured_trial_runs_as_long_again_as_it_has_and_waits_in_line_for_
     coord.run_started("j", "001#1", None, "h1")
     coord.hold("j", [Held(payload=_payload("001", 2), expected_sec=1.0)], [], window=1)
     assert coord.next_waiting("j", 30) is not None
-    store = placement_store(coord)
+    store = RedisPlacementStore(coord)
     store.route("j", "001#2", Routed(host="h1", at=coord.now(), until=coord.now() + 60, waits=True))
     later = coord.now() + 8.0
     line = store.lines(now=later)["h1"]
@@ -170,13 +176,14 @@ def _counted(read: Callable[..., Any], name: str, reads: list[str]) -> Callable[
     return counted
 
 
+@pytest.mark.unit
 def test_a_fill_with_no_placement_job_reads_no_hosts_images(
     coord: Coordinator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without `--placement` a trial goes to the shared queue: fill builds no cluster view for it."""
     from celery import Celery
 
-    store_class = type(placement_store(coord))
+    store_class = RedisPlacementStore
     reads: list[str] = []
     for name in ("holdings", "loads", "pulling", "lines"):
         monkeypatch.setattr(store_class, name, _counted(getattr(store_class, name), name, reads))
@@ -212,7 +219,7 @@ def test_fill_sends_each_trial_to_the_queue_of_a_host_holding_its_images(redis_s
     client.flushdb()
     coord = RedisCoordinator(redis_server.url)
     app = create_app(Settings.from_env({"SCIENCEBENCH_BROKER_URL": redis_server.url}))
-    store = placement_store(coord)
+    store = RedisPlacementStore(coord)
     a, b, c = _ref("a"), _ref("b"), _ref("c")
     for host in ("h1", "h2"):
         coord.describe_host(host, HostKit(slots=2))

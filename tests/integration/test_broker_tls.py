@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from sciencebench.coordination import acl, connect, scripts
-from sciencebench.coordination.keys import job_key, parking_token
+from sciencebench.coordination.keys import JobKeys, parking_token
 from sciencebench.coordination.protocol import Held
 from sciencebench.core.models import Redispatch, TrialSpec
 from sciencebench.core.settings import Settings
@@ -215,13 +215,13 @@ def _run_and_attack(tls_cluster: TlsCluster, broker: TlsRedis) -> None:
     with pytest.raises(redis.exceptions.NoPermissionError):
         login.pexpire(leases[0], 1)
     with pytest.raises(redis.exceptions.NoPermissionError):  # moving the lease away
-        login.renamenx(leases[0], job_key(job, "parking", "stolen"))
+        login.renamenx(leases[0], JobKeys(job).parking("stolen"))
     # What a login node may do to a lease, create it when absent, leaves a held one as it is.
-    login.set(job_key(job, "parking", key), "login-node", px=60_000)
-    assert login.renamenx(job_key(job, "parking", key), leases[0]) is False
+    login.set(JobKeys(job).parking(key), "login-node", px=60_000)
+    assert login.renamenx(JobKeys(job).parking(key), leases[0]) is False
     park = scripts.Registered(login, scripts.PARK)
     assert park(job, key, ["login-node", 60_000, job]) == 0
-    absent = job_key(job, "lease", "999#1")
+    absent = JobKeys(job).lease("999#1")
     assert park(job, "999#1", ["parked:999", 30_000, job]) == 1
     assert admin.get(absent) == "parked:999"
     # Its own park again: the refresh is refused inside the script, the earlier park stays.
@@ -310,11 +310,11 @@ def test_the_login_user_parks_the_held_trials_it_sends_and_no_held_lease(broker:
     # The login node's own store connection: Settings over TLS, as every command makes it.
     coord = connect(Settings.from_env(_tls_env(broker, "login")))
     coord.hold(job, [_held("001"), _held("002")], [], window=1)
-    admin.set(job_key(job, "lease", "002#1"), "worker-owner", px=60_000)  # a worker runs 002 already
+    admin.set(JobKeys(job).lease("002#1"), "worker-owner", px=60_000)  # a worker runs 002 already
     sent = coord.release_held(job, 30.0)
     assert sorted(payload.trial.task_id for payload in sent) == ["001", "002"]
-    assert admin.get(job_key(job, "lease", "001#1")) == parking_token("celery-001")
-    assert 0 < admin.pttl(job_key(job, "lease", "001#1")) <= 30_000
-    assert admin.get(job_key(job, "lease", "002#1")) == "worker-owner"
-    assert not list(admin.scan_iter(job_key(job, "parking", "*")))
+    assert admin.get(JobKeys(job).lease("001#1")) == parking_token("celery-001")
+    assert 0 < admin.pttl(JobKeys(job).lease("001#1")) <= 30_000
+    assert admin.get(JobKeys(job).lease("002#1")) == "worker-owner"
+    assert not list(admin.scan_iter(JobKeys(job).parking("*")))
     assert _refused(admin) == []

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from sciencebench.coordination.redis import RedisCoordinator
-from sciencebench.coordination.registries import registry_marks
+from sciencebench.coordination.registries import RedisRegistryMarks
 from tests.fixtures.engines import EngineFactory, loopback_registry
 from tests.fixtures.registry import Published
 from tests.fixtures.services import Worker
@@ -119,7 +119,7 @@ def test_past_the_deadline_a_trial_ends_as_the_registrys_failure_and_retry_faile
         assert len(lines) == 1 and "rate-limited (429), next try in" in lines[0], shown.stdout + shown.stderr
         throttle.limit = None  # the registry is back; the cluster's back-off from it runs out first
         coord = RedisCoordinator(cluster.redis.url)
-        mark = registry_marks(coord).state(proxy)
+        mark = RedisRegistryMarks(coord).state(proxy)
         assert mark is not None and mark.status == "429"
         time.sleep(mark.wait_sec(coord.now()) + 0.2)
         again = cluster.cli("retry", "deadline", "--failed", "--wait", "--jobs-dir", str(cluster.jobs_dir))

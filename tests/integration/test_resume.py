@@ -81,6 +81,24 @@ def test_an_interrupted_local_job_continues_with_the_same_command(cluster: Clust
     assert _records(cluster, "local-resume") == after
 
 
+def test_a_killed_local_job_continues_at_once_its_dead_leases_and_slots_freed(cluster: Cluster) -> None:
+    """The embedded store outlives a killed `submit --local`: the lease and slot of the trial it ran stay
+    there until they lapse; the same command again, at once, runs that trial all the same."""
+    path = cluster.selection(TASKS)
+    argv = _local_argv(cluster, path, "local-killed")
+    env = {**_no_broker(cluster), "SCIENCEBENCH_LEASE_SECONDS": "120"}  # nothing lapses meanwhile
+    first = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)  # fmt: skip
+    _wait_for(lambda: len(_records(cluster, "local-killed")) >= 1, 60, "a trial recorded")
+    os.killpg(first.pid, signal.SIGKILL)  # the process and its Pier: no cleanup of any kind
+    first.wait(timeout=30)
+    again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    after = _records(cluster, "local-killed")
+    assert sorted(after) == [f"{t}-1" for t in TASKS]
+    assert all(json.loads(data)["rewards"] == {"reward": 1.0} for data in after.values())
+
+
 def test_the_same_name_with_other_inputs_is_refused_naming_what_differs(cluster: Cluster) -> None:
     path = cluster.selection({"001": {"reward": 1.0}})
     done = subprocess.run(_local_argv(cluster, path, "differs"), env=_no_broker(cluster), capture_output=True,

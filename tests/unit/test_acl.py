@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sciencebench.coordination import acl, scripts
-from sciencebench.coordination.keys import job_key
+from sciencebench.coordination.keys import JobKeys
 from tests.fixtures.services import REPO
 
 pytestmark = pytest.mark.unit
@@ -48,10 +48,11 @@ def test_the_login_user_can_neither_run_nor_write_what_takes_a_lease() -> None:
         assert f"+evalsha|{_sha(script)}" not in login
     for script in scripts.ALL:
         assert f"+evalsha|{_sha(script)}" in worker
-    for part in (("lease", KEY), ("result", KEY), ("counted", KEY), ("budget", "started")):
-        assert not _writable(_role("login"), job_key(JOB, *part)), part
-        assert _writable(_role("worker"), job_key(JOB, *part)), part
-    assert not any(_writable(_role("flower"), job_key(JOB, *part)) for part in (("lease", KEY), ("state",)))
+    keys = JobKeys(JOB)
+    for name in (keys.lease(KEY), keys.result(KEY), keys.counted(KEY), keys.budget_started):
+        assert not _writable(_role("login"), name), name
+        assert _writable(_role("worker"), name), name
+    assert not any(_writable(_role("flower"), name) for name in (keys.lease(KEY), keys.state))
     for rules in (login, worker, _role("flower").rules()):
         assert "+@all" not in rules and "+eval" not in rules and "+@scripting" not in rules
 

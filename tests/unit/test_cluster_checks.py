@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from sciencebench import cli
-from sciencebench.coordination.memory import MemoryCoordinator
 from sciencebench.coordination.protocol import HostKit
+from sciencebench.coordination.redis import RedisCoordinator
 from sciencebench.core.errors import ProfileError
 from sciencebench.core.settings import Settings
 from sciencebench.login.cluster import Cluster
@@ -107,8 +107,8 @@ def test_local_checks_this_host_as_its_settings_say(tmp_path: Path) -> None:
     assert _submit(tmp_path / "c", Cluster.this_host(online)).job.agent_images == {}
 
 
-def test_the_live_hosts_are_those_that_beat_within_two_leases() -> None:
-    coord = MemoryCoordinator()
+def test_the_live_hosts_are_those_that_beat_within_two_leases(store: RedisCoordinator) -> None:
+    coord = store
     coord.describe_host("w1@a", EVERYTHING)
     coord.beat("w1@a")
     coord.beat("w2@b")  # an older worker that reported no kit: it brings nothing
@@ -139,7 +139,6 @@ def _dry_run(tmp_path: Path, broker_url: str) -> Any:
 
 
 def test_a_dry_run_is_refused_where_the_real_submit_is(tmp_path: Path, redis_server: RedisServer) -> None:
-    from sciencebench.coordination.redis import RedisCoordinator
 
     coord = RedisCoordinator(redis_server.url)
     try:
@@ -179,8 +178,10 @@ def test_a_submit_without_a_broker_names_its_url_and_variable(tmp_path: Path) ->
     assert not (selection / "batch-run.json").exists() and not (tmp_path / "jobs").exists()
 
 
-def test_a_host_that_reported_nothing_is_named_as_an_older_worker(tmp_path: Path) -> None:
-    coord = MemoryCoordinator()
+def test_a_host_that_reported_nothing_is_named_as_an_older_worker(
+    tmp_path: Path, store: RedisCoordinator
+) -> None:
+    coord = store
     coord.beat("w1@old")
     with pytest.raises(ProfileError, match=r"none reported; 1 host\(s\) reported nothing: a worker older"):
         _submit(tmp_path, Cluster.live(coord, lease_seconds=60), agent="nop")

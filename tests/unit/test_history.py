@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,9 @@ import pytest
 from celery import Celery
 
 from sciencebench.coordination import history
-from sciencebench.coordination.memory import MemoryCoordinator
 from sciencebench.coordination.protocol import Claim
 from sciencebench.coordination.records import FinalizerAnswer, finish_job
+from sciencebench.coordination.redis import RedisCoordinator
 from sciencebench.coordination.watchdog import release_stalled
 from sciencebench.core import models
 from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec
@@ -152,10 +153,10 @@ def test_keys_that_are_not_durations_are_ignored() -> None:
         assert history.split_key(key) is None, key
 
 
-def test_ordering_estimates_prefer_the_agents_own_history(tmp_path: Path) -> None:
+def test_ordering_estimates_prefer_the_agents_own_history(tmp_path: Path, store: RedisCoordinator) -> None:
     job = _prepare(tmp_path).job
     other = job.model_copy(update={"agent": job.agent.model_copy(update={"agent": "oracle"})})
-    coord = MemoryCoordinator()
+    coord = store
     theirs, mine = history.job_history_keys(other), history.job_history_keys(job)
     coord.add_durations("other", {theirs[t]: [s] for t, s in zip(IDS, [5.0, 50.0, 0.5, 20.0], strict=True)})
     assert history.estimates(coord, job) == {}  # nothing of its own ...
@@ -164,23 +165,25 @@ def test_ordering_estimates_prefer_the_agents_own_history(tmp_path: Path) -> Non
     assert history.ordering_estimates(coord, job) == {"001": 20.0, "002": 200.0, "003": 2.0, "004": 80.0}
 
 
-class _Unreadable(MemoryCoordinator):
-    def all_durations(self) -> dict[str, list[float]]:
-        raise ConnectionError("history unreadable")
+def _unreadable() -> dict[str, list[float]]:
+    raise ConnectionError("history unreadable")
 
 
-def test_an_unreadable_history_leaves_the_own_estimates(tmp_path: Path) -> None:
+def test_an_unreadable_history_leaves_the_own_estimates(
+    tmp_path: Path, store: RedisCoordinator, monkeypatch: pytest.MonkeyPatch
+) -> None:
     job = _prepare(tmp_path).job
-    coord = _Unreadable()
+    coord = store
+    monkeypatch.setattr(coord, "all_durations", _unreadable)
     coord.add_durations("mine", {history.job_history_keys(job)["001"]: [3.0]})
     assert history.ordering_estimates(coord, job) == {"001": 3.0}
 
 
-def test_a_first_run_is_sent_in_the_other_agents_order(tmp_path: Path) -> None:
+def test_a_first_run_is_sent_in_the_other_agents_order(tmp_path: Path, store: RedisCoordinator) -> None:
     prepared = _prepare(tmp_path, n_concurrent=1)
     job = persist(prepared, _run_record(prepared)).job
     other = job.model_copy(update={"agent": job.agent.model_copy(update={"agent": "oracle"})})
-    coord = MemoryCoordinator()
+    coord = store
     keys = history.job_history_keys(other)
     coord.add_durations("other", {keys["003"]: [9.0], keys["001"]: [1.0], keys["004"]: [4.0]})
     app = Celery(broker="memory://", backend="cache+memory://")
@@ -219,9 +222,9 @@ def test_a_record_stores_what_it_measured_and_readers_read_that() -> None:
     assert TrialRecord.model_validate_json(record.model_dump_json()) == record  # read back as written
 
 
-def test_history_is_per_task_hash_and_agent(tmp_path: Path) -> None:
+def test_history_is_per_task_hash_and_agent(tmp_path: Path, store: RedisCoordinator) -> None:
     job = _prepare(tmp_path).job
-    coord = MemoryCoordinator()
+    coord = store
     keys = history.job_history_keys(job)
     coord.add_durations("earlier", {keys["001"]: [7.0], keys["002"]: [2.0, 4.0, 30.0]})
     assert history.estimates(coord, job) == {"001": 7.0, "002": 4.0}  # the median of what was kept
@@ -232,7 +235,7 @@ def test_history_is_per_task_hash_and_agent(tmp_path: Path) -> None:
     assert history.estimates(coord, other_agent) == {}
 
 
-def test_the_finalizer_records_what_trials_measured(tmp_path: Path) -> None:
+def test_the_finalizer_records_what_trials_measured(tmp_path: Path, store: RedisCoordinator) -> None:
     prepared = _prepare(tmp_path, n_attempts=2)
     job = persist(prepared, _run_record(prepared)).job
     paths = JobPaths(job.jobs_dir, job.job_name)
@@ -240,7 +243,7 @@ def test_the_finalizer_records_what_trials_measured(tmp_path: Path) -> None:
     _write_record(job, "001", 2, 5.0)
     _write_record(job, "002", 1, 1.0, exception_type=CANCELLED)  # cut short: not a duration
     _write_record(job, "003", 1, None, exception_type="PullError")  # never reached Pier
-    coord = MemoryCoordinator()
+    coord = store
     answer = finish_job(coord, paths, job.job_name, job.job_id)
     assert (answer.summary_written, answer.n_total_trials, answer.missing) == (
         True,
@@ -255,9 +258,9 @@ def test_the_finalizer_records_what_trials_measured(tmp_path: Path) -> None:
     }
 
 
-def test_an_unwritten_summary_answers_why_and_nothing_else(tmp_path: Path) -> None:
+def test_an_unwritten_summary_answers_why_and_nothing_else(tmp_path: Path, store: RedisCoordinator) -> None:
     job = _prepare(tmp_path).job
-    answer = finish_job(MemoryCoordinator(), None, job.job_name, job.job_id)
+    answer = finish_job(store, None, job.job_name, job.job_id)
     assert answer.wire() == {
         "job_name": job.job_name,
         "job_id": str(job.job_id),
@@ -317,10 +320,10 @@ def _sent(app: Celery) -> list[str]:
     return labels
 
 
-def test_dispatch_orders_by_history_and_holds_later_attempts(tmp_path: Path) -> None:
+def test_dispatch_orders_by_history_and_holds_later_attempts(tmp_path: Path, store: RedisCoordinator) -> None:
     prepared = _prepare(tmp_path, n_attempts=2, n_concurrent=2)
     job = persist(prepared, _run_record(prepared)).job
-    coord = MemoryCoordinator()
+    coord = store
     keys = history.job_history_keys(job)
     coord.add_durations("earlier", {keys[t]: [s] for t, s in zip(IDS, [1.0, 40.0, 3.0, 20.0], strict=True)})
     app = Celery(broker="memory://", backend="cache+memory://")
@@ -334,10 +337,10 @@ def test_dispatch_orders_by_history_and_holds_later_attempts(tmp_path: Path) -> 
     assert held[0].chord is not None and held[0].chord["task"] == "sciencebench.finalize_job"
 
 
-def test_dispatch_sends_everything_with_one_attempt(tmp_path: Path) -> None:
+def test_dispatch_sends_everything_with_one_attempt(tmp_path: Path, store: RedisCoordinator) -> None:
     prepared = _prepare(tmp_path, n_concurrent=1)
     job: JobSpec = persist(prepared, _run_record(prepared)).job
-    coord = MemoryCoordinator()
+    coord = store
     keys = history.job_history_keys(job)
     coord.add_durations("earlier", {keys["003"]: [9.0], keys["001"]: [1.0]})
     app = Celery(broker="memory://", backend="cache+memory://")
@@ -346,19 +349,28 @@ def test_dispatch_sends_everything_with_one_attempt(tmp_path: Path) -> None:
     assert coord.release_held(job.job_key, 30.0) == []
 
 
-def test_the_watchdog_sends_held_trials_nobody_else_will(tmp_path: Path) -> None:
+def _stalled(app: Celery, coord: RedisCoordinator) -> int:
+    """`release_stalled` with a lease so short that two of them (and its lock) have passed."""
+    time.sleep(SHORT_LEASE * 3)
+    return release_stalled(app, coord, lease_seconds=SHORT_LEASE)
+
+
+SHORT_LEASE = 0.01
+
+
+def test_the_watchdog_sends_held_trials_nobody_else_will(tmp_path: Path, store: RedisCoordinator) -> None:
     prepared = _prepare(tmp_path, n_attempts=3, n_concurrent=2)
     job = persist(prepared, _run_record(prepared)).job
-    coord = MemoryCoordinator()
+    coord = store
     app = Celery(broker="memory://", backend="cache+memory://")
     dispatch(app, coord, job, prepared.trials)
     assert len(_sent(app)) == 2  # the window; taken off the queue: they ran
-    assert release_stalled(app, coord, lease_seconds=0.0) == 0  # no trial of the job ever started
+    assert _stalled(app, coord) == 0  # no trial of the job ever started
     assert _claim(coord, job.job_key, "001#1", "w", 30) is Claim.CLAIMED
     assert coord.finish(job.job_key, "001#1", "w")  # ...and ended without waking anyone
     assert release_stalled(app, coord, lease_seconds=60.0) == 0  # not for two lease periods yet
-    assert release_stalled(app, coord, lease_seconds=0.0) == 2  # a window's worth
-    assert release_stalled(app, coord, lease_seconds=0.0) == 0  # they wait in the broker's queue
+    assert _stalled(app, coord) == 2  # a window's worth
+    assert _stalled(app, coord) == 0  # they wait in the broker's queue
     assert _sent(app) == ["task_003 #1", "task_004 #1"]
     coord.set_running(job.job_key, "003#1", coord.release_held(job.job_key, 30.0)[0])
-    assert release_stalled(app, coord, lease_seconds=0.0) == 0  # nothing held any more
+    assert _stalled(app, coord) == 0  # nothing held any more

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from sciencebench import cli
 from sciencebench.coordination.costs import cost_estimates, record_costs
 from sciencebench.coordination.history import estimates, record_durations
-from sciencebench.coordination.memory import MemoryCoordinator
+from sciencebench.coordination.redis import RedisCoordinator
 from sciencebench.core.models import JobSpec, TrialRecord, TrialState
 from sciencebench.core.paths import JobPaths
 from sciencebench.login.options import SubmitOptions
@@ -29,7 +29,7 @@ def _prepared(tmp_path: Path, n_tasks: int = 4, **kw: Any) -> Prepared:
     return prepare(SubmitOptions(path=selection, jobs_dir=tmp_path / "jobs", job_name="p", **kw))
 
 
-def _commit(coord: MemoryCoordinator, job: JobSpec, task: str, attempt: int, **fields: Any) -> None:
+def _commit(coord: RedisCoordinator, job: JobSpec, task: str, attempt: int, **fields: Any) -> None:
     record = TrialRecord(job_id=job.job_id, job_name=job.job_name, task_id=task, attempt=attempt, **fields)
     coord.store_result(job.job_key, record.key, record.model_dump_json())
     coord.set_state(job.job_key, record.key, TrialState.FAILED if record.errored else TrialState.DONE, "h")
@@ -37,9 +37,10 @@ def _commit(coord: MemoryCoordinator, job: JobSpec, task: str, attempt: int, **f
 
 def test_the_live_numbers_count_states_sum_spend_and_estimate_from_the_job_s_own_trials(
     tmp_path: Path,
+    store: RedisCoordinator,
 ) -> None:
     job = _prepared(tmp_path, n_tasks=3, n_attempts=2, n_concurrent=2).job
-    coord = MemoryCoordinator()
+    coord = store
     harness = {"harness": 10.0}
     _commit(coord, job, "001", 1, timings_sec=harness, n_input_tokens=100, n_output_tokens=5, cost_usd=0.5)
     _commit(coord, job, "002", 1, timings_sec={"harness": 30.0}, n_input_tokens=50, n_output_tokens=5)
@@ -63,19 +64,23 @@ def test_the_live_numbers_count_states_sum_spend_and_estimate_from_the_job_s_own
     assert lines[3].startswith("ETA: 30s (1 running, 2 waiting on 2 slot(s): live cluster 8 slot(s), ")
 
 
-def test_a_trial_the_board_does_not_show_counts_by_its_record(tmp_path: Path) -> None:
+def test_a_trial_the_board_does_not_show_counts_by_its_record(
+    tmp_path: Path, store: RedisCoordinator
+) -> None:
     job = _prepared(tmp_path, n_tasks=2).job
-    coord = MemoryCoordinator()
+    coord = store
     record = TrialRecord(job_id=job.job_id, job_name="p", task_id="001", attempt=1, exception_type="X")
     coord.store_result(job.job_key, record.key, record.model_dump_json())  # no state on the board
     live = Watcher(coord, job, job.trial_keys()).poll()
     assert (live.done, live.failed, live.running, live.waiting) == (0, 1, 0, 1)
 
 
-def test_before_any_trial_ends_the_eta_comes_from_history_else_the_timeouts(tmp_path: Path) -> None:
+def test_before_any_trial_ends_the_eta_comes_from_history_else_the_timeouts(
+    tmp_path: Path, store: RedisCoordinator
+) -> None:
     prepared = _prepared(tmp_path, n_tasks=2, n_concurrent=1)
     job = prepared.job
-    coord = MemoryCoordinator()
+    coord = store
     coord.add_durations("earlier", {key: [40.0] for task, key in _history_keys(job).items() if task == "001"})
     live = Watcher(coord, job, job.trial_keys()).poll()
     (bound,) = {trial.expected_sec for trial in prepared.trials}  # the bound the scheduler starts from
@@ -91,7 +96,9 @@ def _history_keys(job: JobSpec) -> dict[str, str]:
     return job_history_keys(job)
 
 
-def test_costs_are_kept_beside_durations_and_give_the_next_job_s_expected_cost(tmp_path: Path) -> None:
+def test_costs_are_kept_beside_durations_and_give_the_next_job_s_expected_cost(
+    tmp_path: Path, store: RedisCoordinator
+) -> None:
     prepared = _prepared(tmp_path, n_tasks=3, n_attempts=2, n_concurrent=2)
     job = prepared.job
     paths = JobPaths(job.jobs_dir, job.job_name)
@@ -106,7 +113,7 @@ def test_costs_are_kept_beside_durations_and_give_the_next_job_s_expected_cost(t
         target = paths.trial_record(task, attempt)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(record.model_dump_json())
-    coord = MemoryCoordinator()
+    coord = store
     assert record_costs(coord, job, paths) == 2
     assert record_costs(coord, job, paths) == 2  # finalized again: its samples replace its own
     record_durations(coord, job, paths)

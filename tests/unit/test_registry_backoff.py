@@ -1,7 +1,7 @@
 """Registries that push back: their answers read, the back-off shared, a trial's waits (no Docker, no Redis).
 
 The trial cases run `worker.trial.handle` as `test_trial_states` does (a
-real persisted job, a `MemoryCoordinator`, the fake engine seam), the engine
+real persisted job, the session's embedded store, the fake engine seam), the engine
 refusing pulls as the Docker Engine reports a registry's 429.
 """
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sciencebench.coordination.memory import MemoryCoordinator
-from sciencebench.coordination.registries import RegistryState, backoff_sec, registry_marks
+from sciencebench.coordination.redis import RedisCoordinator
+from sciencebench.coordination.registries import RedisRegistryMarks, RegistryState, backoff_sec
 from sciencebench.core.errors import RegistryError
 from sciencebench.core.models import TrialRecord
 from sciencebench.core.registryhints import hint_sec, parse_ratelimit, parse_retry_after, refusal_status
@@ -83,8 +83,8 @@ def test_the_back_off_doubles_with_jitter_up_to_its_cap_and_honours_a_hint() -> 
     assert backoff_sec(1, 300, 10, 60, rng=lambda: 1.0) == pytest.approx(330)
 
 
-def test_a_refusal_is_shared_its_wait_only_ever_grows_and_status_says_so() -> None:
-    marks = registry_marks(MemoryCoordinator())
+def test_a_refusal_is_shared_its_wait_only_ever_grows_and_status_says_so(store: RedisCoordinator) -> None:
+    marks = RedisRegistryMarks(store)
     first = marks.refused("docker.io", "429", "toomanyrequests", 240, 1, 10)
     now = marks.now()
     assert 239 <= first.wait_sec(now) <= 265 and first.failures == 1
@@ -117,8 +117,10 @@ def _refusing(times: int) -> tuple[list[int], object]:
     return calls, ensure_images
 
 
-def test_a_registry_that_pushes_back_is_waited_out_whatever_max_retries_says(tmp_path: Path) -> None:
-    world = _world(tmp_path, [None], max_retries=0)
+def test_a_registry_that_pushes_back_is_waited_out_whatever_max_retries_says(
+    tmp_path: Path, store: RedisCoordinator
+) -> None:
+    world = _world(store, tmp_path, [None], max_retries=0)
     calls, world.runtime.ensure_images = _refusing(2)  # type: ignore[method-assign]
     outcome = world.handle()
     assert isinstance(outcome, Answer)
@@ -127,12 +129,14 @@ def test_a_registry_that_pushes_back_is_waited_out_whatever_max_retries_says(tmp
     assert [t.registry_status for t in record.earlier_tries] == ["429", "429"]
     assert calls[0] == 3 and world.pier.runs == 1
     assert sum(world.slept) >= 2 * 2.0  # the registry's hint, each time
-    (state,) = registry_marks(world.coord).states()  # shared: every host of the store waits as long
+    (state,) = RedisRegistryMarks(world.coord).states()  # shared: every host of the store waits as long
     assert (state.registry, state.status, state.failures) == ("docker.io", "429", 2)
 
 
-def test_past_the_registry_deadline_the_trial_ends_as_the_registrys_failure(tmp_path: Path) -> None:
-    world = _world(tmp_path, [None], max_retries=3)
+def test_past_the_registry_deadline_the_trial_ends_as_the_registrys_failure(
+    tmp_path: Path, store: RedisCoordinator
+) -> None:
+    world = _world(store, tmp_path, [None], max_retries=3)
     world.ctx.settings = world.ctx.settings.model_copy(update={"registry_deadline_sec": 1.0})
     calls, world.runtime.ensure_images = _refusing(1000)  # type: ignore[method-assign]
     outcome = world.handle()
@@ -147,9 +151,10 @@ def test_past_the_registry_deadline_the_trial_ends_as_the_registrys_failure(tmp_
 
 def test_a_pull_held_back_by_the_clusters_back_off_waits_it_out_without_counting_a_refusal(
     tmp_path: Path,
+    store: RedisCoordinator,
 ) -> None:
-    world = _world(tmp_path, [None])
-    marks = registry_marks(world.coord)
+    world = _world(store, tmp_path, [None])
+    marks = RedisRegistryMarks(world.coord)
     marks.refused("docker.io", "429", "another host was refused", 3.0, 1, 10)  # the cluster backs off
     calls = [0]
 

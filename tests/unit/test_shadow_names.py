@@ -10,7 +10,7 @@ import pytest
 from celery import Celery
 
 from sciencebench.coordination.celery_app import create_app
-from sciencebench.coordination.memory import MemoryCoordinator
+from sciencebench.coordination.redis import RedisCoordinator
 from sciencebench.coordination.watchdog import send_again
 from sciencebench.core.models import Redispatch, TrialSpec
 from sciencebench.core.settings import Settings
@@ -36,7 +36,9 @@ def test_the_sent_event_names_the_task_as_workers_will() -> None:
     assert plain.sent_event["name"] == RUN_TRIAL
 
 
-def test_the_watchdog_sends_a_trial_as_its_submit_did(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_watchdog_sends_a_trial_as_its_submit_did(
+    monkeypatch: pytest.MonkeyPatch, store: RedisCoordinator
+) -> None:
     """Both senders build one message (`core.wire.run_trial_message`): the same headers and arguments."""
     app = Celery("wire-test", broker="memory://", backend="cache+memory://", set_as_current=False)
     sent: list[tuple[str, Any]] = []
@@ -52,7 +54,7 @@ def test_the_watchdog_sends_a_trial_as_its_submit_did(monkeypatch: pytest.Monkey
     publish_header(app, frozen, [app.signature(message.name, args=message.args, options=message.options)])
     payload = Redispatch(task_id="task-1", trial=trial, chord=dict(app.signature("finalize")),
                          group_id="group-1", group_index=0)  # fmt: skip
-    send_again(app, MemoryCoordinator(), payload)
+    send_again(app, store, payload)
     (first_name, first), (again_name, again) = sent
     assert first_name == again_name == RUN_TRIAL
     wanted = ("id", "task", "shadow", "argsrepr", "kwargsrepr", "group", "group_index")

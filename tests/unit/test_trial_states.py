@@ -1,8 +1,8 @@
-"""Every path of `worker.trial.handle`, with no Docker, Redis or process.
+"""Every path of `worker.trial.handle`, with no Docker or worker process.
 
 The trial logic runs as on a worker host: a real persisted job and selection,
 admission, the task snapshot and review, the heartbeat, the commit and the
-publish into the job directory, against a `MemoryCoordinator`. Only the
+publish into the job directory, against the session's embedded store. Only the
 engine (`HostRuntime`) and the Pier run are test doubles: the fake Pier
 writes the trial directory Pier would, with the outcome each test scripts.
 """
@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from sciencebench.coordination.memory import MemoryCoordinator
 from sciencebench.coordination.protocol import Claim
+from sciencebench.coordination.redis import RedisCoordinator
 from sciencebench.core.errors import NoRoomError, PreflightError, RefusedError
 from sciencebench.core.models import Redispatch, TrialRecord, TrialSpec, TrialState
 from sciencebench.core.paths import JobPaths
@@ -150,7 +150,7 @@ class World:
 
     prepared: Prepared
     ctx: WorkerContext
-    coord: MemoryCoordinator
+    coord: RedisCoordinator
     runtime: FakeRuntime
     pier: FakePier
     slept: list[float]
@@ -186,7 +186,7 @@ class World:
         return status.state if status else None
 
 
-def _world(tmp_path: Path, pier: list[Any], **options: Any) -> World:
+def _world(store: RedisCoordinator, tmp_path: Path, pier: list[Any], **options: Any) -> World:
     selection = make_selection(tmp_path / "sel", ["001"])
     opts = SubmitOptions(path=selection, jobs_dir=tmp_path / "jobs", job_name="j", **options)
     prepared = prepare(opts)
@@ -195,7 +195,7 @@ def _world(tmp_path: Path, pier: list[Any], **options: Any) -> World:
         update={"hostname": HOST, "lease_seconds": LEASE, "warm_pier": False, "provider_backoff_sec": 1.0,
                 "jobs_roots": (tmp_path / "jobs",), "selection_roots": (selection,)}
     )  # fmt: skip
-    coord, runtime, fake, slept = MemoryCoordinator(), FakeRuntime(), FakePier(pier), []
+    coord, runtime, fake, slept = store, FakeRuntime(), FakePier(pier), []
     coord.beat(HOST)
     ctx = WorkerContext(
         coord=coord, runtime=runtime, settings=settings, owner="me", pier=fake, sleep=slept.append
@@ -204,8 +204,8 @@ def _world(tmp_path: Path, pier: list[Any], **options: Any) -> World:
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    yield _world(tmp_path, [None])
+def world(tmp_path: Path, store: RedisCoordinator) -> Iterator[World]:
+    yield _world(store, tmp_path, [None])
 
 
 @pytest.fixture(autouse=True)
@@ -266,8 +266,8 @@ def test_nothing_after_the_commit_takes_the_answer_away(world: World, after_comm
     assert world.coord.orphaned() == []
 
 
-def test_a_failed_try_is_cleaned_up_before_the_next_try_runs(tmp_path: Path) -> None:
-    world = _world(tmp_path, ["RuntimeError", None], max_retries=1)
+def test_a_failed_try_is_cleaned_up_before_the_next_try_runs(tmp_path: Path, store: RedisCoordinator) -> None:
+    world = _world(store, tmp_path, ["RuntimeError", None], max_retries=1)
     runs_at_cleanup: list[int] = []
     world.runtime.on_cleanup = lambda name: runs_at_cleanup.append(world.pier.runs)
     outcome = world.handle()
@@ -276,8 +276,10 @@ def test_a_failed_try_is_cleaned_up_before_the_next_try_runs(tmp_path: Path) -> 
     assert len(set(world.runtime.cleaned)) == 2
 
 
-def test_a_container_past_the_disk_limit_ends_the_trial_with_a_resource_failure(tmp_path: Path) -> None:
-    world = _world(tmp_path, [None], max_retries=2)
+def test_a_container_past_the_disk_limit_ends_the_trial_with_a_resource_failure(
+    tmp_path: Path, store: RedisCoordinator
+) -> None:
+    world = _world(store, tmp_path, [None], max_retries=2)
     world.runtime.disk_exceeded = "container t-main-1 wrote 2.0 GiB to its writable layer, past ..."
     outcome = world.handle()
     assert isinstance(outcome, Answer)
@@ -444,8 +446,8 @@ def test_no_room_for_the_images_hands_back_without_pausing_the_host(world: World
     assert isinstance(local, Duplicate)  # still parked under the cluster message's token
 
 
-def test_no_room_in_local_mode_is_the_trial_s_record(tmp_path: Path) -> None:
-    world = _world(tmp_path, [None])
+def test_no_room_in_local_mode_is_the_trial_s_record(tmp_path: Path, store: RedisCoordinator) -> None:
+    world = _world(store, tmp_path, [None])
     world.runtime.no_room = True
     outcome = world.handle(EMBEDDED)
     assert isinstance(outcome, Answer)
@@ -483,14 +485,16 @@ def test_a_trial_without_a_slot_waits_for_one_in_local_mode(world: World) -> Non
 # --- the lease and cancel --------------------------------------------------------------------
 
 
-def test_a_trial_whose_lease_was_lost_while_it_ran_discards_its_result(tmp_path: Path) -> None:
+def test_a_trial_whose_lease_was_lost_while_it_ran_discards_its_result(
+    tmp_path: Path, store: RedisCoordinator
+) -> None:
     world: World
 
     def lose_the_lease() -> None:
         world.coord.finish(world.job, world.spec.key, "me")
         claim(world.coord, world.job, world.spec.key, "thief", 30.0)
 
-    world = _world(tmp_path, [lose_the_lease])
+    world = _world(store, tmp_path, [lose_the_lease])
     assert isinstance(world.handle(), Duplicate)
     assert world.stored() is None and world.record_file() is None
     assert not any(p.name.startswith("task_001__") for p in world.paths.job_dir.iterdir())
@@ -504,8 +508,10 @@ def test_a_job_cancelled_before_the_trial_started_records_it_cancelled(world: Wo
     assert world.pier.runs == 0 and world.stored() == outcome.record
 
 
-def test_a_job_cancelled_while_the_trial_ran_is_not_tried_again(tmp_path: Path) -> None:
-    world = _world(tmp_path, ["cancelled"], max_retries=3)
+def test_a_job_cancelled_while_the_trial_ran_is_not_tried_again(
+    tmp_path: Path, store: RedisCoordinator
+) -> None:
+    world = _world(store, tmp_path, ["cancelled"], max_retries=3)
     outcome = world.handle()
     assert isinstance(outcome, Answer)
     assert (outcome.record.exception_type, outcome.record.stage) == ("Cancelled", "harness")
@@ -515,8 +521,10 @@ def test_a_job_cancelled_while_the_trial_ran_is_not_tried_again(tmp_path: Path) 
 # --- tries -----------------------------------------------------------------------------------
 
 
-def test_a_failure_pier_would_retry_is_tried_again_up_to_max_retries(tmp_path: Path) -> None:
-    world = _world(tmp_path, ["NonZeroAgentExitCodeError"], max_retries=2)
+def test_a_failure_pier_would_retry_is_tried_again_up_to_max_retries(
+    tmp_path: Path, store: RedisCoordinator
+) -> None:
+    world = _world(store, tmp_path, ["NonZeroAgentExitCodeError"], max_retries=2)
     outcome = world.handle()
     assert isinstance(outcome, Answer)
     assert outcome.record.tries == 3 and world.pier.runs == 3
@@ -525,16 +533,18 @@ def test_a_failure_pier_would_retry_is_tried_again_up_to_max_retries(tmp_path: P
     assert len(list(world.paths.superseded_dir.iterdir())) == 2  # the earlier tries' directories
 
 
-def test_a_retried_failure_that_then_succeeds_ends_rewarded(tmp_path: Path) -> None:
-    world = _world(tmp_path, ["NonZeroAgentExitCodeError", None], max_retries=2)
+def test_a_retried_failure_that_then_succeeds_ends_rewarded(tmp_path: Path, store: RedisCoordinator) -> None:
+    world = _world(store, tmp_path, ["NonZeroAgentExitCodeError", None], max_retries=2)
     outcome = world.handle()
     assert isinstance(outcome, Answer)
     assert outcome.record.exception_type is None and outcome.record.tries == 2
 
 
 @pytest.mark.parametrize("exception_type", ["AgentImageMismatch", "PolicyViolation", "AgentTimeoutError"])
-def test_a_deterministic_failure_is_not_tried_again(tmp_path: Path, exception_type: str) -> None:
-    world = _world(tmp_path, [exception_type], max_retries=3)
+def test_a_deterministic_failure_is_not_tried_again(
+    tmp_path: Path, exception_type: str, store: RedisCoordinator
+) -> None:
+    world = _world(store, tmp_path, [exception_type], max_retries=3)
     outcome = world.handle()
     assert isinstance(outcome, Answer)
     assert outcome.record.exception_type == exception_type and outcome.record.tries == 1
@@ -542,9 +552,11 @@ def test_a_deterministic_failure_is_not_tried_again(tmp_path: Path, exception_ty
     assert world.pier.runs == 1 and world.slept == []
 
 
-def test_a_provider_failure_is_run_again_apart_from_max_retries(tmp_path: Path) -> None:
+def test_a_provider_failure_is_run_again_apart_from_max_retries(
+    tmp_path: Path, store: RedisCoordinator
+) -> None:
     failure = {"exception": "NonZeroAgentExitCodeError"}
-    world = _world(tmp_path, [failure, failure, None], max_retries=0, provider_retries=3)
+    world = _world(store, tmp_path, [failure, failure, None], max_retries=0, provider_retries=3)
     outcome = world.handle()
     assert isinstance(outcome, Answer)
     assert outcome.record.exception_type is None and outcome.record.tries == 3
@@ -553,9 +565,11 @@ def test_a_provider_failure_is_run_again_apart_from_max_retries(tmp_path: Path) 
     assert sum(world.slept) == pytest.approx(1.0 + 2.0)  # the provider back-off doubles
 
 
-def test_a_provider_that_never_recovers_is_tried_four_times_by_default(tmp_path: Path) -> None:
+def test_a_provider_that_never_recovers_is_tried_four_times_by_default(
+    tmp_path: Path, store: RedisCoordinator
+) -> None:
     failure = {"exception": "NonZeroAgentExitCodeError"}
-    world = _world(tmp_path, [failure] * 5)  # --provider-retries left at its default
+    world = _world(store, tmp_path, [failure] * 5)  # --provider-retries left at its default
     outcome = world.handle()
     assert isinstance(outcome, Answer)
     assert outcome.record.tries == 4 and world.pier.runs == 4  # the first try and 3 reruns
@@ -563,24 +577,28 @@ def test_a_provider_that_never_recovers_is_tried_four_times_by_default(tmp_path:
     assert [t.provider_status for t in outcome.record.earlier_tries] == ["429"] * 3
 
 
-def test_a_host_found_unhealthy_after_a_failed_try_hands_the_trial_back(tmp_path: Path) -> None:
+def test_a_host_found_unhealthy_after_a_failed_try_hands_the_trial_back(
+    tmp_path: Path, store: RedisCoordinator
+) -> None:
     world: World
 
     def the_engine_goes() -> str:
         world.runtime.unhealthy = "the engine went away"
         return "RuntimeError"
 
-    world = _world(tmp_path, [the_engine_goes], max_retries=2)
+    world = _world(store, tmp_path, [the_engine_goes], max_retries=2)
     outcome = world.handle()
     assert isinstance(outcome, HandBack) and outcome.host_fault
     assert world.coord.hosts()[HOST].paused and world.stored() is None
 
 
-def test_an_unexpected_failure_is_the_trial_s_record_with_its_traceback(tmp_path: Path) -> None:
+def test_an_unexpected_failure_is_the_trial_s_record_with_its_traceback(
+    tmp_path: Path, store: RedisCoordinator
+) -> None:
     def crash() -> str:
         raise ValueError("x" * 5000)
 
-    world = _world(tmp_path, [crash], max_retries=2)
+    world = _world(store, tmp_path, [crash], max_retries=2)
     outcome = world.handle()
     assert isinstance(outcome, Answer)
     record = outcome.record

@@ -8,17 +8,15 @@ from typing import Any, override
 from redis.typing import EncodableT
 
 from sciencebench.coordination import scripts, shares
-from sciencebench.coordination.keys import SHARES_KEY, WEIGHTS_KEY
+from sciencebench.coordination.keys import SHARES_KEY, WEIGHTS_KEY, ClusterKeys, JobKeys
 from sciencebench.coordination.protocol import (
     HOSTS_KEY,
     IMAGES_KEY,
     KIT_KEY,
     PAUSED_KEY,
-    PREFIX,
     Board,
     HostKit,
     HostStatus,
-    job_key,
 )
 from sciencebench.coordination.redis.base import OUTAGE_SEC, RedisBase
 from sciencebench.coordination.shares import Shares
@@ -55,12 +53,14 @@ class RedisBoard(RedisBase, Board, Shares):
     def share_load(self, job: str) -> shares.Load:
         """The job's slots, sent set, held and parked trials (one pipeline)."""
 
+        keys = JobKeys(job)
+
         def look() -> list[Any]:
             with self._redis.pipeline(transaction=False) as pipe:
-                pipe.zcard(job_key(job, "slots"))
-                pipe.scard(job_key(job, "share", "sent"))
-                pipe.zcard(job_key(job, "held"))
-                pipe.llen(job_key(job, "waiting"))
+                pipe.zcard(keys.slots)
+                pipe.scard(keys.share_sent)
+                pipe.zcard(keys.held)
+                pipe.llen(keys.waiting)
                 return list(pipe.execute())
 
         running, sent, held, waiting = self.patiently(look)
@@ -69,24 +69,24 @@ class RedisBoard(RedisBase, Board, Shares):
     @override
     def choose_share(self, capacity: int) -> str | None:
         """`shares.choose` in one script (`lua/share_choose.lua`)."""
-        value = self.patiently(lambda: self._choose_share_script("", "", [capacity, f"{PREFIX}:"]))
+        value = self.patiently(lambda: self._choose_share_script("", "", [capacity, ClusterKeys.job_prefix]))
         return str(value) if value else None
 
     @override
     def share_sent(self, job: str, key: str) -> None:
         """Add the trial to the job's sent set (`SADD`)."""
-        self.patiently(lambda: self._redis.sadd(job_key(job, "share", "sent"), key))
+        self.patiently(lambda: self._redis.sadd(JobKeys(job).share_sent, key))
 
     @override
     def share_started(self, job: str, key: str) -> None:
         """Take the trial off the job's sent set (`SREM`)."""
-        self.patiently(lambda: self._redis.srem(job_key(job, "share", "sent"), key))
+        self.patiently(lambda: self._redis.srem(JobKeys(job).share_sent, key))
 
     @override
     def set_state(self, job: str, key: str, state: TrialState, host: str) -> None:
         """Show one trial as `state` on `host`."""
         value = TrialStatus(state=state, host=host, at=time.time()).model_dump_json()
-        self.patiently(lambda: self._redis.hset(job_key(job, "state"), key, value))
+        self.patiently(lambda: self._redis.hset(JobKeys(job).state, key, value))
 
     @override
     def set_states(self, job: str, keys: list[str], state: TrialState) -> None:
@@ -94,12 +94,12 @@ class RedisBoard(RedisBase, Board, Shares):
         if keys:
             value = TrialStatus(state=state, at=time.time()).model_dump_json()
             mapping: dict[EncodableT, EncodableT] = dict.fromkeys(keys, value)
-            self.patiently(lambda: self._redis.hset(job_key(job, "state"), mapping=mapping))
+            self.patiently(lambda: self._redis.hset(JobKeys(job).state, mapping=mapping))
 
     @override
     def states(self, job: str) -> dict[str, TrialStatus]:
         """Every trial's status by trial key."""
-        raw = self._hash(job_key(job, "state"))
+        raw = self._hash(JobKeys(job).state)
         return {key: TrialStatus.model_validate_json(value) for key, value in raw.items()}
 
     @override

@@ -8,7 +8,8 @@ from typing import Any, override
 from redis.typing import EncodableT
 
 from sciencebench.coordination import scripts
-from sciencebench.coordination.protocol import JOBS_KEY, Held, Slots, job_key
+from sciencebench.coordination.keys import JobKeys
+from sciencebench.coordination.protocol import JOBS_KEY, Held, Slots
 from sciencebench.coordination.redis.base import OUTAGE_SEC, RedisBase, chunks
 from sciencebench.core.keys import TrialKey
 from sciencebench.core.models import Redispatch
@@ -44,12 +45,8 @@ class RedisSlots(RedisBase, Slots):
     @override
     def next_waiting(self, job: str, guard_sec: float) -> Redispatch | None:
         """The longest-waiting parked trial, else the longest expected held one (guarded); one script."""
-        args: list[str | int] = [
-            job_key(job, "result", ""),
-            job,
-            job_key(job, "lease", ""),
-            _guard_ms(guard_sec),
-        ]
+        keys = JobKeys(job)
+        args: list[str | int] = [keys.result(""), job, keys.lease(""), _guard_ms(guard_sec)]
         value = self.patiently(lambda: self._next_waiting(job, "", args))
         return Redispatch.model_validate_json(str(value)) if value is not None else None
 
@@ -88,7 +85,7 @@ class RedisSlots(RedisBase, Slots):
     @override
     def release_held(self, job: str, guard_sec: float | None) -> list[Redispatch]:
         """Every held trial, longest expected first, guarded unless dropped; the job holds none after."""
-        args = [job, job_key(job, "lease", ""), "" if guard_sec is None else _guard_ms(guard_sec)]
+        args = [job, JobKeys(job).lease(""), "" if guard_sec is None else _guard_ms(guard_sec)]
         values = self.patiently(lambda: self._release_held(job, "", args))
         return [Redispatch.model_validate_json(str(value)) for value in values]
 
@@ -101,11 +98,11 @@ class RedisSlots(RedisBase, Slots):
 
         def look() -> list[Any]:
             with self._redis.pipeline(transaction=False) as pipe:
-                for job in jobs:
-                    pipe.exists(job_key(job, "held"))
-                    pipe.hlen(job_key(job, "running"))
-                    pipe.llen(job_key(job, "waiting"))
-                    pipe.hmget(job_key(job, "held", "meta"), ["window", "at"])
+                for keys in map(JobKeys, jobs):
+                    pipe.exists(keys.held)
+                    pipe.hlen(keys.running)
+                    pipe.llen(keys.waiting)
+                    pipe.hmget(keys.held_meta, ["window", "at"])
                 pipe.time()
                 return list(pipe.execute())
 

@@ -10,8 +10,8 @@ from redis.typing import EncodableT
 from sciencebench.coordination import budget, scripts, shares
 from sciencebench.coordination.budget import Budget, Budgets, Spend
 from sciencebench.coordination.history import SAMPLES
-from sciencebench.coordination.keys import SHARES_KEY, WEIGHTS_KEY
-from sciencebench.coordination.protocol import HISTORY_KEY, JOBS_KEY, History, JobControl, Unfit, job_key
+from sciencebench.coordination.keys import SHARES_KEY, WEIGHTS_KEY, JobKeys
+from sciencebench.coordination.protocol import HISTORY_KEY, JOBS_KEY, History, JobControl, Unfit
 from sciencebench.coordination.redis.base import OUTAGE_SEC, RedisBase, chunks
 
 
@@ -27,45 +27,44 @@ class RedisJobs(RedisBase, JobControl, History, Budgets):
     @override
     def open_dispatch(self, job: str, dispatch_id: str) -> None:
         """Add the chord to the job's open ones (`SADD`)."""
-        self.patiently(lambda: self._redis.sadd(job_key(job, "dispatches"), dispatch_id))
+        self.patiently(lambda: self._redis.sadd(JobKeys(job).dispatches, dispatch_id))
 
     @override
     def close_dispatch(self, job: str, dispatch_id: str) -> None:
         """Remove the chord from the job's open ones (`SREM`)."""
-        self.patiently(lambda: self._redis.srem(job_key(job, "dispatches"), dispatch_id))
+        self.patiently(lambda: self._redis.srem(JobKeys(job).dispatches, dispatch_id))
 
     @override
     def open_dispatches(self, job: str) -> set[str]:
         """The job's open chords (`SMEMBERS`)."""
-        return {str(d) for d in self.patiently(lambda: self._redis.smembers(job_key(job, "dispatches")))}
+        return {str(d) for d in self.patiently(lambda: self._redis.smembers(JobKeys(job).dispatches))}
 
     @override
     def cancel(self, job: str) -> None:
         """Set the job's cancel flag."""
-        self.patiently(lambda: self._redis.set(job_key(job, "cancelled"), "1"))
+        self.patiently(lambda: self._redis.set(JobKeys(job).cancelled, "1"))
 
     @override
     def uncancel(self, job: str) -> None:
         """Clear the job's cancel flag."""
-        self.patiently(lambda: self._redis.delete(job_key(job, "cancelled")))
+        self.patiently(lambda: self._redis.delete(JobKeys(job).cancelled))
 
     @override
     def is_cancelled(self, job: str) -> bool:
         """Whether the job's cancel flag is set."""
-        return bool(self.patiently(lambda: self._redis.exists(job_key(job, "cancelled"))))
+        return bool(self.patiently(lambda: self._redis.exists(JobKeys(job).cancelled)))
 
     @override
     def mark_unfit(self, job: str, host: str, reason: str) -> None:
         """Remember that `host` could not serve the job just now, and why."""
         value = Unfit(reason=reason, at=self.now()).model_dump_json()
-        self.patiently(lambda: self._redis.hset(job_key(job, "unfit"), host, value))
+        self.patiently(lambda: self._redis.hset(JobKeys(job).unfit, host, value))
 
     @override
     def unfit_hosts(self, job: str) -> dict[str, Unfit]:
         """Hosts that found they could not serve the job, with why and when."""
         return {
-            host: Unfit.model_validate_json(value)
-            for host, value in self._hash(job_key(job, "unfit")).items()
+            host: Unfit.model_validate_json(value) for host, value in self._hash(JobKeys(job).unfit).items()
         }
 
     @override
@@ -81,7 +80,7 @@ class RedisJobs(RedisBase, JobControl, History, Budgets):
             self._redis.hdel(SHARES_KEY, job)
             self._redis.hdel(WEIGHTS_KEY, shares.job_field(job))
             with self._redis.pipeline(transaction=False) as pipe:
-                for name in self._redis.scan_iter(match=job_key(job, "*"), count=1000):
+                for name in self._redis.scan_iter(match=JobKeys(job).pattern(), count=1000):
                     pipe.expire(name, ttl_sec, lt=True)
                 pipe.execute()
 
@@ -137,7 +136,8 @@ class RedisJobs(RedisBase, JobControl, History, Budgets):
     @override
     def budget(self, job: str) -> Budget:
         """The ledger and the started trials (two `HGETALL`)."""
-        ledger, started = job_key(job, "budget"), job_key(job, "budget", "started")
+        keys = JobKeys(job)
+        ledger, started = keys.budget, keys.budget_started
         return budget.from_hash(self._hash(ledger), self._hash(started))
 
     @override

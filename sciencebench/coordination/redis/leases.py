@@ -6,7 +6,8 @@ import time
 from typing import override
 
 from sciencebench.coordination import budget, scripts
-from sciencebench.coordination.protocol import JOBS_KEY, PREFIX, Claim, Leases, Results, Start, job_key
+from sciencebench.coordination.keys import ClusterKeys, JobKeys
+from sciencebench.coordination.protocol import JOBS_KEY, Claim, Leases, Results, Start
 from sciencebench.coordination.redis.base import OUTAGE_SEC, RedisBase
 from sciencebench.core.models import Redispatch, TrialState, TrialStatus
 
@@ -26,30 +27,29 @@ class RedisLeases(RedisBase, Results, Leases):
     @override
     def get_result(self, job: str, key: str) -> str | None:
         """The stored TrialRecord JSON of a trial, or None."""
-        value = self.patiently(lambda: self._redis.get(job_key(job, "result", key)))
+        value = self.patiently(lambda: self._redis.get(JobKeys(job).result(key)))
         return str(value) if value is not None else None
 
     @override
     def store_result(self, job: str, key: str, record_json: str) -> bool:
         """Store a trial's record unless it has one (`SET NX`)."""
-        return bool(
-            self.patiently(lambda: self._redis.set(job_key(job, "result", key), record_json, nx=True))
-        )
+        return bool(self.patiently(lambda: self._redis.set(JobKeys(job).result(key), record_json, nx=True)))
 
     @override
     def clear_result(self, job: str, key: str) -> None:
         """Forget a trial's record and its counted mark."""
-        self.patiently(lambda: self._redis.delete(job_key(job, "result", key), job_key(job, "counted", key)))
+        keys = JobKeys(job)
+        self.patiently(lambda: self._redis.delete(keys.result(key), keys.counted(key)))
 
     @override
     def mark_counted(self, job: str, key: str) -> None:
         """Remember that the chord counted this trial."""
-        self.patiently(lambda: self._redis.set(job_key(job, "counted", key), "1"))
+        self.patiently(lambda: self._redis.set(JobKeys(job).counted(key), "1"))
 
     @override
     def is_counted(self, job: str, key: str) -> bool:
         """Whether the chord has counted this trial."""
-        return bool(self.patiently(lambda: self._redis.exists(job_key(job, "counted", key))))
+        return bool(self.patiently(lambda: self._redis.exists(JobKeys(job).counted(key))))
 
     @override
     def park(self, job: str, key: str, token: str, ttl_sec: float) -> bool:
@@ -93,8 +93,8 @@ class RedisLeases(RedisBase, Results, Leases):
         def send() -> None:
             with self._redis.pipeline(transaction=False) as pipe:
                 if payload is not None:
-                    pipe.hset(job_key(job, "running"), key, payload.model_dump_json())
-                pipe.hset(job_key(job, "state"), key, status)
+                    pipe.hset(JobKeys(job).running, key, payload.model_dump_json())
+                pipe.hset(JobKeys(job).state, key, status)
                 pipe.execute()
 
         self.patiently(send)
@@ -102,12 +102,12 @@ class RedisLeases(RedisBase, Results, Leases):
     @override
     def set_running(self, job: str, key: str, payload: Redispatch) -> None:
         """Record how to re-send a trial that is running now."""
-        self.patiently(lambda: self._redis.hset(job_key(job, "running"), key, payload.model_dump_json()))
+        self.patiently(lambda: self._redis.hset(JobKeys(job).running, key, payload.model_dump_json()))
 
     @override
     def is_leased(self, job: str, key: str) -> bool:
         """Whether anyone holds the trial's lease now (`EXISTS`)."""
-        return bool(self.patiently(lambda: self._redis.exists(job_key(job, "lease", key))))
+        return bool(self.patiently(lambda: self._redis.exists(JobKeys(job).lease(key))))
 
     @override
     def finish(self, job: str, key: str, owner: str) -> bool:
@@ -129,11 +129,12 @@ class RedisLeases(RedisBase, Results, Leases):
         """Running trials whose lease expired: their host is gone."""
         found = []
         for job in self.patiently(lambda: self._redis.smembers(JOBS_KEY)):
-            running = self._hash(job_key(str(job), "running"))
+            job_keys = JobKeys(str(job))
+            running = self._hash(job_keys.running)
             if not running:
                 continue
             keys = list(running)
-            leases = self._mget([job_key(str(job), "lease", key) for key in keys])
+            leases = self._mget([job_keys.lease(key) for key in keys])
             for key, lease in zip(keys, leases, strict=True):
                 if lease is None:
                     found.append((str(job), key, Redispatch.model_validate_json(running[key])))
@@ -142,10 +143,10 @@ class RedisLeases(RedisBase, Results, Leases):
     @override
     def try_lock(self, name: str, ttl_sec: float) -> bool:
         """A short-lived lock `name` (`SET NX PX`); False when someone holds it."""
-        lock = f"{PREFIX}:lock:{name}"
+        lock = ClusterKeys.lock(name)
         return bool(self.patiently(lambda: self._redis.set(lock, "1", nx=True, px=int(ttl_sec * 1000))))
 
     @override
     def unlock(self, name: str) -> None:
         """Release the lock `name` (`DEL`)."""
-        self.patiently(lambda: self._redis.delete(f"{PREFIX}:lock:{name}"))
+        self.patiently(lambda: self._redis.delete(ClusterKeys.lock(name)))

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from sciencebench.coordination import scripts
-from sciencebench.coordination.keys import HOLDS_KEY, PULLING_KEY, ROUTED_KEY, job_key
+from sciencebench.coordination.keys import HOLDS_KEY, PULLING_KEY, ROUTED_KEY, ClusterKeys, JobKeys
 from sciencebench.coordination.placement import (
     MEASURED_ATTEMPTS,
     PULLING_TTL_SEC,
@@ -20,10 +20,9 @@ from sciencebench.coordination.placement import (
     expected_of,
     host_lines,
 )
-from sciencebench.coordination.protocol import PREFIX
+from sciencebench.coordination.protocol import Coordinator
 
 if TYPE_CHECKING:
-    from sciencebench.coordination.redis import RedisCoordinator
     from sciencebench.core.models import Redispatch
 
 __all__ = ["RedisPlacementStore"]
@@ -32,7 +31,7 @@ __all__ = ["RedisPlacementStore"]
 class RedisPlacementStore(PlacementStore):
     """`PlacementStore` over the cluster's Redis (through the coordinator's client and outage handling)."""
 
-    def __init__(self, coord: RedisCoordinator) -> None:
+    def __init__(self, coord: Coordinator) -> None:
         self._coord = coord
         self._loads = scripts.Registered(coord.client, scripts.PLACE_LOADS)
         self._report = scripts.Registered(coord.client, scripts.PLACE_REPORT)
@@ -59,7 +58,7 @@ class RedisPlacementStore(PlacementStore):
 
     def loads(self, now: float) -> dict[str, HostLoad]:
         """One script over the jobs' running entries and the routes (stale routes are dropped)."""
-        flat = self._coord.patiently(lambda: self._loads("", "", [repr(now), f"{PREFIX}:"]))
+        flat = self._coord.patiently(lambda: self._loads("", "", [repr(now), ClusterKeys.job_prefix]))
         return {
             str(flat[i]): HostLoad(
                 running=int(flat[i + 1]), routed=int(flat[i + 2]), waiting=int(flat[i + 3])
@@ -69,7 +68,7 @@ class RedisPlacementStore(PlacementStore):
 
     def lines(self, now: float) -> dict[str, HostLine]:
         """One script over the jobs' running entries, their states, earlier attempts' records and routes."""
-        args: list[str | int] = [repr(now), f"{PREFIX}:", MEASURED_ATTEMPTS]
+        args: list[str | int] = [repr(now), ClusterKeys.job_prefix, MEASURED_ATTEMPTS]
         flat = [str(v) for v in self._coord.patiently(lambda: self._lines("", "", args))]
         return host_lines(
             ((flat[i], flat[i + 1], float(flat[i + 2]) if flat[i + 2] else None, float(flat[i + 3]))
@@ -79,7 +78,8 @@ class RedisPlacementStore(PlacementStore):
 
     def estimate(self, job: str, payload: Redispatch) -> float | None:
         """`MGET` of the records of the trial's earlier attempts."""
-        keys = [job_key(job, "result", key) for key in earlier_keys(payload.trial.key)]
+        result = JobKeys(job).result
+        keys = [result(key) for key in earlier_keys(payload.trial.key)]
         records: list[Any] = self._coord.patiently(lambda: self._coord.client.mget(keys)) if keys else []
         return expected_of(None if r is None else str(r) for r in records)
 
