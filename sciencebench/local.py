@@ -23,11 +23,10 @@ from sciencebench.coordination.keys import JobKeys
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.coordination.records import FinalizerAnswer, finish_job
 from sciencebench.coordination.redis import RedisCoordinator
-from sciencebench.core.models import JobSpec
+from sciencebench.core.models import JobSpec, TrialSpec
 from sciencebench.core.paths import JobPaths
 from sciencebench.core.settings import Settings
 from sciencebench.login.retry import continue_budget
-from sciencebench.login.submit import Prepared
 from sciencebench.worker.context import WorkerContext, docker_runtime
 from sciencebench.worker.dispatch import EMBEDDED
 from sciencebench.worker.runtime import sweep_crashed
@@ -47,26 +46,36 @@ def local_settings(settings: Settings, job: JobSpec) -> Settings:
     )
 
 
-def run_local(prepared: Prepared, settings: Settings, console: Console) -> FinalizerAnswer:
-    """Run every trial with `n_concurrent` threads; return what the finalizer would answer."""
-    job = prepared.job
+def run_local(
+    job: JobSpec,
+    trials: list[TrialSpec],
+    settings: Settings,
+    console: Console,
+    *,
+    again: bool = False,
+    limits: tuple[float | None, int | None] = (None, None),
+) -> FinalizerAnswer:
+    """Run `trials` of `job` with `n_concurrent` threads; return what the finalizer would answer.
+
+    `again`: the job ran here before (the same submit again, `retry --failed`):
+    its budget continues (`limits` replace the job's), its earlier run's
+    records and leases of these trials go.
+    """
     settings = local_settings(settings, job)
     coord = embedded.coordinator(settings.state_dir)
     try:
-        return _run(prepared, settings, console, coord)
+        return _run(job, trials, settings, console, coord, again, limits)
     finally:
         coord.close()
 
 
-def _run(
-    prepared: Prepared, settings: Settings, console: Console, coord: RedisCoordinator
-) -> FinalizerAnswer:
-    job = prepared.job
-    if prepared.resumed:  # the spend of the trials kept counts
-        coord.uncancel(job.job_key)  # an interrupted run cancelled it
-        if note := continue_budget(coord, job, None, None):
+def _run(job: JobSpec, trials: list[TrialSpec], settings: Settings, console: Console, coord: RedisCoordinator,
+         again: bool, limits: tuple[float | None, int | None]) -> FinalizerAnswer:  # fmt: skip
+    if again:  # the spend of the trials kept counts
+        coord.uncancel(job.job_key)  # an interrupted run, or `cancel`, cancelled it
+        if note := continue_budget(coord, job, *limits):
             console.print(note, markup=False, highlight=False)
-        _run_afresh(coord, job, [trial.key for trial in prepared.trials])
+        _run_afresh(coord, job, [trial.key for trial in trials])
     elif job.max_cost_usd is not None or job.max_tokens is not None:
         coord.set_budget(job.job_key, job.max_cost_usd, job.max_tokens)
     ctx = WorkerContext(coord=coord, runtime=docker_runtime(settings, coord), settings=settings)
@@ -85,8 +94,8 @@ def _run(
         ) as bar,  # fmt: skip
         ThreadPoolExecutor(max_workers=job.n_concurrent, thread_name_prefix="trial") as pool,
     ):
-        progress = bar.add_task(job.job_name, total=len(prepared.trials), failed=0)
-        futures = [pool.submit(handle, trial, ctx, EMBEDDED) for trial in prepared.trials]
+        progress = bar.add_task(job.job_name, total=len(trials), failed=0)
+        futures = [pool.submit(handle, trial, ctx, EMBEDDED) for trial in trials]
         try:
             for future in futures:
                 outcome = future.result()
@@ -127,3 +136,10 @@ def _stop(coord: Coordinator, job: JobSpec, pool: ThreadPoolExecutor, futures: l
             "command continues the job")  # fmt: skip
     console.print(line, markup=False, highlight=False, soft_wrap=True)
     wait(running)
+
+
+def running_here(coord: RedisCoordinator, job: JobSpec) -> bool:
+    """Whether a run of the local job holds a trial's lease in the store (a killed run's lapse)."""
+    keys = JobKeys(job.job_key)
+    leases = [keys.lease(key) for key in job.trial_keys()]
+    return bool(coord.patiently(lambda: coord.client.exists(*leases)))

@@ -121,7 +121,20 @@ def load_job(jobs_dir: Path, job_name: str) -> JobSpec:
 
 
 def job_on_broker(jobs_dir: Path, job_name: str) -> tuple[JobSpec, Settings, Coordinator]:
-    """A job by name, the settings and the cluster's store, reachable: what commands on a job start from."""
+    """A job by name, the settings and its store, reachable: what commands on a job start from.
+
+    The job's own record says which store: a `--local` job's is this host's
+    embedded one (no broker needed), any other job's the cluster's.
+    """
     job = load_job(jobs_dir, job_name)
     settings = Settings.from_env()
-    return job, settings, reach_broker(settings)
+    return job, settings, store_of(job, settings)
+
+
+def store_of(job: JobSpec, settings: Settings) -> Coordinator:
+    """The store that holds `job`'s state: this host's embedded one for a `--local` job, else the broker."""
+    if job.local:
+        from sciencebench.coordination import embedded
+
+        return embedded.coordinator(settings.state_dir)
+    return reach_broker(settings)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 from rich.table import Table
@@ -18,10 +19,12 @@ from sciencebench.cli.common import (
     main,
     out,
     reach_broker,
+    require_worker_extra,
+    store_of,
 )
 from sciencebench.cli.results import conclude, status_from_files
 from sciencebench.coordination.protocol import Coordinator
-from sciencebench.core.errors import BrokerUnavailableError, InputError
+from sciencebench.core.errors import BrokerUnavailableError, InputError, JobConflictError
 from sciencebench.core.gateways import masked_url
 from sciencebench.core.keys import TrialKey
 from sciencebench.core.models import JobSpec
@@ -48,14 +51,17 @@ def status(job_name: str, jobs_dir: Path) -> None:
     paths = JobPaths(jobs_dir.resolve(), job_name)  # where it was found, as `summarize` reads it
     settings = Settings.from_env()
     try:
-        coord = reach_broker(settings)
+        coord = store_of(job, settings)
     except BrokerUnavailableError as exc:  # a job that has ended answers from its files without one
         if not status_from_files(job, paths, broker_problem(str(exc))):
             raise
         return
     states = coord.states(job.job_key)
     if not states:  # the store never knew the job, or has forgotten it (its keys expire after it ends)
-        unknown = f"the broker at {masked_url(settings.broker_url)} does not know it"
+        store = (
+            "this host's embedded store" if job.local else f"the broker at {masked_url(settings.broker_url)}"
+        )
+        unknown = f"{store} does not know it"
         if not status_from_files(job, paths, unknown):
             raise InputError(
                 f"job {job.job_name}: {unknown} and {paths.job_dir} holds no trial record or summary"
@@ -163,6 +169,9 @@ def cancel(job_name: str, jobs_dir: Path) -> None:
 
     job, settings, coord = job_on_broker(jobs_dir, job_name)
     coord.cancel(job.job_key)
+    if job.local:  # its `submit --local` sees the flag at its trials' next heartbeat and ends them
+        out.print(f"job {job.job_name} cancelled; its local run stops its trials and writes the summary")
+        return
     forget_agent_env(job)  # no trial starts any more; running ones hold their values already
     release_held(create_app(settings), coord, job, settings.lease_seconds)  # held trials end at once too
     out.print(f"job {job.job_name} cancelled; the finalizer writes its summary once trials stop")
@@ -197,6 +206,8 @@ def retry(job_name: str, jobs_dir: Path, failed: bool, wait: bool, force: bool,
 
     limits = options.budget_limits(max_cost_usd, max_tokens)
     job, settings, coord = job_on_broker(jobs_dir, job_name)
+    if job.local:
+        _retry_here(job, settings, coord, limits, force)
     sent = retry_failed(settings, coord, job, *limits, force=force)
     if sent is None:
         out.print(f"job {job.job_name}: no errored or missing trials")
@@ -207,3 +218,28 @@ def retry(job_name: str, jobs_dir: Path, failed: bool, wait: bool, force: bool,
     if wait:
         answer = follow(coord, job, [t.key for t in sent.trials], sent.final, err)
         sys.exit(conclude(job, answer, coord))
+
+
+def _retry_here(job: JobSpec, settings: Settings, coord: Coordinator, limits: tuple[float | None, int | None],
+                force: bool) -> NoReturn:  # fmt: skip
+    """`retry --failed` of a `--local` job: its trials run again here, as `submit --local` runs them.
+
+    Exits with the job's exit code (0 at once when nothing needs a retry).
+    """
+    from sciencebench.coordination.redis import RedisCoordinator
+    from sciencebench.local import run_local, running_here
+    from sciencebench.login.retry import failed_trials
+
+    assert isinstance(coord, RedisCoordinator)  # an embedded store
+    if not force and running_here(coord, job):
+        raise JobConflictError(
+            f"job {job.job_name} is still running here (a trial holds its lease): wait for it or cancel it "
+            "first; --force runs its errored and missing trials anyway"
+        )
+    trials = failed_trials(job)
+    if not trials:
+        out.print(f"job {job.job_name}: no errored or missing trials")
+        sys.exit(0)
+    require_worker_extra("retry of a --local job")
+    out.print(f"job {job.job_name}: {len(trials)} errored, missing or not started trial(s) run again here")
+    sys.exit(conclude(job, run_local(job, trials, settings, out, again=True, limits=limits)))

@@ -109,7 +109,8 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
         check_embedded(settings.state_dir)  # before the job is written
 
         prepared = submitting.persist(prepared, record)
-        sys.exit(conclude(prepared.job, run_local(prepared, settings, out)))
+        answer = run_local(prepared.job, prepared.trials, settings, out, again=prepared.resumed)
+        sys.exit(conclude(prepared.job, answer))
 
     from sciencebench.coordination.celery_app import create_app
     from sciencebench.login.dispatch import dispatch

@@ -142,6 +142,8 @@ class JobSpec(RunOptions):
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     # The submitting account: fair share's user ("" in a job.json older than fair share).
     user: str = ""
+    # Run by `submit --local` on its host's embedded store: status, cancel and retry reach it there.
+    local: bool = False
 
     @property
     def job_dir(self) -> Path:

@@ -190,6 +190,7 @@ def prepare(
             env_file=env_file,
             agent_images=agent_images,
             user=submitting_user(),
+            local=local,
             # The options every trial runs with, as the table defines them.
             **{name: getattr(opts, name) for name in RunOptions.model_fields},
         )
@@ -258,7 +259,8 @@ _HOW_IT_RUNS = ("n_concurrent", "skip_pull", "weight", "placement")
 # Inputs whose values a refusal names but never prints: they may hold what the submitter keeps private.
 _PRIVATE = "--agent-env or secret --agent-kwarg values"
 _UNPRINTED = ("env_file", _PRIVATE, "agent.env", "agent.agent_kwargs")
-_OPTIONS = {"max_cost_usd": "--max-cost"}  # the run options whose flag is not their name
+# The inputs a refusal names by their flag, where it is not the field's name.
+_OPTIONS = {"max_cost_usd": "--max-cost", "local": "--local"}
 
 
 def previous_job(job: JobSpec, agent_env: dict[str, str], secret_kwargs: dict[str, str]) -> JobSpec | None:
@@ -299,7 +301,11 @@ def _first_difference(was: object, now: object, path: str = "") -> str | None:
         return None
     if was == now:
         return None
-    name = _OPTIONS.get(path, f"--{path.replace('_', '-')}") if path in RunOptions.model_fields else path
+    name = (
+        _OPTIONS.get(path, f"--{path.replace('_', '-')}")
+        if path in {*RunOptions.model_fields, *_OPTIONS}
+        else path
+    )
     scalars = all(isinstance(v, str | int | float | bool | None) for v in (was, now))
     if not scalars or path.startswith(_UNPRINTED):
         return f"{name} different"

@@ -11,13 +11,13 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.fixtures.services import FAKE_PIER, VENV_BIN
 from tests.integration.conftest import Cluster
+from tests.reliability.support import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -40,21 +40,12 @@ def _records(cluster: Cluster, job: str) -> dict[str, bytes]:
     return {p.stem: p.read_bytes() for p in sorted(trials.glob("*.json"))}
 
 
-def _wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def test_an_interrupted_local_job_continues_with_the_same_command(cluster: Cluster) -> None:
     path = cluster.selection(TASKS)
     argv = _local_argv(cluster, path, "local-resume")
     first = subprocess.Popen(argv, env=_no_broker(cluster), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, start_new_session=True)  # fmt: skip
-    _wait_for(lambda: len(_records(cluster, "local-resume")) >= 2, 60, "two trials recorded")
+    wait_for(lambda: len(_records(cluster, "local-resume")) >= 2, 60, "two trials recorded")
     os.killpg(first.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole foreground group
     output, _ = first.communicate(timeout=60)
     assert first.returncode == 130, output
@@ -89,7 +80,7 @@ def test_a_killed_local_job_continues_at_once_its_dead_leases_and_slots_freed(cl
     env = {**_no_broker(cluster), "SCIENCEBENCH_LEASE_SECONDS": "120"}  # nothing lapses meanwhile
     first = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True)  # fmt: skip
-    _wait_for(lambda: len(_records(cluster, "local-killed")) >= 1, 60, "a trial recorded")
+    wait_for(lambda: len(_records(cluster, "local-killed")) >= 1, 60, "a trial recorded")
     os.killpg(first.pid, signal.SIGKILL)  # the process and its Pier: no cleanup of any kind
     first.wait(timeout=30)
     again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
@@ -138,9 +129,9 @@ def test_a_cancelled_cluster_job_continues_with_the_same_command(cluster: Cluste
     assert cluster.submit(path, "cluster-resume", wait=False).returncode == 0
     refused = cluster.submit(path, "cluster-resume", wait=False)  # its trials are still queued or running
     assert refused.returncode == 2 and "is still running" in refused.stderr, refused.stderr
-    _wait_for(lambda: "001-1" in _records(cluster, "cluster-resume"), 60, "the first trial's record")
+    wait_for(lambda: "001-1" in _records(cluster, "cluster-resume"), 60, "the first trial's record")
     assert cluster.cli("cancel", "cluster-resume", "--jobs-dir", str(cluster.jobs_dir)).returncode == 0
-    _wait_for(lambda: (cluster.jobs_dir / "cluster-resume" / "summary.csv").exists(), 60, "the summary")
+    wait_for(lambda: (cluster.jobs_dir / "cluster-resume" / "summary.csv").exists(), 60, "the summary")
     first = _records(cluster, "cluster-resume")
     assert {k: json.loads(v)["exception_type"] for k, v in first.items()} == {
         "001-1": None, "002-1": "Cancelled", "003-1": "Cancelled"}  # fmt: skip
