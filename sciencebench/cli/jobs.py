@@ -39,6 +39,7 @@ def status(job_name: str, jobs_dir: Path) -> None:
     from sciencebench.coordination.budget import status_line
     from sciencebench.coordination.gateways import GatewayLimits
     from sciencebench.coordination.shares import cluster_slots, share_lines
+    from sciencebench.core.capacity import NOTHING, in_use
     from sciencebench.login.cluster import is_live
 
     job, settings, coord = job_on_broker(jobs_dir, job_name)
@@ -71,11 +72,16 @@ def status(job_name: str, jobs_dir: Path) -> None:
             why = f"; last provider error {limit.status} ({now - limit.error_at:.0f}s ago){why}"
         line = f"gateway {limit.authority}: limit {limit.limit} of {limit.ceiling}, {limit.held} running{why}"
         out.print(line, markup=False, soft_wrap=True)
-    for host, health in sorted(coord.hosts().items()):
+    hosts = coord.hosts()
+    used = coord.room_used(sorted(hosts))
+    for host, health in sorted(hosts.items()):
         silent = now - health.seen_at
         if silent > GONE_HOST_SHOWN_SEC:
             continue
         live = is_live(health, now, settings.lease_seconds)
+        if live and health.kit is not None and (capacity := health.kit.capacity) is not None:
+            taken, trials = used.get(host, (NOTHING, 0))
+            out.print(f"host {host}: {in_use(taken, capacity, trials)}", markup=False, soft_wrap=True)
         if not live:  # killed without a goodbye: its heartbeat stopped
             out.print(f"gone host {host}: no heartbeat for {silent:.0f}s", markup=False, soft_wrap=True)
         elif health.paused:

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from sciencebench.core.capacity import Request, host_capacity
 from sciencebench.core.errors import ProfileError, SettingsError
 from sciencebench.core.gateways import Gateway, parse_gateway_list, public_url
 from sciencebench.core.paths import ScratchPaths
@@ -71,6 +72,10 @@ class Settings(BaseSettings):
     agent_install: Literal["online", "baked"] = "online"
     # Bytes the task images a worker host pulled may take (`50G`; 0: no budget); see worker/docker/budget.py.
     image_budget: int = Field(default=0, ge=0)
+    # A worker host's capacity: the CPUs and memory (bytes, `64G`) its running trials' requests may
+    # take together (0: detected, less a reserve; `core.capacity`).
+    cpus: float = Field(default=0.0, ge=0, le=1 << 16)
+    memory: int = Field(default=0, ge=0)
     # Names of further variables of the worker's environment that Pier gets (colon-separated);
     # everything else of the worker's environment stays out of Pier's (see worker/pier/process.py).
     pier_env: Annotated[tuple[str, ...], NoDecode] = ()
@@ -146,7 +151,7 @@ class Settings(BaseSettings):
         # " " is as unset as "": the worker and Pier's plugin (state_dir_from_env) must agree.
         return (value.strip() or DEFAULT_STATE_DIR) if isinstance(value, str) else value
 
-    @field_validator("image_budget", mode="before")
+    @field_validator("image_budget", "memory", mode="before")
     @classmethod
     def _size(cls, value: Any) -> Any:
         return parse_size(value) if isinstance(value, str) else value
@@ -177,6 +182,11 @@ class Settings(BaseSettings):
             field = str(error["loc"][0]) if error["loc"] else ""
             message = str(error["msg"]).removeprefix("Value error, ")
             raise SettingsError(f"{ENV_PREFIX}{field.upper()}: {message}") from None
+
+    @property
+    def capacity(self) -> Request:
+        """This host's capacity: `cpus` and `memory` when set, else detected less the reserve."""
+        return host_capacity(self.cpus, self.memory)
 
     @property
     def backend_url(self) -> str:
