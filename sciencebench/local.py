@@ -12,17 +12,21 @@ writes the same three files.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sciencebench.coordination import embedded
+from sciencebench.coordination.keys import JobKeys
+from sciencebench.coordination.protocol import Coordinator
 from sciencebench.coordination.records import FinalizerAnswer, finish_job
 from sciencebench.coordination.redis import RedisCoordinator
 from sciencebench.core.models import JobSpec
 from sciencebench.core.paths import JobPaths
 from sciencebench.core.settings import Settings
+from sciencebench.login.retry import continue_budget
 from sciencebench.login.submit import Prepared
 from sciencebench.worker.context import WorkerContext, docker_runtime
 from sciencebench.worker.dispatch import EMBEDDED
@@ -58,9 +62,14 @@ def _run(
     prepared: Prepared, settings: Settings, console: Console, coord: RedisCoordinator
 ) -> FinalizerAnswer:
     job = prepared.job
-    if job.max_cost_usd is not None or job.max_tokens is not None:
+    if prepared.resumed:  # the spend of the trials kept counts
+        coord.uncancel(job.job_key)  # an interrupted run cancelled it
+        if note := continue_budget(coord, job, None, None):
+            console.print(note, markup=False, highlight=False)
+        _run_afresh(coord, job, [trial.key for trial in prepared.trials])
+    elif job.max_cost_usd is not None or job.max_tokens is not None:
         coord.set_budget(job.job_key, job.max_cost_usd, job.max_tokens)
-    ctx = WorkerContext(coord=coord, runtime=docker_runtime(settings), settings=settings)
+    ctx = WorkerContext(coord=coord, runtime=docker_runtime(settings, coord), settings=settings)
     ctx.runtime.check_host()
     if swept := sweep_crashed(settings):
         console.print(swept, markup=False, highlight=False)
@@ -78,8 +87,43 @@ def _run(
     ):
         progress = bar.add_task(job.job_name, total=len(prepared.trials), failed=0)
         futures = [pool.submit(handle, trial, ctx, EMBEDDED) for trial in prepared.trials]
-        for future in futures:
-            outcome = future.result()
-            failed += not isinstance(outcome, Answer) or outcome.record.errored
-            bar.update(progress, advance=1, failed=failed)
+        try:
+            for future in futures:
+                outcome = future.result()
+                failed += not isinstance(outcome, Answer) or outcome.record.errored
+                bar.update(progress, advance=1, failed=failed)
+        except KeyboardInterrupt:
+            _stop(coord, job, pool, futures, console)
+            raise
     return finish_job(coord, JobPaths(job.jobs_dir, job.job_name), job.job_name, job.job_id)
+
+
+def _run_afresh(coord: RedisCoordinator, job: JobSpec, keys: list[str]) -> None:
+    """The trials to run again start afresh: the embedded store outlives an interrupted run.
+
+    Its records of them go (a cancelled trial's, say), and so do the leases and
+    slots a killed run left, which would hold them until they lapse: this
+    process is the job's only worker.
+    """
+    job_keys = JobKeys(job.job_key)
+    for key in keys:
+        coord.clear_result(job.job_key, key)
+    if keys:
+        coord.patiently(lambda: coord.client.delete(*map(job_keys.lease, keys)))
+        coord.patiently(lambda: coord.client.zrem(job_keys.slots, *keys))
+
+
+def _stop(coord: Coordinator, job: JobSpec, pool: ThreadPoolExecutor, futures: list[Future[Any]],
+          console: Console) -> None:  # fmt: skip
+    """Ctrl-C: no trial starts any more, the running ones end as cancelled (their records kept).
+
+    The same submit again continues the job: it runs the cancelled trials and
+    those never started. A second Ctrl-C leaves at once.
+    """
+    coord.cancel(job.job_key)
+    pool.shutdown(wait=False, cancel_futures=True)
+    running = [f for f in futures if not f.done()]
+    line = (f"interrupted: stopping {len(running)} running trial(s) (Ctrl-C again leaves at once); the same "
+            "command continues the job")  # fmt: skip
+    console.print(line, markup=False, highlight=False, soft_wrap=True)
+    wait(running)

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Fetch the pinned agent artifacts on this (build) host, with the registries'
-# own clients: `npm pack` for Codex and Claude Code (their native linux-x64
-# binaries), `pip download` for mini-swe-agent and every wheel it installs.
-# Nothing is fetched inside a container or an image build: `sciencebench
-# images bake` copies these files into the build context.
+# Fetch the pinned agent artifacts on this (build or worker) host: Codex's and
+# Claude Code's npm packages (their native linux-x64 binaries) with
+# sciencebench's own fetcher (sciencebench/bake/fetch.py, the one a worker's
+# online install uses: SCIENCEBENCH_NPM_REGISTRY, default registry.npmjs.org,
+# each tarball checked against its sha512 integrity), `pip download` for
+# mini-swe-agent and every wheel it installs. Nothing is fetched inside a
+# container or an image build: `sciencebench images bake` and the online
+# install mount these files read-only into a network-less container.
 #
 #   scripts/agent-artifacts.sh                     all three agents, pinned versions
 #   scripts/agent-artifacts.sh --agent codex       one agent (repeatable)
@@ -57,24 +60,17 @@ finish() {
     log "$dest: $(du -sh "$dest" | cut -f1)"
 }
 
-# npm_binary AGENT VERSION PACKAGE MEMBER:NAME...: npm pack PACKAGE, keep the named members.
+# npm_binary AGENT VERSION: the harness's npm package, its binaries kept (sciencebench/bake/fetch.py).
 npm_binary() {
-    local agent=$1 v=$2 package=$3; shift 3
+    local agent=$1 v=$2
     local dest=$ART/$agent/$v
     if [[ -f $dest/MANIFEST ]]; then log "$agent $v: cached in $dest"; return; fi
-    local tmp; tmp=$(mktemp -d "$ART/.fetch-$agent-XXXXXX")
-    log "$agent $v: npm pack $package"
-    (cd "$tmp" && npm pack "$package" --silent >/dev/null)
-    local tgz; tgz=$(ls "$tmp"/*.tgz)
-    local member name
-    for spec in "$@"; do
-        member=${spec%%:*} name=${spec#*:}
-        tar -xzf "$tgz" -O "$member" >"$tmp/$name"
-        chmod 755 "$tmp/$name"
-    done
-    sha256sum "$tgz" | awk '{print "tarball " $1}' >"$tmp/TARBALL"
-    rm -f "$tgz"
-    finish "$tmp" "$dest" "npm:$package"
+    log "$agent $v: fetching its npm package"
+    # The fetcher takes the cache's lock itself: release ours to it.
+    flock -u 9
+    .venv/bin/python -m sciencebench.bake.fetch "$agent" "$v" "$ART" "${SCIENCEBENCH_NPM_REGISTRY:-}" >/dev/null
+    flock 9
+    log "$dest: $(du -sh "$dest" | cut -f1)"
 }
 
 mswea() {
@@ -103,12 +99,8 @@ mswea() {
 for agent in "${agents[@]}"; do
     v=${version:-$(pin "$agent")}
     case $agent in
-        codex)
-            npm_binary codex "$v" "@openai/codex@$v-linux-x64" \
-                package/vendor/x86_64-unknown-linux-musl/bin/codex:codex \
-                package/vendor/x86_64-unknown-linux-musl/codex-path/rg:rg ;;
-        claude-code)
-            npm_binary claude-code "$v" "@anthropic-ai/claude-code-linux-x64@$v" package/claude:claude ;;
+        codex | claude-code)
+            npm_binary "$agent" "$v" ;;
         mini-swe-agent)
             for py in "${pythons[@]}"; do mswea "$v" "$py"; done ;;
         *) echo "agent-artifacts: unknown agent $agent (codex, claude-code, mini-swe-agent)" >&2; exit 2 ;;

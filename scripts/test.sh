@@ -33,6 +33,9 @@ host_images() {
     # The cluster tier checks the worker's systemd unit with systemd-analyze (Debian's systemd).
     command -v systemd-analyze >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
         apt-get install -y -qq --no-install-recommends systemd >/dev/null; }
+    # The report's test opens its page in a real headless Chromium (Debian's package).
+    command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 }
 lint_and_types() {
     .venv/bin/ruff check .

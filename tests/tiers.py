@@ -22,10 +22,13 @@ LONGEST_FIRST = (
     "tests/reliability/test_real_pier.py",  # the 24-trial soak and its audits: ~150
     "tests/docker/test_online_install.py",  # ~80
     "tests/docker/test_hostile_outputs.py",  # ~110
+    "tests/docker/test_trial_limits.py",  # a disk fill on a real worker, two tasks raising memory: ~90
+    "tests/integration/test_registry_pushback.py",  # two hosts' Engines, a 20-s registry wait: ~60
 )
 
 # Modules (or single tests) that run in the last phase, one at a time, with nothing beside them.
 _FAULTS = "tests/integration/test_fault_isolation.py::"
+_LIMITS = "tests/docker/test_trial_limits.py::"
 ALONE = {
     "tests/integration/test_placement.py": "placed makespan within 1.10 x pulling everywhere",
     "tests/integration/test_fair_share.py": "a second user's wait against the first user's trial times",
@@ -33,6 +36,9 @@ ALONE = {
     f"{_FAULTS}test_a_host_that_cannot_see_the_jobs_dir_hands_trials_back": "its good host paused meanwhile",
     f"{_FAULTS}test_missing_records_fail_summarize_and_retry_sends_only_them": "retry while a 3-s trial runs",
     "tests/integration/test_live_numbers.py": "the ETA within 1.5 x the trials' sleep",
+    f"{_LIMITS}test_a_fork_bomb_and_a_memory_hog_stop_beside_a_neighbour": (
+        "a fork bomb and a memory hog beside a neighbour trial, its time measured: nothing else beside them"
+    ),
     "tests/integration/test_engines.py::test_a_private_engine_leaves_the_session_engines_bridge_alone": (
         "compares the host's network devices before and after"
     ),

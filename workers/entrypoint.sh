@@ -73,6 +73,11 @@ if [ "$uid" = 0 ] && [ "$SCIENCEBENCH_ALLOW_ROOT" != 1 ]; then
         chown "$want_uid:$want_gid" "$SCIENCEBENCH_SCRATCH_DIR"
         chmod 700 "$SCIENCEBENCH_SCRATCH_DIR"
     fi
+    # The online install's artifact cache: the account fetches into a fresh (empty) one.
+    if [ -n "${SCIENCEBENCH_AGENT_ARTIFACTS:-}" ]; then
+        mkdir -p "$SCIENCEBENCH_AGENT_ARTIFACTS"
+        [ -n "$(ls -A "$SCIENCEBENCH_AGENT_ARTIFACTS")" ] || chown "$want_uid:$want_gid" "$SCIENCEBENCH_AGENT_ARTIFACTS"
+    fi
     # Run this script again as the account: its groups are its own and the
     # socket's only, and it keeps no capability.
     exec setpriv --reuid="$want_uid" --regid="$want_gid" --groups="$want_gid,$socket_gid" \

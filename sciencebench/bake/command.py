@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sciencebench.bake.builder import Action, BakeError, Baker
+from sciencebench.bake.builder import Action, Baker
+from sciencebench.bake.offline import BakeError
 from sciencebench.bake.recipes import RecipeError
 from sciencebench.core.agentimages import (
     AgentImages,

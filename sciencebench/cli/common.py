@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -13,16 +14,18 @@ import click
 from rich.console import Console
 
 from sciencebench import __version__
+from sciencebench.cli.exitcodes import ExitCode
 from sciencebench.coordination.protocol import Coordinator
-from sciencebench.core.errors import InputError, SciencebenchError
+from sciencebench.core.errors import BrokerUnavailableError, InputError, SciencebenchError
 from sciencebench.core.models import JobSpec
 from sciencebench.core.paths import DEFAULT_JOBS_DIR, JobPaths
-from sciencebench.core.settings import Settings
+from sciencebench.core.settings import DEFAULT_BROKER_URL, Settings, env_name
 
+BROKER_URL_ENV = env_name("broker_url")
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
 # The exit code of a job that stopped on its budget: nothing errored or missing, some trials never started.
-EXIT_BUDGET = 3
+EXIT_BUDGET = ExitCode.BUDGET
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -31,23 +34,42 @@ def _fail(message: str, code: int) -> NoReturn:
 
 
 def handle_errors[**P, R](fn: Callable[P, R]) -> Callable[P, R]:
-    """A command whose known errors end it in one line: exit 2 for bad input, 1 for the rest, 130 on ^C."""
+    """A command whose known errors end it in one line: exit 2 for bad input, 1 for the rest, 130 on ^C.
+
+    The codes are `cli.exitcodes`'; a broker error names the broker's URL
+    (password masked) and the variable that sets it.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
         except InputError as exc:
-            _fail(str(exc), 2)
+            _fail(str(exc), ExitCode.BAD_INPUT)
+        except BrokerUnavailableError as exc:
+            _fail(broker_problem(str(exc)), ExitCode.FAILED)
         except SciencebenchError as exc:
-            _fail(str(exc), 1)
+            _fail(str(exc), ExitCode.FAILED)
         except OSError as exc:  # a full disk, a vanished mount: what and where, not a traceback
             where = f": {exc.filename}" if exc.filename else ""
-            _fail(f"{exc.strerror or exc.__class__.__name__}{where}", 1)
+            _fail(f"{exc.strerror or exc.__class__.__name__}{where}", ExitCode.FAILED)
         except KeyboardInterrupt:
-            _fail("interrupted", 130)
+            _fail("interrupted", ExitCode.INTERRUPTED)
 
     return wrapper
+
+
+def broker_problem(problem: str) -> str:
+    """`problem` (the broker's, e.g. "broker unreachable: ConnectionError") with where and how to fix it.
+
+    The URL is the one this process was given, its password masked
+    (`core.gateways.masked_url`); the line names the variable that sets it.
+    """
+    from sciencebench.core.gateways import masked_url
+
+    url = os.environ.get(BROKER_URL_ENV, "") or DEFAULT_BROKER_URL
+    given = "" if os.environ.get(BROKER_URL_ENV) else " (the default)"
+    return f"{problem} at {masked_url(url)}{given}; set {BROKER_URL_ENV} to the cluster's Redis"
 
 
 def require_worker_extra(command: str) -> None:

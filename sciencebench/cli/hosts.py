@@ -13,7 +13,13 @@ from sciencebench.core.gateways import parse_gateway_list
 from sciencebench.core.harnesses import bakeable
 from sciencebench.core.images import DEFAULT_PLATFORM
 from sciencebench.core.paths import SelectionPaths
-from sciencebench.core.settings import AGENT_ARTIFACTS_ENV, Settings
+from sciencebench.core.settings import (
+    AGENT_ARTIFACTS_ENV,
+    DEFAULT_PIDS_LIMIT,
+    MAX_PIDS_LIMIT,
+    MIN_PIDS_LIMIT,
+    Settings,
+)
 from sciencebench.core.sizes import parse_size
 
 
@@ -48,28 +54,40 @@ from sciencebench.core.sizes import parse_size
               "images not in use are evicted before a pull would exceed it [env: SCIENCEBENCH_IMAGE_BUDGET; "
               "default: no budget].")  # fmt: skip
 @click.option("--agent-install", type=click.Choice(["online", "baked"]),
-              help="How this host gets agents: online, Pier installs them in its build (a host with "
-              "internet, as the original runner's); baked, only baked agent images run "
+              help="How this host gets agents: online, the worker installs the pinned harness with no "
+              "network, from SCIENCEBENCH_AGENT_ARTIFACTS or fetched on the host (from "
+              "SCIENCEBENCH_NPM_REGISTRY); baked, only baked agent images run "
               "[env: SCIENCEBENCH_AGENT_INSTALL; default: online].")  # fmt: skip
 @click.option("--gateway", "gateways", multiple=True, metavar="URL",
               help="A model gateway this host's trials may reach (scheme, host and port; any path); "
               "repeatable. Without any, jobs may name any gateway but an internal address (loopback, "
               "private, link-local, ...); with some, only these [env: SCIENCEBENCH_GATEWAYS, comma- or "
               "space-separated].")  # fmt: skip
+@click.option("--pids-limit", type=int, metavar="N",
+              help="Processes each trial container may run (a fork bomb stops there) "
+              f"[env: SCIENCEBENCH_PIDS_LIMIT; default: {DEFAULT_PIDS_LIMIT}; "
+              f"{MIN_PIDS_LIMIT}..{MAX_PIDS_LIMIT}].")  # fmt: skip
+@click.option("--disk-limit", metavar="SIZE",
+              help="What each trial container may write to its writable layer, e.g. 20G: past it the "
+              "trial ends with a ResourceLimitError; 0: not watched [env: SCIENCEBENCH_DISK_LIMIT; "
+              "default: 20G].")  # fmt: skip
 @handle_errors
 def worker(concurrency: int, cpus: float | None, memory: str | None, hostname: str | None,
            queues: str | None, loglevel: str, platform: str,
            pier_bin: str | None, jobs_roots: tuple[Path, ...], selection_roots: tuple[Path, ...],
            env_file_roots: tuple[Path, ...], image_budget: str | None,
-           agent_install: str | None, gateways: tuple[str, ...]) -> None:  # fmt: skip
+           agent_install: str | None, gateways: tuple[str, ...], pids_limit: int | None,
+           disk_limit: str | None) -> None:  # fmt: skip
     """Run a Celery worker that executes trials on this host.
 
     The worker runs its own Pier and serves only the jobs directories,
     selections and env files under its roots: every path a job names must
     resolve under one of them. It needs the digest-pinned inference-proxy
     image (SCIENCEBENCH_PROXY_IMAGE), pulled at start, and tells the cluster
-    what it brings (agent install, proxy image, roots, gateways), which submit
-    checks. Its trials reach only the gateways its operator allows (--gateway).
+    what it brings (agent install, proxy image, roots, gateways, limits), which
+    submit checks. Its trials reach only the gateways its operator allows
+    (--gateway); each trial container runs at most --pids-limit processes and
+    writes at most --disk-limit to its writable layer.
     It starts a trial only while the requests of its running trials plus the
     trial's (its task's cpus and memory_mb) fit its capacity (--cpus, --memory).
     Late acks, prefetch 1, task events on, a watchdog that re-dispatches
@@ -90,9 +108,18 @@ def worker(concurrency: int, cpus: float | None, memory: str | None, hostname: s
         memory=_size_option("--memory", memory),
         agent_install=agent_install,
         gateways=parse_gateway_list(gateways, "--gateway"),
+        pids_limit=_pids_option(pids_limit),
+        disk_limit=_size_option("--disk-limit", disk_limit),
     )
     run_worker(concurrency=concurrency, hostname=hostname, queues=queues, loglevel=loglevel,
                platform=platform, settings=settings)  # fmt: skip
+
+
+def _pids_option(value: int | None) -> int | None:
+    """The --pids-limit given, None when not given; InputError outside the accepted range."""
+    if value is not None and not MIN_PIDS_LIMIT <= value <= MAX_PIDS_LIMIT:
+        raise InputError(f"--pids-limit: {value} is not in {MIN_PIDS_LIMIT}..{MAX_PIDS_LIMIT}")
+    return value
 
 
 def _size_option(name: str, value: str | None) -> int | None:

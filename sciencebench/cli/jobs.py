@@ -9,6 +9,7 @@ import click
 from rich.table import Table
 
 from sciencebench.cli.common import (
+    broker_problem,
     err,
     handle_errors,
     job_on_broker,
@@ -18,12 +19,13 @@ from sciencebench.cli.common import (
     out,
     reach_broker,
 )
-from sciencebench.cli.results import conclude
+from sciencebench.cli.results import conclude, status_from_files
 from sciencebench.coordination.protocol import Coordinator
-from sciencebench.core.errors import InputError
+from sciencebench.core.errors import BrokerUnavailableError, InputError
+from sciencebench.core.gateways import masked_url
 from sciencebench.core.keys import TrialKey
 from sciencebench.core.models import JobSpec
-from sciencebench.core.paths import DEFAULT_JOBS_DIR
+from sciencebench.core.paths import DEFAULT_JOBS_DIR, JobPaths
 from sciencebench.core.settings import Settings
 from sciencebench.login import options
 
@@ -35,15 +37,31 @@ GONE_HOST_SHOWN_SEC = 3600.0
 @job_option
 @handle_errors
 def status(job_name: str, jobs_dir: Path) -> None:
-    """Show a job's counts, each trial's state and host, its budget and its gateways' limits."""
+    """Show a job's counts, each trial's state and host, its budget, its gateways' and registries' state."""
     from sciencebench.coordination.budget import status_line
     from sciencebench.coordination.gateways import GatewayLimits
+    from sciencebench.coordination.registries import RedisRegistryMarks
     from sciencebench.coordination.shares import cluster_slots, share_lines
     from sciencebench.core.capacity import NOTHING, in_use
     from sciencebench.login.cluster import is_live
 
-    job, settings, coord = job_on_broker(jobs_dir, job_name)
+    job = load_job(jobs_dir, job_name)
+    paths = JobPaths(jobs_dir.resolve(), job_name)  # where it was found, as `summarize` reads it
+    settings = Settings.from_env()
+    try:
+        coord = reach_broker(settings)
+    except BrokerUnavailableError as exc:  # a job that has ended answers from its files without one
+        if not status_from_files(job, paths, broker_problem(str(exc))):
+            raise
+        return
     states = coord.states(job.job_key)
+    if not states:  # the store never knew the job, or has forgotten it (its keys expire after it ends)
+        unknown = f"the broker at {masked_url(settings.broker_url)} does not know it"
+        if not status_from_files(job, paths, unknown):
+            raise InputError(
+                f"job {job.job_name}: {unknown} and {paths.job_dir} holds no trial record or summary"
+            )
+        return
     table = Table(title=f"job {job.job_name}" + ("  (cancelled)" if coord.is_cancelled(job.job_key) else ""))
     for column in ("trial", "state", "host"):
         table.add_column(column)
@@ -72,6 +90,9 @@ def status(job_name: str, jobs_dir: Path) -> None:
             why = f"; last provider error {limit.status} ({now - limit.error_at:.0f}s ago){why}"
         line = f"gateway {limit.authority}: limit {limit.limit} of {limit.ceiling}, {limit.held} running{why}"
         out.print(line, markup=False, soft_wrap=True)
+    for registry in RedisRegistryMarks(coord).states():  # every registry the cluster backs off from now
+        if registry.wait_sec(now) > 0:
+            out.print(registry.line(now), markup=False, soft_wrap=True)
     hosts = coord.hosts()
     used = coord.room_used(sorted(hosts))
     for host, health in sorted(hosts.items()):

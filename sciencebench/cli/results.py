@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,7 +19,8 @@ from sciencebench.core.paths import DEFAULT_JOBS_DIR, JobPaths
 
 if TYPE_CHECKING:
     from sciencebench.coordination.records import FinalizerAnswer
-    from sciencebench.core.summary import Summary, SummaryFile
+    from sciencebench.core.flaky import FlakyTask
+    from sciencebench.core.summary import Summary, SummaryFile, SummaryRow
 
 
 def conclude(job: JobSpec, answer: FinalizerAnswer, coord: Coordinator | None = None) -> int:
@@ -86,19 +88,63 @@ def print_budget(job: JobSpec, paths: JobPaths, coord: Coordinator | None = None
     return not_started
 
 
+def status_from_files(job: JobSpec, paths: JobPaths, why: str) -> bool:
+    """`status` of a job the store does not know (`why`): its summary, else its trial records, from disk.
+
+    `paths`: where the job was found. Prints nothing and returns False when
+    the job directory holds neither (then nobody knows the job). The summary
+    is read as written; the trials with no record are counted afresh.
+    """
+    from sciencebench.coordination.records import missing_trials
+    from sciencebench.core.summary import load_records, summary_rows
+
+    missing = missing_trials(job, paths)
+    planned = len(job.trial_keys())
+    if not paths.summary_json.is_file() and len(missing) == planned:
+        return False
+    out.print(f"job {job.job_name}: from its files in {paths.job_dir} ({why})", markup=False, soft_wrap=True)
+    try:
+        if paths.summary_json.is_file():
+            print_summary(paths)
+        else:
+            rows = summary_rows(paths, load_records(paths))
+            errored = sum(bool(row.failure_class) for row in rows)
+            _print_rows(f"{job.job_name}: {len(rows)} of {planned} trial(s) recorded, {errored} failed", rows)
+            out.print(f"no summary yet: `sciencebench summarize --job-name {job.job_name} --jobs-dir "
+                      f"{paths.jobs_dir}` writes it", markup=False, soft_wrap=True)  # fmt: skip
+    except ValueError as exc:  # a damaged summary or record: named, not a traceback
+        raise SciencebenchError(f"cannot read {job.job_name}'s files: {exc}") from None
+    _print_missing(missing, planned)
+    return True
+
+
 def print_summary(paths: JobPaths) -> None:
-    """The job's summary table, its numbers and where its results are."""
+    """The job's flaky tasks first, then its summary table, its numbers and where its results are."""
     from sciencebench.core.summary import SummaryFile
 
     summary = SummaryFile.read(paths)
-    table = Table(title=f"{paths.job_name}: {_trial_count(summary)}")
-    for column in ("task_id", "trial_id", "reward", "failure_class"):
-        table.add_column(column)
-    for row in summary.rows:
-        table.add_row(row.task_id, row.trial_id, str(row.reward), row.failure_class)
-    out.print(table)
+    _print_flaky(summary.flaky_tasks)
+    _print_rows(f"{paths.job_name}: {_trial_count(summary)}", summary.rows)
     out.print("\n".join(_number_lines(summary)), markup=False, highlight=False, soft_wrap=True)
     out.print(f"results: {paths.summary_csv}")
+
+
+def _print_rows(title: str, rows: Sequence[SummaryRow]) -> None:
+    """A table of summary rows: task, trial, reward, failure class."""
+    table = Table(title=title)
+    for column in ("task_id", "trial_id", "reward", "failure_class"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(row.task_id, row.trial_id, str(row.reward), row.failure_class)
+    out.print(table)
+
+
+def _print_flaky(flaky: list[FlakyTask]) -> None:
+    """The tasks whose reward differs across attempts (`core.flaky`), before anything else."""
+    from sciencebench.core.flaky import flaky_lines
+
+    if flaky:
+        out.print("\n".join(flaky_lines(flaky)), markup=False, highlight=False, soft_wrap=True)
 
 
 def _trial_count(summary: SummaryFile) -> str:
@@ -169,6 +215,7 @@ def _print_counts(paths: JobPaths, summary: Summary) -> None:
     from sciencebench.core.stats import report_lines
 
     result, stats = summary.result, summary.result.stats
+    _print_flaky(summary.flaky)
     lines = [
         f"{paths.job_name}: {stats.n_completed_trials} of {result.n_total_trials} trial(s) recorded, "
         f"{stats.n_errored_trials} errored"

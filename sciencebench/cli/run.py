@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -12,11 +12,17 @@ from rich.console import Console
 from sciencebench.cli.common import err, handle_errors, main, out, reach_broker, require_worker_extra
 from sciencebench.cli.results import conclude
 from sciencebench.coordination.protocol import Coordinator
+from sciencebench.core.errors import BrokerUnavailableError
+from sciencebench.core.gateways import masked_url
 from sciencebench.core.models import JobSpec, TrialSpec
-from sciencebench.core.paths import SelectionPaths
+from sciencebench.core.paths import JobPaths, SelectionPaths
 from sciencebench.core.settings import DEMO_BASE_IMAGE_ENV, DEMO_REGISTRY_ENV, Settings
 from sciencebench.login import options
 from sciencebench.login.options import SubmitOptions
+
+if TYPE_CHECKING:
+    from sciencebench.login.runrecord import RunRecord
+    from sciencebench.login.submit import Prepared
 
 
 @main.command()
@@ -27,6 +33,9 @@ from sciencebench.login.options import SubmitOptions
 @handle_errors
 def submit(local: bool, wait: bool, **raw: Any) -> None:
     """Validate a selection and run every trial (task x attempt) of it.
+
+    The same submit again (same --job-name, selection and options) continues
+    its job: trials with a final record are kept, the rest run.
 
     Exits 0 when every trial finished without error, 1 when any errored
     (with --wait or --local), 2 on bad input (nothing written or enqueued),
@@ -57,25 +66,41 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
         nonlocal coord
         if local:
             return Cluster.this_host(settings)
-        coord = reach_broker(settings)
+        try:
+            coord = reach_broker(settings)
+        except BrokerUnavailableError as exc:
+            if not opts.dry_run:
+                raise
+            return Cluster.unknown(f"{exc} at {masked_url(settings.broker_url)}")
         return Cluster.live(coord, settings.lease_seconds)
 
     timeout = None if local else settings.visibility_timeout_sec
     prepared = submitting.prepare(opts, timeout, local=local, hosts=hosts)
     broker = "embedded (in-process)" if local else settings.broker_url
-    record = build_run_record(prepared.job, prepared.trials[0], broker, prepared.secret_values)
+    record = build_run_record(prepared.job, prepared.first_trial, broker, prepared.secret_values)
 
     if opts.dry_run:
+        unchecked = list(prepared.unchecked)
+        if coord is None and not opts.skip_pull:  # no worker pre-warms them: their registries are asked
+            from sciencebench.login.registries import check_images
+
+            unchecked += filter(None, [check_images(prepared.job.image_refs).line()])
         write_run_record(opts.path, record, prepared.secret_values)
         out.print(f"dry run: {len(prepared.trials)} trial(s) of {len(prepared.selection.task_ids)} "
                   f"task(s); selection sha256 {prepared.selection.sha256}", soft_wrap=True)  # fmt: skip
         out.print("pier command: " + record.pier_command, markup=False, soft_wrap=True)
         out.print(f"run record: {SelectionPaths(opts.path).run_record}")
-        _print_expected(settings, prepared.job, prepared.trials, coord)
+        _print_expected(settings, prepared.job, prepared.trials, coord, "--local" if local else "no broker")
+        if unchecked:
+            out.print("dry run: not checked here: " + "; ".join(unchecked), markup=False, soft_wrap=True)
         if coord is not None and not opts.skip_pull:
             _prewarm(settings, prepared.job, err)
         return
 
+    if prepared.resumed:
+        kept = len(prepared.job.trial_keys()) - len(prepared.trials)
+        out.print(f"job [bold]{prepared.job.job_name}[/] continues: {kept} trial(s) with a final record "
+                  f"kept, {len(prepared.trials)} to run")  # fmt: skip
     if local:
         require_worker_extra("submit --local")
         from sciencebench.coordination.embedded import check_embedded
@@ -91,6 +116,9 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
     from sciencebench.login.follow import follow
 
     assert coord is not None
+    if prepared.resumed:
+        _resume(settings, coord, prepared, record, wait)
+        return
     app = create_app(settings)
     with submitting.persisted(prepared, record) as prepared:  # undone if sending fails
         if opts.prepull and not opts.skip_pull:
@@ -106,12 +134,45 @@ def run_submit(opts: SubmitOptions, *, local: bool, wait: bool) -> None:
         sys.exit(conclude(job, answer, coord))
 
 
+def _resume(
+    settings: Settings, coord: Coordinator, prepared: Prepared, record: RunRecord, wait: bool
+) -> None:
+    """The same submit again, on the cluster: the job's trials with no final record are sent as `retry` sends.
+
+    Refused while the job is still running. Exits the process with the job's
+    exit code when it waits; with nothing left to run, says so.
+    """
+    from sciencebench.coordination.records import store_records_to_disk
+    from sciencebench.login import submit as submitting
+    from sciencebench.login.follow import follow
+    from sciencebench.login.resume import unfinished_trials
+    from sciencebench.login.retry import check_not_running, resend
+
+    job = prepared.job
+    check_not_running(coord, job)
+    with submitting.persisted(prepared, record) as prepared:  # undone if sending fails
+        store_records_to_disk(coord, job, JobPaths(job.jobs_dir, job.job_name))
+        trials = unfinished_trials(job, prepared.trials)
+        if not trials:
+            out.print(f"job {job.job_name}: every trial has its final record; `sciencebench summarize "
+                      f"{job.job_name}` shows it, `sciencebench retry {job.job_name} --failed` runs the "
+                      "errored ones again")  # fmt: skip
+            return
+        sent = resend(settings, coord, job, trials, None, None)
+    if sent.note:
+        err.print(sent.note, markup=False, soft_wrap=True)
+    out.print(f"follow it:  sciencebench status {job.job_name} --jobs-dir {job.jobs_dir}")
+    if wait:
+        answer = follow(coord, job, [t.key for t in sent.trials], sent.final, err)
+        sys.exit(conclude(job, answer, coord))
+
+
 def _print_expected(
-    settings: Settings, job: JobSpec, trials: list[TrialSpec], coord: Coordinator | None
+    settings: Settings, job: JobSpec, trials: list[TrialSpec], coord: Coordinator | None, why_not: str
 ) -> None:
     """`submit --dry-run`: the expected duration on the live cluster's slots (else --n-concurrent).
 
-    `coord`: the cluster's store (None for `--local`).
+    `coord`: the cluster's store (None for `--local` or with no broker: `why_not` says which).
     """
     from sciencebench.coordination.costs import cost_estimates
     from sciencebench.coordination.history import estimates
@@ -120,7 +181,6 @@ def _print_expected(
     measured: dict[str, float] = {}
     costs: dict[str, float] = {}
     cluster: int | None = None
-    why_not = "--local"
     if coord is not None:
         why_not = "no live host reported its slots"
         measured, costs = estimates(coord, job), cost_estimates(coord, job)

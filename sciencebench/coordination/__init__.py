@@ -23,4 +23,5 @@ def connect(settings: Settings) -> RedisCoordinator:
     """
     from sciencebench.coordination.redis import RedisCoordinator  # Redis only for those who connect
 
-    return RedisCoordinator(settings.broker_url)
+    # TLS options ride in the URL's query: every part of the coordinator shares one client (`redis.base`).
+    return RedisCoordinator(settings.broker_client_url(settings.broker_url))

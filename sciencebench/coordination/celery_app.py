@@ -86,4 +86,9 @@ def create_app(settings: Settings | None = None, include: Sequence[str] = ()) ->
         timezone="UTC",
         enable_utc=True,
     )
+    # TLS (rediss://): the broker's certificate verified, this client's sent when set (`Settings.broker_ssl`).
+    if broker_ssl := settings.broker_ssl(settings.broker_url):
+        app.conf.broker_use_ssl = broker_ssl
+    if backend_ssl := settings.broker_ssl(settings.backend_url):
+        app.conf.redis_backend_use_ssl = backend_ssl
     return app

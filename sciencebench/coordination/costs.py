@@ -43,8 +43,8 @@ def record_costs(store: History, job: JobSpec, paths: JobPaths) -> int:
 
 
 def trial_cost(record: dict[str, Any]) -> float | None:
-    """A trial record's dollars as Pier priced them; None: unpriced, a provider failure or never started."""
-    if record.get("provider_status") is not None or record.get("not_started") is not None:
+    """A trial record's dollars as Pier priced them; None: unpriced, or not the model's (`scored`)."""
+    if any(record.get(name) is not None for name in ("provider_status", "registry_status", "not_started")):
         return None
     cost = record.get("cost_usd")
     if isinstance(cost, int | float) and not isinstance(cost, bool) and cost >= 0:

@@ -22,6 +22,7 @@ from __future__ import annotations
 #   sciencebench:J:result:K           the trial's TrialRecord JSON
 #   sciencebench:J:counted:K          the chord has been told about K
 #   sciencebench:J:lease:K            owner id, expires unless renewed
+#   sciencebench:J:parking:K          a parked lease on its way to `lease:K` (`lib/park_absent.lua`)
 #   sciencebench:J:running            hash K -> Redispatch JSON
 #   sciencebench:J:slots              zset K -> slot expiry (ms, the server's clock)
 #   sciencebench:J:waiting            list of trial keys waiting for a slot, oldest first
@@ -47,6 +48,7 @@ from __future__ import annotations
 #   sciencebench:gateways             set of gateway authorities ever limited (`coordination.gateways`)
 #   sciencebench:gateway:<authority>  hash: limit, ceiling, status, reason, at
 #   sciencebench:gateway:<authority>:slots  zset member -> lease expiry (ms, the server's clock)
+#   sciencebench:registry:<host>      hash: not_before, status, reason, failures, at (`registries`)
 
 PREFIX = "sciencebench"
 
@@ -88,6 +90,11 @@ class ClusterKeys:
     def gateway(authority: str) -> str:
         """A model gateway's limit (`coordination.gateways`)."""
         return f"{PREFIX}:gateway:{authority}"
+
+    @staticmethod
+    def registry(host: str) -> str:
+        """An image registry that pushed back (`coordination.registries`)."""
+        return f"{PREFIX}:registry:{host}"
 
     @staticmethod
     def gateway_slots(authority: str) -> str:
@@ -134,6 +141,10 @@ class JobKeys:
     def lease(self, key: str) -> str:
         """The trial's lease ("" gives the prefix a script completes)."""
         return f"{self._base}:lease:{key}"
+
+    def parking(self, key: str) -> str:
+        """A parked lease on its way to `lease(key)` (`lua/lib/park_absent.lua` builds it from the lease)."""
+        return f"{self._base}:parking:{key}"
 
     def pattern(self) -> str:
         """A `SCAN` pattern matching every key of the job."""

@@ -52,6 +52,10 @@ class HostKit(BaseModel):
     gateways: tuple[str, ...] = ()
     # Its worker's --concurrency: the cluster's slots are what fair share hands out (0: not said).
     slots: int = 0
+    # What each trial container may use (`worker --pids-limit`, `--disk-limit` in bytes; 0: not said
+    # for pids, not watched for disk).
+    pids_limit: int = 0
+    disk_limit: int = 0
     # Its capacity (`worker --cpus`, `--memory`; `core.capacity`): its running trials' requests fit
     # within it (0: not said, e.g. an older worker: no bound but its slots).
     cpus: float = 0.0

@@ -104,7 +104,7 @@ _BUDGET = ("budget", "budget_started")
 # A job's held trials (`Slots.hold`).
 HELD = ("held", "held_payloads", "held_tasks", "held_probe", "held_meta")
 
-PARK = Script("park", ("lease", "jobs", "counted"))
+PARK = Script("park", ("lease", "jobs", "counted"), uses=("park_absent",))
 RENEW = Script("renew", ("lease", "running"), uses=("rightful",))
 COMMIT = Script(
     "commit",
@@ -122,9 +122,11 @@ START = Script(
     uses=("take_slot", "budget_reached", "let_start"),
 )
 NEXT_WAITING = Script(
-    "next_waiting", ("waiting", "waiting_payloads", *HELD, "running", "jobs"), uses=("measured", "guard")
+    "next_waiting",
+    ("waiting", "waiting_payloads", *HELD, "running", "jobs"),
+    uses=("measured", "park_absent", "guard"),
 )
-RELEASE_HELD = Script("release_held", (*HELD, "running", "jobs"), uses=("guard",))
+RELEASE_HELD = Script("release_held", (*HELD, "running", "jobs"), uses=("park_absent", "guard"))
 ADD_DURATIONS = Script("add_durations", ("history",))
 SET_BUDGET = Script("set_budget", _BUDGET, uses=("budget_reached",))
 START_WITHIN_BUDGET = Script("start_within_budget", _BUDGET, uses=("budget_reached", "let_start"))

@@ -53,7 +53,8 @@ class SciencebenchError(Exception):
             ├── WorkspaceError          task dir unreadable / jobs dir unwritable
             ├── SecretsMismatchError    env file changed since submit
             ├── PullError               image pull or digest verification failed
-            │   └── NoRoomError         the image budget cannot fit the trial's images now (handed back)
+            │   ├── NoRoomError         the image budget cannot fit the trial's images now (handed back)
+            │   └── RegistryError       the registry pushed back (429, 5xx, reset, timeout): waited out
             ├── PolicyError             network policy (raised inside Pier): deterministic
             │   ├── PolicyRefused       refused before anything started
             │   ├── PolicyViolation     started containers/networks break the policy
@@ -61,12 +62,13 @@ class SciencebenchError(Exception):
             │   └── AgentImageMismatch  `agent_image` names another agent's image
             ├── HarnessError            Pier crashed, timed out or could not start
             │   └── HarnessTimeoutError Pier outran the trial's whole budget
+            ├── ResourceLimitError      a trial container went past a host limit (its writable layer)
             ├── CollectError            Pier produced no usable trial directory
             │   └── OutputLimitError    the trial's outputs went past a bound (depth, entries, bytes)
             └── Cancelled               the job was cancelled before or while the trial ran
 
     Elsewhere in the package (each a SciencebenchError too): `bake.recipes.RecipeError`,
-    `bake.builder.BakeError`, `bake.command.BakeFailed`, `worker.pier.zygote.ZygoteError`.
+    `bake.offline.BakeError`, `bake.command.BakeFailed`, `worker.pier.zygote.ZygoteError`.
     """
 
     stage: ClassVar[Stage] = Stage.WORKER
@@ -160,6 +162,32 @@ class NoRoomError(PullError):
     deterministic = True
 
 
+class RegistryError(PullError):
+    """The registry, not the trial, failed a pull: 429 `toomanyrequests`, a 5xx, reset, refused, timed out.
+
+    `registry` is its host (`docker.io`), `status` what it answered ("429",
+    "503", "reset", "refused", "timeout"), `hint_sec` the wait it asked for
+    (Retry-After, or its RateLimit headers), None when it named none; not
+    `asked`: the pull was held back, the cluster backing off from the
+    registry already (`hint_sec` the rest of that wait). The worker waits and
+    tries again whatever --max-retries says, backing off per registry across
+    the cluster (`coordination.registries`), up to the registry deadline; a
+    trial that reaches it is recorded with `TrialRecord.registry_status`: not
+    the model's failure, rerun by `retry --failed`.
+    """
+
+    deterministic = True  # its own waits replace --max-retries
+
+    def __init__(
+        self, message: str, registry: str, status: str, hint_sec: float | None = None, asked: bool = True
+    ) -> None:
+        super().__init__(message)
+        self.registry, self.status, self.hint_sec, self.asked = registry, status, hint_sec, asked
+
+    def __reduce__(self) -> tuple[type[RegistryError], tuple[str, str, str, float | None, bool]]:
+        return (type(self), (str(self), self.registry, self.status, self.hint_sec, self.asked))
+
+
 class PolicyError(TrialError):
     """The network policy refused the trial or its inspection failed.
 
@@ -230,6 +258,15 @@ class HarnessTimeoutError(HarnessError):
     """Pier outran the trial's whole budget; another try would too (as Pier's own timeouts)."""
 
     deterministic = True
+
+
+class ResourceLimitError(TrialError):
+    """A trial container went past a limit of its host (`worker --disk-limit`): the trial was ended.
+
+    The same agent on the same task would again: deterministic.
+    """
+
+    stage = Stage.HARNESS
 
 
 class CollectError(TrialError):

@@ -239,6 +239,23 @@ def public_url(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
+def masked_url(url: str) -> str:
+    """A URL as a user may see it in an error: its password `***`, its query and fragment dropped.
+
+    Unlike `public_url` it keeps the user name, so a user can tell which
+    account the URL names; a `;`-separated failover list is masked URL by URL.
+    """
+    if ";" in url:
+        return ";".join(masked_url(part) for part in url.split(";"))
+    parts = urlsplit(url)
+    public = urlsplit(public_url(url))
+    user = parts.username
+    if user is None and parts.password is None:
+        return public.geturl()
+    account = (user or "") + (":***" if parts.password is not None else "")
+    return urlunsplit((public.scheme, f"{account}@{public.netloc}", public.path, "", ""))
+
+
 # --- the Codex provider block ----------------------------------------------
 
 PROVIDER_ID = "sciencebench"

@@ -226,6 +226,7 @@ class TryRecord(BaseModel):
     worker: str | None = None
     finished_at: datetime | None = None
     provider_status: str | None = None
+    registry_status: str | None = None
 
 
 CANCELLED = "Cancelled"  # the exception type of a trial stopped by `cancel` (worker.stages.CANCELLED)
@@ -274,6 +275,9 @@ class TrialRecord(BaseModel):
     # The gateway's answer that ended the trial when its model provider failed it (an HTTP
     # status such as "429" or "500", or "reset", "refused", "timeout"): not the model's failure.
     provider_status: str | None = None
+    # The registry's answer that ended the trial when pulling its images failed past the registry
+    # deadline ("429", "503", "reset", "refused", "timeout"): not the model's failure either.
+    registry_status: str | None = None
     # Why the trial never started (e.g. "budget": the job's --max-cost/--max-tokens was reached).
     not_started: str | None = None
     # What the trial's Pier run spent (Pier's totals), when it reported them.
@@ -303,8 +307,8 @@ class TrialRecord(BaseModel):
 
     @property
     def scored(self) -> bool:
-        """Whether the reward counts for the model: not a provider failure, not a trial never started."""
-        return self.provider_status is None and self.not_started is None
+        """Whether the reward counts for the model: not a provider or registry failure, nor never started."""
+        return self.provider_status is None and self.not_started is None and self.registry_status is None
 
     @property
     def errored(self) -> bool:

@@ -35,7 +35,8 @@ class JobPaths:
 
     <jobs-dir>/<job-name>/
     ├── result.json                  Pier JobResult shape, written by the finalizer
-    ├── summary.json                 {generated_at, jobs_dir, trial_count, missing_trials, rows, stats}
+    ├── summary.json                 {generated_at, jobs_dir, trial_count, missing_trials, flaky_tasks,
+    │                                 rows, stats}
     ├── summary.csv                  one row per trial directory
     ├── task_002__a1b2c3d/           a trial directory exactly as Pier writes it
     │   ├── result.json, config.json, trial.log, agent/, artifacts/

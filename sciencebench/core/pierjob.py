@@ -118,7 +118,8 @@ def eval_metrics(key: str, rewards: Sequence[Rewards | None]) -> list[dict[str, 
     return [mean_metric(rewards)] if key.split("__")[-1] == ADHOC else []
 
 
-def _pass_at_k_for_task(n: int, c: int, k: int) -> float:
+def pass_at_k_for_task(n: int, c: int, k: int) -> float:
+    """Pier's unbiased pass@k of one task: `c` successes in `n` attempts."""
     if n - c < k:
         return 1.0
     product = 1.0
@@ -127,7 +128,8 @@ def _pass_at_k_for_task(n: int, c: int, k: int) -> float:
     return 1.0 - product
 
 
-def _eligible_k_values(max_k: int) -> list[int]:
+def eligible_k_values(max_k: int) -> list[int]:
+    """The k Pier reports pass@k for, up to `max_k` attempts per task: powers of 2, multiples of 5."""
     k_values: set[int] = set()
     k = 2
     while k <= max_k:
@@ -155,9 +157,9 @@ def pass_at_k(trials: Iterable[PierTrial]) -> dict[int, float]:
         successes[trial.task_name].append(int(value))
     if not successes:
         return {}
-    k_values = _eligible_k_values(min(len(s) for s in successes.values()))
+    k_values = eligible_k_values(min(len(s) for s in successes.values()))
     return {
-        k: sum(_pass_at_k_for_task(len(s), sum(s), k) for s in successes.values()) / len(successes)
+        k: sum(pass_at_k_for_task(len(s), sum(s), k) for s in successes.values()) / len(successes)
         for k in k_values
     }
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sciencebench.core.capacity import Request, host_capacity
@@ -37,6 +38,15 @@ RESULT_EXPIRES_SEC = 14 * 24 * 3600
 DEFAULT_STATE_DIR = Path("/var/tmp/sciencebench")  # noqa: S108
 # Where `images bake` finds the agent artifacts scripts/agent-artifacts.sh fetched (a host cache).
 DEFAULT_AGENT_ARTIFACTS = Path("/var/tmp/sciencebench-agents")  # noqa: S108
+# Processes (tasks) per trial container: a fork bomb in one trial would otherwise
+# exhaust the host's pid space for every trial on it. 4096 leaves room for a
+# real agent, whose node/python toolchains spawn hundreds of processes.
+DEFAULT_PIDS_LIMIT = 4096
+# The pids limits a worker accepts: below 16 not even a shell and its verifier start.
+MIN_PIDS_LIMIT, MAX_PIDS_LIMIT = 16, 1 << 22
+# The most a trial container's writable layer may hold (`worker --disk-limit`): the released
+# tasks' storage_mb is 20480.
+DEFAULT_DISK_LIMIT = 20 << 30
 
 
 class Settings(BaseSettings):
@@ -49,9 +59,21 @@ class Settings(BaseSettings):
     broker_url: str = DEFAULT_BROKER_URL
     # Empty means: the broker URL.
     result_backend: str = ""
+    # TLS to the broker (`rediss://` URLs): the CA file that signed the broker's certificate (empty: the
+    # system's CAs), and this client's certificate and key when the broker asks for one (both or neither).
+    broker_ca: Path | None = None
+    broker_cert: Path | None = None
+    broker_key: Path | None = None
     # The first back-off before a provider failure's rerun (doubling, capped; a Retry-After seen wins).
     provider_backoff_sec: float = Field(default=30.0, ge=0, le=24 * 3600)
     provider_backoff_max_sec: float = Field(default=600.0, ge=0, le=24 * 3600)
+    # A pull a registry pushed back (429, 5xx, reset, refused, timed out) is tried again, after a back-off
+    # shared per registry across the cluster (`coordination.registries`: the registry's Retry-After or
+    # RateLimit headers, else doubling from the first back-off with jitter, capped), until this deadline
+    # (from the trial's first refused pull); then the trial ends as a registry failure, not the model's.
+    registry_deadline_sec: float = Field(default=2 * 3600.0, ge=0, le=7 * 24 * 3600)
+    registry_backoff_sec: float = Field(default=30.0, ge=0, le=24 * 3600)
+    registry_backoff_max_sec: float = Field(default=900.0, ge=0, le=24 * 3600)
     # A lost host's trial is dispatched again within two lease periods.
     lease_seconds: float = Field(default=60.0, gt=0, le=24 * 3600)
     # At least the floor; 0 (or unset) means the floor.
@@ -67,11 +89,16 @@ class Settings(BaseSettings):
     pier_bin: str = Field(default="pier", min_length=1)
     # The digest-pinned inference-proxy image of the network policy (worker hosts).
     proxy_image: str = ""
-    # How this host gets agents: "online", Pier installs them in its derived build (hosts with
-    # internet, as the original runner's); "baked", only baked agent images run (`images bake`).
+    # How this host gets agents: "online", the worker installs the pinned harness itself, fetched on
+    # the host when missing and installed with no network; "baked", only baked agent images run.
     agent_install: Literal["online", "baked"] = "online"
     # Bytes the task images a worker host pulled may take (`50G`; 0: no budget); see worker/docker/budget.py.
     image_budget: int = Field(default=0, ge=0)
+    # Processes each trial container may run (`worker --pids-limit`): the policy's pids limit.
+    pids_limit: int = Field(default=DEFAULT_PIDS_LIMIT, ge=MIN_PIDS_LIMIT, le=MAX_PIDS_LIMIT)
+    # Bytes a trial container's writable layer may hold (`worker --disk-limit`, `20G`; 0: no watch);
+    # past it the trial ends with a ResourceLimitError (worker/diskwatch.py).
+    disk_limit: int = Field(default=DEFAULT_DISK_LIMIT, ge=0)
     # A worker host's capacity: the CPUs and memory (bytes, `64G`) its running trials' requests may
     # take together (0: detected, less a reserve; `core.capacity`).
     cpus: float = Field(default=0.0, ge=0, le=1 << 16)
@@ -87,8 +114,10 @@ class Settings(BaseSettings):
     # The gateways this host's trials may reach (`worker --gateway`; comma- or space-separated URLs).
     # Empty: any gateway but an internal address; listed: only these (scheme, host, port).
     gateways: Annotated[tuple[Gateway, ...], NoDecode] = ()
-    # The artifacts `images bake` installs agents from (a bake host; `images bake --artifacts`).
+    # Where `images bake` and a worker's online install find agent artifacts (`images bake --artifacts`).
     agent_artifacts: Path = DEFAULT_AGENT_ARTIFACTS
+    # The npm registry a worker's online install fetches a missing harness tarball from (empty: npm's own).
+    npm_registry: str = ""
     # `sciencebench demo --base-image` and `--registry` (click reads these two as the options' values).
     demo_base_image: str = ""
     demo_registry: str = ""
@@ -145,13 +174,53 @@ class Settings(BaseSettings):
             check_redis_url(value)
         return value
 
+    @field_validator("broker_ca", "broker_cert", "broker_key")
+    @classmethod
+    def _readable_file(cls, value: Path | None) -> Path | None:
+        if value is not None and not (value.is_absolute() and os.access(value, os.R_OK) and value.is_file()):
+            raise ValueError(f"must be an absolute path of a readable file (got {str(value)!r})")
+        return value
+
+    @model_validator(mode="after")
+    def _tls_needs_rediss(self) -> Settings:
+        if (self.broker_cert is None) != (self.broker_key is None):
+            name = "broker_key" if self.broker_key is None else "broker_cert"
+            raise ValueError(f"{ENV_PREFIX}{name.upper()}: needs SCIENCEBENCH_BROKER_CERT and _KEY both")
+        if self.broker_ca or self.broker_cert:
+            plain = [url for url in (self.broker_url, self.backend_url) if not _is_tls(url)]
+            if plain:
+                raise ValueError(f"{ENV_PREFIX}BROKER_CA/CERT/KEY: TLS to the broker needs rediss:// URLs")
+        return self
+
+    def broker_ssl(self, url: str) -> dict[str, Any]:
+        """The TLS options of a client of `url` (redis-py's and kombu's names); {} for a plain URL.
+
+        The broker's certificate is always verified: against `broker_ca`, else the system's CAs.
+        """
+        if not _is_tls(url):
+            return {}
+        options: dict[str, Any] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+        if self.broker_ca:
+            options["ssl_ca_certs"] = str(self.broker_ca)
+        if self.broker_cert and self.broker_key:
+            options.update(ssl_certfile=str(self.broker_cert), ssl_keyfile=str(self.broker_key))
+        return options
+
+    def broker_client_url(self, url: str) -> str:
+        """`url` with its TLS options in the query (redis-py's `from_url`); `url` itself when plain."""
+        options = {name: "required" if name == "ssl_cert_reqs" else value
+                   for name, value in self.broker_ssl(url).items()}  # fmt: skip
+        if not options:
+            return url
+        return f"{url}{'&' if urlsplit(url).query else '?'}{urlencode(options)}"
+
     @field_validator("state_dir", mode="before")
     @classmethod
     def _state_dir(cls, value: Any) -> Any:
         # " " is as unset as "": the worker and Pier's plugin (state_dir_from_env) must agree.
         return (value.strip() or DEFAULT_STATE_DIR) if isinstance(value, str) else value
 
-    @field_validator("image_budget", "memory", mode="before")
+    @field_validator("image_budget", "disk_limit", "memory", mode="before")
     @classmethod
     def _size(cls, value: Any) -> Any:
         return parse_size(value) if isinstance(value, str) else value
@@ -181,6 +250,8 @@ class Settings(BaseSettings):
             error = exc.errors()[0]
             field = str(error["loc"][0]) if error["loc"] else ""
             message = str(error["msg"]).removeprefix("Value error, ")
+            if not field:  # a rule between settings: its message names them
+                raise SettingsError(message) from None
             raise SettingsError(f"{ENV_PREFIX}{field.upper()}: {message}") from None
 
     @property
@@ -250,6 +321,11 @@ def check_redis_url(url: str) -> None:
         database = parts.path.strip("/") if parts.scheme != "unix" else ""
         if database and not database.isdigit():
             raise ValueError("names a database that is not a number")
+
+
+def _is_tls(url: str) -> bool:
+    """Whether every part of a broker URL (a `;` failover list) speaks TLS (`rediss://`)."""
+    return all(urlsplit(part).scheme == "rediss" for part in url.split(";"))
 
 
 def required_visibility_timeout(longest_trial_sec: float) -> int:

@@ -95,6 +95,8 @@ class JobNumbers(BaseModel):
     evals: list[EvalNumbers]
     # Provider failures, by the gateway's answer (`TrialRecord.provider_status`: "429", "reset", ...).
     provider_errors: dict[str, int] = Field(default_factory=dict)
+    # Registry failures past the registry deadline, by its answer (`TrialRecord.registry_status`).
+    registry_errors: dict[str, int] = Field(default_factory=dict)
     # Trials never started, by why (`TrialRecord.not_started`: "budget", ...).
     not_started: dict[str, int] = Field(default_factory=dict)
     # Scored trials that failed, by failure class.
@@ -106,6 +108,11 @@ class JobNumbers(BaseModel):
     def n_provider_errors(self) -> int:
         """Trials a model provider failed."""
         return sum(self.provider_errors.values())
+
+    @property
+    def n_registry_errors(self) -> int:
+        """Trials whose images a registry would not give before the registry deadline."""
+        return sum(self.registry_errors.values())
 
     @property
     def n_not_started(self) -> int:
@@ -159,7 +166,7 @@ def job_numbers(
     evals        per agent and model (Pier's `stats.evals` keys): mean reward
                  and pass@k exactly as Pier computes them (`core.pierjob.eval_metrics`,
                  `core.pierjob.pass_at_k`), over the *scored* trials only:
-                 a provider failure or a trial never started (`TrialRecord.scored`
+                 a provider or registry failure or a trial never started (`TrialRecord.scored`
                  False) is not the model's, and is counted apart
     errors       the scored trials' failure classes (exception types, MissingPatch)
     spend        Pier's token and cost totals summed over the records; how many
@@ -170,6 +177,7 @@ def job_numbers(
                  running at once
     """
     provider: Counter[str] = Counter()
+    registry: Counter[str] = Counter()
     not_started: Counter[str] = Counter()
     errors: Counter[str] = Counter()
     grouped: dict[str, list[PierTrial]] = {}
@@ -177,6 +185,9 @@ def job_numbers(
     for record, trial, failure in zip(records, trials, classes, strict=True):
         if record.provider_status is not None:
             provider[record.provider_status] += 1
+            continue
+        if record.registry_status is not None:
+            registry[record.registry_status] += 1
             continue
         if record.not_started is not None:
             not_started[record.not_started] += 1
@@ -190,6 +201,7 @@ def job_numbers(
         n_scored=sum(len(t) for t in grouped.values()),
         evals=[_eval_numbers(key, group, n_errors[key]) for key, group in grouped.items()],
         provider_errors=dict(provider.most_common()),
+        registry_errors=dict(registry.most_common()),
         not_started=dict(not_started.most_common()),
         errors=dict(errors.most_common()),
         spend=Spend.of(records),
@@ -257,6 +269,9 @@ def report_lines(numbers: JobNumbers) -> list[str]:
     if numbers.provider_errors:
         counts = _counts(numbers.provider_errors)
         lines.append(f"provider errors: {numbers.n_provider_errors} (not in the mean; {counts})")
+    if numbers.registry_errors:
+        counts = _counts(numbers.registry_errors)
+        lines.append(f"registry errors: {numbers.n_registry_errors} (not in the mean; {counts})")
     if numbers.not_started:
         lines.append(f"not started: {numbers.n_not_started} ({_counts(numbers.not_started)})")
     if numbers.errors:

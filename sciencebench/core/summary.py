@@ -14,13 +14,14 @@ import io
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
+from sciencebench.core.flaky import FlakyTask, flaky_tasks
 from sciencebench.core.models import JobSpec, TrialRecord
 from sciencebench.core.paths import JobPaths, open_job_dir, write_atomic_at
 from sciencebench.core.pierfiles import IsoTime, PierJobConfig, PierJobResult
@@ -43,6 +44,7 @@ MODEL_COLUMN = "model"
 MISSING_PATCH = "MissingPatch"
 # Trials whose reward does not count for the model (TrialRecord.scored): their own classes.
 PROVIDER_ERROR = "provider_error"
+REGISTRY_ERROR = "registry_error"
 NOT_STARTED = "not_started"
 
 
@@ -77,7 +79,8 @@ class SummaryFile(BaseModel):
 
     `missing_trials`: the keys (`002#1`) of the job's trials that have no
     record yet (never ran, still running, or lost): while any is listed the
-    job is not complete.
+    job is not complete. `flaky_tasks`: the tasks whose reward differs
+    across attempts of one model (`core.flaky`).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -86,6 +89,7 @@ class SummaryFile(BaseModel):
     jobs_dir: str
     trial_count: int
     missing_trials: list[str] = Field(default_factory=list)
+    flaky_tasks: list[FlakyTask] = Field(default_factory=list)
     rows: list[SummaryRow]
     stats: JobNumbers | None = None
 
@@ -103,6 +107,7 @@ class Summary:
     config: PierJobConfig
     rows: list[SummaryRow]
     numbers: JobNumbers | None = None
+    flaky: list[FlakyTask] = field(default_factory=list)
 
 
 def load_records(paths: JobPaths) -> list[TrialRecord]:
@@ -128,9 +133,11 @@ def load_records(paths: JobPaths) -> list[TrialRecord]:
 
 
 def failure_class(record: TrialRecord) -> str:
-    """The summary's `failure_class`: provider, not started, the exception type, `MissingPatch`, or empty."""
+    """The summary's `failure_class`: provider, registry, not started, exception, `MissingPatch` or ""."""
     if record.provider_status is not None:
         return PROVIDER_ERROR
+    if record.registry_status is not None:
+        return REGISTRY_ERROR
     if record.not_started is not None:
         return NOT_STARTED
     if record.exception_type:
@@ -232,7 +239,8 @@ def write_summary(job: JobSpec, now: datetime | None = None) -> Summary:
     <job>/result.json    Pier's JobResult of the trials (core.pierjob.job_result)
     <job>/config.json    Pier's JobConfig of the job (core.pierjob.job_config)
     <job>/summary.json   sciencebench's rows: {generated_at, jobs_dir, trial_count, missing_trials,
-                         rows, stats} (`stats`: the job's numbers, `core.stats.job_numbers`)
+                         flaky_tasks, rows, stats} (`stats`: the job's numbers, `core.stats.job_numbers`;
+                         `flaky_tasks`: `core.flaky.flaky_tasks`)
     <job>/summary.csv    the same rows in the original runner's columns
     """
     now = now or datetime.now(UTC)
@@ -251,12 +259,14 @@ def write_summary(job: JobSpec, now: datetime | None = None) -> Summary:
     ran = [trial for record, trial in zip(records, trials, strict=True) if record.not_started is None]
     result = job_result(job, records, ran, now)
     config = job_config(job)
-    # The scored trials only (`TrialRecord.scored`): provider failures and trials never started apart.
+    # The scored trials only (`TrialRecord.scored`): provider, registry failures, trials never started apart.
     numbers = job_numbers(records, trials, [row.failure_class for row in rows], job.n_concurrent)
     recorded = {record.key for record in records}
+    flaky = flaky_tasks(records)
     summary = SummaryFile(
         generated_at=now, jobs_dir=str(job.jobs_dir), trial_count=len(rows),
-        missing_trials=[key for key in job.trial_keys() if key not in recorded], rows=rows, stats=numbers,
+        missing_trials=[key for key in job.trial_keys() if key not in recorded], flaky_tasks=flaky,
+        rows=rows, stats=numbers,
     )  # fmt: skip
 
     buffer = io.StringIO()
@@ -277,4 +287,4 @@ def write_summary(job: JobSpec, now: datetime | None = None) -> Summary:
             write_atomic_at(job_fd, name, text)
     finally:
         os.close(job_fd)
-    return Summary(result=result, config=config, rows=rows, numbers=numbers)
+    return Summary(result=result, config=config, rows=rows, numbers=numbers, flaky=flaky)

@@ -43,6 +43,8 @@ class Cluster:
     local: bool = False
     # Live hosts that reported no kit (a worker older than this submit): they count as bringing nothing.
     silent: frozenset[str] = frozenset()
+    # False for a dry run that found no broker: the hosts are unknown, so nothing is checked against them.
+    known: bool = True
 
     @classmethod
     def this_host(cls, settings: Settings) -> Cluster:
@@ -56,6 +58,11 @@ class Cluster:
             gateways=tuple(gateway.origin for gateway in settings.gateways),
         )
         return cls(kits={"this host": kit}, where="this host", local=True)
+
+    @classmethod
+    def unknown(cls, why: str) -> Cluster:
+        """A dry run's hosts when no broker answers (`why`): none known, so none checked."""
+        return cls(kits={}, where=why, known=False)
 
     @classmethod
     def live(cls, coord: Coordinator, lease_seconds: float) -> Cluster:
@@ -87,6 +94,8 @@ def check_cluster(cluster: Cluster, needs: Needs, missing_baked: Callable[[], st
     A broker with no live host at all refuses only what needs something of
     the hosts (a job of nop trials waits for hosts to come).
     """
+    if not cluster.known:
+        return
     kits = dict(cluster.kits)
     if not cluster.local and not kits:
         if needs.proxy or needs.online_install:
@@ -118,12 +127,7 @@ def check_cluster(cluster: Cluster, needs: Needs, missing_baked: Callable[[], st
     if needs.proxy:
         kits = {host: kit for host, kit in kits.items() if kit.proxy_image}
         if not kits:
-            where = "this host" if cluster.local else "no live worker host"
-            raise ProfileError(
-                f"model agents run behind the inference proxy, and {where} has its image: set "
-                "SCIENCEBENCH_PROXY_IMAGE (digest-pinned, built by compose/build.yml) on "
-                + ("this host" if cluster.local else "the worker hosts, and start them")
-            )
+            raise ProfileError(proxy_refusal(cluster.local))
     if needs.online_install and not any(kit.agent_install == "online" for kit in kits.values()):
         if cluster.local:
             raise ProfileError(
@@ -149,6 +153,20 @@ def _check_capacity(cluster: Cluster, needs: Needs, kits: dict[str, HostKit]) ->
                 f"task {task_id} asks {request} per trial; {where} {capacities[largest]} "
                 "(worker --cpus, --memory)"
             )
+
+
+def proxy_refusal(local: bool) -> str:
+    """The one sentence refusing a model agent where no host has the inference proxy image."""
+    if local:
+        return (
+            "this job's model agent runs behind the inference proxy, but this host has no proxy image: "
+            "set SCIENCEBENCH_PROXY_IMAGE to the digest-pinned image compose/build.yml builds"
+        )
+    return (
+        "this job's model agent runs behind the inference proxy, but no live worker host has its image: "
+        "set SCIENCEBENCH_PROXY_IMAGE (the digest-pinned image compose/build.yml builds) on the worker "
+        "hosts and restart them"
+    )
 
 
 def _allows(kit: HostKit, gateway: Gateway) -> bool:

@@ -61,6 +61,7 @@ class Live:
         default_factory=dict
     )  # finished trials a provider failed, by status
     not_started: dict[str, int] = field(default_factory=dict)  # finished trials that never started, by why
+    registry_errors: dict[str, int] = field(default_factory=dict)  # finished trials a registry failed
 
     @property
     def remaining(self) -> int:
@@ -160,7 +161,7 @@ class Watcher:
                 waiting.append(key)
         own: dict[str, list[float]] = {}
         for record in finished:
-            if not record.scored:  # a provider failure or a trial never started measures no task
+            if not record.scored:  # a provider or registry failure, a trial never started: no task measured
                 continue
             seconds = record.measured_sec
             if seconds is not None:
@@ -185,6 +186,7 @@ class Watcher:
             spend=Spend.of(finished), slots=slots, live_slots=slots_now, eta_sec=eta, sources=sources,
             provider_errors=dict(Counter(r.provider_status for r in finished if r.provider_status)),
             not_started=dict(Counter(r.not_started for r in finished if r.not_started)),
+            registry_errors=dict(Counter(r.registry_status for r in finished if r.registry_status)),
         )  # fmt: skip
 
 
@@ -212,7 +214,8 @@ def status_lines(live: Live, n_concurrent: int) -> list[str]:
         f"trials: done {live.done}, failed {live.failed}, running {live.running}, waiting {live.waiting}",
         "spend so far: " + spend_text(live.spend),
     ]
-    for name, counts in (("provider errors", live.provider_errors), ("not started", live.not_started)):
+    for name, counts in (("provider errors", live.provider_errors), ("registry errors", live.registry_errors),
+                         ("not started", live.not_started)):  # fmt: skip
         if counts:
             shown = ", ".join(f"{what} x{n}" for what, n in sorted(counts.items()))
             lines.append(f"{name}: {sum(counts.values())} (not in the mean; {shown})")

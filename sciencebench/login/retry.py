@@ -37,24 +37,43 @@ def retry_failed(
 ) -> Resent | None:
     """Send the job's errored, missing and never started trials again, as one chord; None when there are none.
 
-    Refused (JobConflictError) while an earlier dispatch of the job is still
-    open, unless `force`. Records only the store holds (the job directory was
+    Refused while an earlier dispatch of the job is still open, unless
+    `force` (`check_not_running`). Records only the store holds (the job directory was
     full) are written to disk first: they are not missing. The budget
     continues as `continue_budget` says.
     """
-    from sciencebench.coordination.celery_app import create_app
     from sciencebench.coordination.records import store_records_to_disk
-    from sciencebench.login.dispatch import dispatch
 
-    if coord.open_dispatches(job.job_key) and not force:
-        raise JobConflictError(
-            f"job {job.job_name} is still running (see `sciencebench status {job.job_name}`): wait for it "
-            "or cancel it first; --force sends its errored and missing trials again anyway"
-        )
+    if not force:
+        check_not_running(coord, job, "; --force sends its errored and missing trials again anyway")
     store_records_to_disk(coord, job, JobPaths(job.jobs_dir, job.job_name))
     trials = failed_trials(job)
     if not trials:
         return None
+    return resend(settings, coord, job, trials, max_cost_usd, max_tokens)
+
+
+def check_not_running(coord: Coordinator, job: JobSpec, hint: str = "") -> None:
+    """Refuse (JobConflictError) to send a job's trials while an earlier dispatch of it is open."""
+    if coord.open_dispatches(job.job_key):
+        raise JobConflictError(
+            f"job {job.job_name} is still running (see `sciencebench status {job.job_name}`): wait for it "
+            f"or cancel it first{hint}"
+        )
+
+
+def resend(
+    settings: Settings,
+    coord: Coordinator,
+    job: JobSpec,
+    trials: list[TrialSpec],
+    max_cost_usd: float | None,
+    max_tokens: int | None,
+) -> Resent:
+    """Send `trials` of an existing job again, as one chord, under the budget `continue_budget` sets."""
+    from sciencebench.coordination.celery_app import create_app
+    from sciencebench.login.dispatch import dispatch
+
     coord.uncancel(job.job_key)
     # Trials an earlier dispatch still holds back have no record: they are among `trials`. Its chord is
     # given up (--force), so its held copies go; two copies of one trial would each answer one chord.
@@ -67,7 +86,7 @@ def retry_failed(
 
 
 def failed_trials(job: JobSpec) -> list[TrialSpec]:
-    """Trial specs of every errored, provider-failed, unrecorded or never started trial.
+    """Trial specs of every errored, provider- or registry-failed, unrecorded or never started trial.
 
     Rebuilt from the selection; a trial never started is one the job's budget stopped.
 
@@ -83,6 +102,7 @@ def failed_trials(job: JobSpec) -> list[TrialSpec]:
         or records[(task_id, attempt)].errored
         or records[(task_id, attempt)].not_started is not None
         or records[(task_id, attempt)].provider_status is not None  # failed on its provider, exit 0 or not
+        or records[(task_id, attempt)].registry_status is not None  # its registry refused past the deadline
     }
     if not wanted:
         return []

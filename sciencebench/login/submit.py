@@ -45,6 +45,7 @@ from sciencebench.login.profiles import (
     proxy_variable_problem,
     read_env_file,
 )
+from sciencebench.login.resume import unfinished_trials
 from sciencebench.login.runrecord import RunRecord, write_run_record
 from sciencebench.login.selection import Selection, load_selection
 
@@ -61,10 +62,16 @@ class Prepared:
     selection: Selection
     job: JobSpec
     trials: list[TrialSpec]
+    # The job's first trial, run now or kept: the run record renders its Pier command.
+    first_trial: TrialSpec
     secret_values: list[str]
     agent_env_values: dict[str, str]
     # The values of credential-looking --agent-kwarg keys (the job spec holds them redacted).
     agent_kwarg_values: dict[str, str] = field(default_factory=dict)
+    # What a dry run could not check here (no broker; this host's proxy image), for the line saying so.
+    unchecked: tuple[str, ...] = ()
+    # The job existed with the same inputs: this submit continues it, and `trials` are those still to run.
+    resumed: bool = False
 
 
 def _check_options(opts: SubmitOptions, local: bool) -> None:
@@ -131,7 +138,9 @@ def prepare(
     `hosts`: the hosts that would run them (`login.cluster`: this host, or
     the live workers in the store), asked last, once the input is known
     good. A dry run is validated the same way; only a missing credential is
-    allowed in one, as the original runner allows it ("required for a real run").
+    allowed in one, as the original runner allows it ("required for a real run"),
+    and it starts no proxy, so `--local --dry-run` needs no proxy image. What a
+    dry run could not check (hosts unknown: `Cluster.unknown`) is `Prepared.unchecked`.
     """
     _check_options(opts, local)
     selection = load_selection(opts.path, opts.task_id)
@@ -186,19 +195,32 @@ def prepare(
         )
     except ValidationError as exc:  # e.g. a --job-name the options let through
         raise InputError(describe(exc)) from None
-    check_job_name_free(job)
+    previous = previous_job(job, agent_env, secret_kwargs)
+    job = previous or job
     secrets = [v for k, v in env_values.items() if is_sensitive_key(k)] + list(agent_env.values())
-    trials = expand(selection, job, hashes)
+    every = expand(selection, job, hashes)
+    # The same command again: the trials with no final record yet.
+    trials = every if previous is None else unfinished_trials(job, every)
     if visibility_timeout_sec is not None:
         check_visibility_timeout(trials, visibility_timeout_sec)
+    model_agent = opts.agent not in MODEL_FREE_AGENTS
     needs = Needs(
-        proxy=opts.agent not in MODEL_FREE_AGENTS,
+        proxy=model_agent and not (local and opts.dry_run),
         online_install=agent_plan.harness if baked.missing else None,
         paths=_served_paths(opts, selection, env_file),
         gateways=tuple(agent_plan.gateways),
         requests=tuple({trial.task_id: trial.request for trial in trials}.items()),
     )
-    check_cluster(hosts(), needs, baked.missing_line)
+    cluster = hosts()
+    check_cluster(cluster, needs, baked.missing_line)
+    unchecked: list[str] = []
+    if not cluster.known:
+        unchecked.append("the live worker hosts' roots, gateways, proxy image, agent install and "
+                         f"pre-warm pulls ({cluster.where})")  # fmt: skip
+    elif model_agent and not needs.proxy and not any(kit.proxy_image for kit in cluster.kits.values()):
+        unchecked.append(
+            "this host's inference proxy image (SCIENCEBENCH_PROXY_IMAGE, needed by the real run)"
+        )
     return Prepared(
         selection=selection,
         job=job,
@@ -206,6 +228,9 @@ def prepare(
         secret_values=[s for s in secrets if s],
         agent_env_values=agent_env,
         agent_kwarg_values=secret_kwargs,
+        first_trial=every[0],
+        unchecked=tuple(unchecked),
+        resumed=previous is not None,
     )
 
 
@@ -227,29 +252,64 @@ def _served_paths(
     return tuple(paths)
 
 
-def check_job_name_free(job: JobSpec) -> None:
-    """Refuse a job name that already has a job in the jobs directory.
+# What every submit makes anew: a submit of an existing job name may differ in these and still continue it.
+_NEW_PER_SUBMIT = frozenset({"job_id", "created_at", "agent_env_file", "agent_kwargs_file"})
+# How a job runs, not what it measures: a submit that continues a job may change these (from then on).
+_HOW_IT_RUNS = ("n_concurrent", "skip_pull", "weight", "placement")
+# Inputs whose values a refusal names but never prints: they may hold what the submitter keeps private.
+_PRIVATE = "--agent-env or secret --agent-kwarg values"
+_UNPRINTED = ("env_file", _PRIVATE, "agent.env", "agent.agent_kwargs")
+_OPTIONS = {"max_cost_usd": "--max-cost"}  # the run options whose flag is not their name
 
-    A job directory belongs to one submit: a different selection would mix
-    results, and the same one would find every trial already answered. To
-    re-run a job's errored trials use `retry --failed`.
+
+def previous_job(job: JobSpec, agent_env: dict[str, str], secret_kwargs: dict[str, str]) -> JobSpec | None:
+    """The job already submitted under `job`'s name, which this submit continues; None when the name is free.
+
+    The same command again continues a job (a crash, Ctrl-C or a reboot in
+    between): the selection's hash and every option must be those of the job,
+    the --agent-env and secret --agent-kwarg values the same by hash. Raises
+    JobConflictError naming the first input that differs.
     """
     existing = JobPaths(job.jobs_dir, job.job_name).job_spec
     if not existing.is_file():
-        return
+        return None
     try:
         previous = JobSpec.model_validate_json(existing.read_bytes())
     except (OSError, ValueError):
         raise JobConflictError(f"--job-name {job.job_name}: {existing} exists but is unreadable") from None
-    if previous.selection_sha256 != job.selection_sha256 or previous.agent != job.agent:
+    was = previous.model_dump(mode="json", exclude={*_NEW_PER_SUBMIT, *_HOW_IT_RUNS})
+    now = job.model_dump(mode="json", exclude={*_NEW_PER_SUBMIT, *_HOW_IT_RUNS})
+    kept = (previous.agent_env_file, previous.agent_kwargs_file)
+    was[_PRIVATE] = [f.sha256 if f else None for f in kept]
+    now[_PRIVATE] = [_private_sha256(v) if v else None for v in (agent_env, secret_kwargs)]
+    if differs := _first_difference(was, now):
         raise JobConflictError(
-            f"--job-name {job.job_name}: already used in {job.jobs_dir} by a different "
-            "selection or agent configuration; choose another name"
+            f"--job-name {job.job_name}: already used in {job.jobs_dir}, with {differs}; the same command "
+            "continues that job, another job needs another name"
         )
-    raise JobConflictError(
-        f"--job-name {job.job_name}: already submitted to {job.jobs_dir}; use "
-        f"`sciencebench retry {job.job_name} --failed` or choose another name"
-    )
+    return previous.model_copy(update={name: getattr(job, name) for name in _HOW_IT_RUNS})
+
+
+def _first_difference(was: object, now: object, path: str = "") -> str | None:
+    """The first input that differs between two job specs as JSON, for one line: its path, and its values."""
+    if isinstance(was, dict) and isinstance(now, dict):
+        for key in sorted(set(was) | set(now), key=str):
+            inner = f"{path}.{key}" if path else str(key)
+            if found := _first_difference(was.get(key), now.get(key), inner):
+                return found
+        return None
+    if was == now:
+        return None
+    name = _OPTIONS.get(path, f"--{path.replace('_', '-')}") if path in RunOptions.model_fields else path
+    scalars = all(isinstance(v, str | int | float | bool | None) for v in (was, now))
+    if not scalars or path.startswith(_UNPRINTED):
+        return f"{name} different"
+    return f"{name} {_short(was)} in the job, {_short(now)} here"
+
+
+def _short(value: object) -> str:
+    text = "none" if value is None else json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def check_visibility_timeout(trials: list[TrialSpec], configured_sec: int) -> None:
@@ -298,6 +358,8 @@ def persisted(prepared: Prepared, record: RunRecord) -> Iterator[Prepared]:
 
 
 def _write_job(prepared: Prepared, record: RunRecord, undo: list[Callable[[], None]]) -> Prepared:
+    if prepared.resumed:
+        return _write_resumed(prepared, record, undo)
     job = prepared.job
     paths = JobPaths(job.jobs_dir, job.job_name)
     try:
@@ -328,6 +390,29 @@ def _write_job(prepared: Prepared, record: RunRecord, undo: list[Callable[[], No
     return prepared
 
 
+def _write_resumed(prepared: Prepared, record: RunRecord, undo: list[Callable[[], None]]) -> Prepared:
+    """A continued job: its job.json with how it runs updated, its private files back if they were deleted."""
+    job = prepared.job
+    paths = JobPaths(job.jobs_dir, job.job_name)
+    step = "the --agent-env file"
+    try:
+        for kept, values in (
+            (job.agent_env_file, prepared.agent_env_values),
+            (job.agent_kwargs_file, prepared.agent_kwarg_values),
+        ):
+            if kept is not None and not kept.path.is_file():
+                _write_private_json(prepared.selection.path, kept.path.name, values, undo)
+        step = str(paths.job_spec)
+        undo.append(_restorer(paths.job_spec))
+        write_atomic(paths.job_spec, job.model_dump_json(indent=2), mode=JOB_SPEC_MODE)
+        step = str(SelectionPaths(prepared.selection.path).run_record)
+        undo.append(_restorer(SelectionPaths(prepared.selection.path).run_record))
+        write_run_record(prepared.selection.path, record, prepared.secret_values)
+    except OSError as exc:
+        raise InputError(f"cannot write {step} ({exc.strerror})") from None
+    return prepared
+
+
 def _make_dirs(path: Path, undo: list[Callable[[], None]]) -> None:
     """`mkdir -p path`, the topmost directory it created removed on undo."""
     missing = [p for p in (path, *path.parents) if not p.exists()]
@@ -342,7 +427,8 @@ def _restorer(path: Path) -> Callable[[], None]:
     old = path.read_bytes() if path.is_file() else None
     if old is None:
         return lambda: path.unlink(missing_ok=True)
-    return lambda: write_atomic(path, old)
+    mode = path.stat().st_mode & 0o777
+    return lambda: write_atomic(path, old, mode=mode)
 
 
 def _write_agent_env_file(prepared: Prepared, undo: list[Callable[[], None]]) -> Prepared:
@@ -377,14 +463,23 @@ def _write_private_json(
     _make_dirs(secrets_dir, undo)
     os.chmod(secrets_dir, 0o700)
     path = secrets_dir / name
-    text = json.dumps(values, sort_keys=True)
+    text = _private_text(values)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     undo.append(lambda: path.unlink(missing_ok=True))
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
-    return EnvFile(path=path, sha256=hashlib.sha256(text.encode()).hexdigest())
+    return EnvFile(path=path, sha256=_private_sha256(values))
+
+
+def _private_text(values: dict[str, str]) -> str:
+    return json.dumps(values, sort_keys=True)
+
+
+def _private_sha256(values: dict[str, str]) -> str:
+    """The hash a job spec keeps of a private file's values (`EnvFile.sha256`)."""
+    return hashlib.sha256(_private_text(values).encode()).hexdigest()
 
 
 def write_job_spec(job: JobSpec) -> None:

@@ -1,64 +1,66 @@
-"""How a trial's agent gets into its image: a baked image, or Pier's online install under checks.
+"""How a trial's agent gets into its image: a baked image, or the online install, both with no network.
 
 A baked image (`agent_image`, `sciencebench images bake`) is started as the
-prebuilt image, so Pier skips its install. Otherwise every build runs with
-no network, except Pier's online agent install (`agent_install="online"`):
-it may build with the network only `FROM` the task's pinned image, in a
-context holding nothing but Pier's Dockerfile, and only when that image has
-no `ONBUILD` triggers (checked before the build).
+prebuilt image, so Pier skips its install. Otherwise, where this worker
+installs agents online (`agent_install="online"`), the harness is installed
+into the task's pinned image with no network (`network.offlineinstall`) and
+that local image is started the same way. Pier's own install build (its
+`RUN` steps run the task image's bash, environment and binaries) runs only
+where online installs are off, and then, like every build, with no network.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import stat
-import tempfile
 from pathlib import Path
 from typing import Any
 
-import requests
 import yaml
-from docker.errors import DockerException
-from pier.environments.agent_setup import write_agent_dockerfile
 
+from sciencebench.bake.offline import BakeError
+from sciencebench.bake.recipes import RecipeError
 from sciencebench.core.agentimages import parse_agent_image_keyword
 from sciencebench.core.compose_policy import AGENT_SERVICE
 from sciencebench.core.errors import AgentImageMismatch, PolicyRefused
-from sciencebench.core.taskreview import task_user_problem
+from sciencebench.core.harnesses import bake_of
+from sciencebench.core.settings import DEFAULT_AGENT_ARTIFACTS, raw_setting
 from sciencebench.network.containerfiles import ContainerFilesEnvironment
-from sciencebench.network.onbuild import onbuild_triggers
+from sciencebench.network.offlineinstall import install_offline
 
-# The `agent_install` keyword: whether Pier's agent install may build with the network.
+# The `agent_install` keyword: whether this worker installs agents online (with no network in any build).
 AGENT_INSTALL_MODES = ("online", "baked")
 
 
-def _read_no_follow(path: Path) -> bytes:
-    """The bytes of the regular file `path` (not a symlink, not special); OSError otherwise."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise OSError(f"{path.name}: not a regular file")
-        return handle.read()
-
-
 class AgentInstallEnvironment(ContainerFilesEnvironment):
-    """The agent's install: a baked image started as the prebuilt one, or Pier's, checked first."""
+    """The agent's install: a baked image, or the online install's (made offline), started as prebuilt."""
 
     def __init__(
-        self, *args: Any, agent_image: object = None, agent_install: object = None, **kwargs: Any
+        self,
+        *args: Any,
+        agent_image: object = None,
+        agent_install: object = None,
+        agent_artifacts: object = None,
+        npm_registry: object = None,
+        **kwargs: Any,
     ) -> None:
         self._agent_image = agent_image
         self._agent_install = agent_install
+        self._agent_artifacts = Path(
+            str(agent_artifacts or raw_setting("agent_artifacts") or DEFAULT_AGENT_ARTIFACTS)
+        )
+        self._npm_registry = str(npm_registry or raw_setting("npm_registry") or "") or None
         self._force_build = False
         super().__init__(*args, **kwargs)
 
     async def _start_with_agent(self, force_build: bool) -> None:
-        """Pier's start, on the baked image when there is one, else after the online install's check."""
+        """Pier's start, on the baked image when there is one, else on the online install's image."""
         self._force_build = force_build
         baked = self._baked_image()
         if baked is None:
-            await self._check_online_install()
+            self._check_online_install()
+            if self._online_install:
+                baked = await self._install_offline()
+        if baked is None:
             await super().start(force_build=force_build)
         else:
             # Pier builds a derived image whenever the environment has an install
@@ -92,7 +94,7 @@ class AgentInstallEnvironment(ContainerFilesEnvironment):
 
     @property
     def _online_install(self) -> bool:
-        """Whether Pier's agent install builds with the network (this worker allows it, and there is one)."""
+        """Whether the agent is installed online (this worker allows it, and there is an install)."""
         mode = "online" if self._agent_install in (None, "") else self._agent_install
         return mode == "online" and self.agent_install_spec is not None
 
@@ -116,64 +118,36 @@ class AgentInstallEnvironment(ContainerFilesEnvironment):
         main = services.get(AGENT_SERVICE) if isinstance(services, dict) else None
         return isinstance(main, dict) and "build" in main
 
-    async def _check_online_install(self) -> None:
-        """Refuse an online agent install that would run anything of the task's with the network.
-
-        Pier's install build is `FROM` the task's pinned image in an otherwise
-        empty context; a Dockerfile-only task would have its own Dockerfile in
-        it, and `ONBUILD` triggers of the image would run first. Raises
-        PolicyRefused (nothing built) or, for a bad keyword, PolicyRefused too.
-        """
+    def _check_online_install(self) -> None:
+        """Refuse (PolicyRefused) a bad `agent_install` keyword, or an online install into no pinned image."""
         if self._agent_install not in (None, "", *AGENT_INSTALL_MODES):
             raise PolicyRefused(f"agent_install: expected one of {', '.join(AGENT_INSTALL_MODES)}")
-        if not self._online_install:
-            return
-        image = self.task_env_config.docker_image
-        if not image:
+        if self._online_install and not self.task_env_config.docker_image:
             raise PolicyRefused(
                 "an online agent install needs a task with a pinned docker_image (a Dockerfile-only task's "
-                "own build steps would run with the network); bake the agent image instead"
-            )
-        try:
-            triggers = await asyncio.to_thread(onbuild_triggers, image)
-        except (DockerException, requests.RequestException, OSError) as exc:
-            raise PolicyRefused(
-                f"the task image {image} could not be inspected for ONBUILD triggers "
-                f"({exc.__class__.__name__})"
-            ) from None
-        if triggers:
-            raise PolicyRefused(
-                f"the task image {image} has {len(triggers)} ONBUILD trigger(s), which Pier's online agent "
-                "install build would run with the network; refused"
+                "image is built for the trial); bake the agent image instead"
             )
 
-    def _online_context(self) -> Path | None:
-        """Pier's online agent-install build context, if it holds only the Dockerfile Pier writes for it.
+    async def _install_offline(self) -> str:
+        """The task image with the agent installed with no network (`network.offlineinstall`); its local name.
 
-        That Dockerfile is written again here, by Pier's own
-        `write_agent_dockerfile`, from the same install spec, the task's
-        pinned image and the agent's user (which must be a plain name or
-        `uid[:gid]`, as the task review requires): the context's must be
-        byte for byte the same, so no line of anyone else's builds with the
-        network.
+        The version is the one Pier was asked for, else (none, `latest`) the harness's pin.
+        Raises PolicyRefused for a harness with no recipe, RuntimeError (as
+        Pier's own failed install build) when its artifacts or the install fail.
         """
-        context = self._agent_build_context_dir
-        image = self.task_env_config.docker_image
         install = self.agent_install_spec
-        if not self._online_install or context is None or not image or install is None:
-            return None
-        user = self._resolve_user(None)
-        if task_user_problem("agent.user", user) is not None:
-            return None
+        image = self.task_env_config.docker_image
+        assert install is not None and image  # `_online_install` and `_check_online_install`
         try:
-            if os.listdir(context) != ["Dockerfile"]:
-                return None
-            written = _read_no_follow(Path(context) / "Dockerfile")
-            with tempfile.TemporaryDirectory(prefix="sciencebench-online-") as scratch:
-                expected = write_agent_dockerfile(
-                    build_dir=Path(scratch), source_environment_dir=Path(scratch),
-                    prebuilt_image_name=image, install=install, user=user,
-                ).read_bytes()  # fmt: skip
-        except OSError:
-            return None
-        return Path(context).resolve() if written == expected else None
+            pin = bake_of(install.agent_name).version
+            version = pin if install.version in (None, "", "latest") else install.version
+        except KeyError:
+            raise PolicyRefused(
+                f"{install.agent_name} cannot be installed online: sciencebench pins no artifacts of it"
+            ) from None
+        try:
+            return await asyncio.to_thread(
+                install_offline, image, install.agent_name, version, self._agent_artifacts, self._npm_registry
+            )
+        except (RecipeError, BakeError) as exc:
+            raise RuntimeError(f"Agent install failed: {exc}") from None

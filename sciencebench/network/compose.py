@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
+from sciencebench.core.errors import PolicyRefused
+from sciencebench.core.settings import DEFAULT_PIDS_LIMIT, MAX_PIDS_LIMIT, MIN_PIDS_LIMIT
 from sciencebench.dockerhost.labels import MANAGED_LABEL, OWNER_LABEL
 from sciencebench.network.squid import PROXY_PORT, SQUID_AUTH_FILE, SQUID_CONF_PATH
 
@@ -30,10 +31,6 @@ DROPPED_CAPS = ("NET_ADMIN", "NET_RAW")
 GATEWAY_MODE_OPTION = "com.docker.network.bridge.gateway_mode_ipv4"
 FORWARDING_SYSCTLS = {"net.ipv4.ip_forward": "0", "net.ipv6.conf.all.forwarding": "0"}
 NO_BUILD_NETWORK = {"network": "none"}
-# Processes (tasks) per container: a fork bomb in one trial would otherwise
-# exhaust the host's pid space for every trial on it. 4096 leaves room for a
-# real agent, whose node/python toolchains spawn hundreds of processes.
-DEFAULT_PIDS_LIMIT = 4096
 ROLE_LABEL = MANAGED_LABEL  # also what a worker's leftover sweep looks for
 
 
@@ -46,6 +43,25 @@ class ProxyFiles:
     passwd: str
     # (name, address): the proxy's hosts file resolves each pinned gateway name to its checked address
     hosts: tuple[tuple[str, str], ...] = ()
+
+
+def pids_limit_of(value: object) -> int:
+    """The pids limit a `pids_limit` keyword names (None: the default); PolicyRefused for a bad one.
+
+    Pier hands `--ek` values over JSON-decoded when they parse: an int, or
+    the string of one. The bounds are `Settings.pids_limit`'s.
+    """
+    if value is None:
+        return DEFAULT_PIDS_LIMIT
+    try:
+        limit = int(str(value).strip()) if not isinstance(value, bool) else None
+    except ValueError:
+        limit = None
+    if limit is None or not MIN_PIDS_LIMIT <= limit <= MAX_PIDS_LIMIT:
+        raise PolicyRefused(
+            f"pids_limit {value!r} is not a number of processes in {MIN_PIDS_LIMIT}..{MAX_PIDS_LIMIT}"
+        )
+    return limit
 
 
 def _literal(value: str) -> str:
@@ -152,14 +168,12 @@ def policy_compose(
     }
 
 
-def build_network_problems(model: Mapping[str, Any], online_context: Path | None = None) -> list[str]:
+def build_network_problems(model: Mapping[str, Any]) -> list[str]:
     """Every build of a rendered compose model that would run with a network, or that builds the proxy.
 
     `model` is what `docker compose config --format json` printed. Each
-    `build` must have `network: none`, except `main`'s when its context is
-    `online_context` (Pier's agent-install build on a worker that allows
-    online installs; the caller checked that nothing of the task is in it).
-    Only `main` may be built: the proxy image is pinned, never built.
+    `build` must have `network: none`; only `main` may be built (the proxy
+    image is pinned, never built).
     """
     services = model.get("services")
     problems: list[str] = []
@@ -171,10 +185,6 @@ def build_network_problems(model: Mapping[str, Any], online_context: Path | None
             problems.append(f"service {name}: built for the trial (only {AGENT_SERVICE!r} may be built)")
         if not isinstance(build, Mapping):
             problems.append(f"service {name}: build is not a mapping")
-            continue
-        context = build.get("context")
-        online = name == AGENT_SERVICE and online_context is not None and isinstance(context, str)
-        if online and Path(str(context)) == online_context:
             continue
         network = build.get("network")
         if network != "none":

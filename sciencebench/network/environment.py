@@ -28,7 +28,7 @@ from sciencebench.core.errors import PolicyViolation, TransferRefused
 from sciencebench.core.settings import raw_setting
 from sciencebench.dockerhost.hostlocks import owner_id
 from sciencebench.dockerhost.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
-from sciencebench.network.compose import PROXY_SERVICE, ProxyFiles, policy_compose
+from sciencebench.network.compose import PROXY_SERVICE, ProxyFiles, pids_limit_of, policy_compose
 from sciencebench.network.egress import EgressPlan, plan_egress
 from sciencebench.network.extract import extract_file
 from sciencebench.network.handoff import VerifierHandoffEnvironment
@@ -58,12 +58,16 @@ class IsolatedDockerEnvironment(VerifierHandoffEnvironment):
     container (default: computed from this host's state dir); `agent_image`,
     `{agent, version, image}` of the task image with the agent preinstalled
     (`sciencebench images bake`), run instead of Pier's per-trial install
-    build; `agent_install`, `online` (the default) when this worker lets
-    Pier's agent install build with the network, `baked` when every build
-    runs with none. A worker passes `proxy_image` and `owner`, so Pier's process
-    environment holds none of its settings. `start` raises PolicyRefused or
+    build; `agent_install`, `online` (the default) when this worker installs
+    the agent itself with no network (`network.offlineinstall`), `baked` when
+    only Pier's install build (offline too) is left; `agent_artifacts` and
+    `npm_registry`, where that install finds or fetches the harness's
+    artifacts. A worker passes these, so Pier's process environment holds
+    none of its settings. `start` raises PolicyRefused or
     PolicyViolation (both PolicyError), and AgentImageMismatch for an image
-    baked for another agent or version.
+    baked for another agent or version. `pids_limit` (the worker's `--pids-limit`;
+    default `SCIENCEBENCH_PIDS_LIMIT`, else 4096) bounds each container's
+    processes; inspection proves it, and the task's cpus and memory_mb.
 
     Lifecycle (`start`): plan (refuse what the policy cannot run) -> check the
     task's files as written (`core.taskreview.review_task_dir`) -> Pier's own
@@ -78,16 +82,15 @@ class IsolatedDockerEnvironment(VerifierHandoffEnvironment):
 
     The layers: `ContainerFilesEnvironment` (`network.containerfiles`: nothing
     mounted, every copy through the archive API and `network.transfer`),
-    `AgentInstallEnvironment` (`network.agentinstall`: a baked image, or Pier's
-    online install under its checks), `PolicyComposeEnvironment`
+    `AgentInstallEnvironment` (`network.agentinstall`: a baked image, or the
+    online install's, made with no network), `PolicyComposeEnvironment`
     (`network.policycompose`: the task's files and every rendered compose model
     checked, each `docker compose` with an allowlisted environment),
     `VerifierHandoffEnvironment` (`network.handoff`: a same-container verifier
     starts with no process of the agent's and an empty /logs/verifier), then this
     one: the egress plan (`network.egress`), the policy compose override and
     proxy, inspection and the record. Every image build the trial causes gets
-    `build.network: none` from the policy override, except Pier's online agent
-    install.
+    `build.network: none` from the policy override.
     """
 
     def __init__(
@@ -97,6 +100,7 @@ class IsolatedDockerEnvironment(VerifierHandoffEnvironment):
         proxy_image: str | None = None,
         owner: str | None = None,
         gateway_pins: object = None,
+        pids_limit: object = None,
         **kwargs: Any,
     ) -> None:
         # Decisions that can fail wait for start(): an exception raised here
@@ -106,6 +110,7 @@ class IsolatedDockerEnvironment(VerifierHandoffEnvironment):
         self._gateway_pins = gateway_pins
         self._proxy_image = proxy_image or raw_setting("proxy_image") or None
         self._owner = str(owner) if owner else None
+        self._pids_limit = pids_limit if pids_limit is not None else raw_setting("pids_limit") or None
         self._plan: EgressPlan | None = None
         super().__init__(*args, **kwargs)
 
@@ -128,6 +133,10 @@ class IsolatedDockerEnvironment(VerifierHandoffEnvironment):
             proxy_image=self._proxy_image,
             gateway_pins=self._gateway_pins,
         )
+
+    def _checked_pids_limit(self) -> int:
+        """The pids limit of the trial's containers: the worker's `pids_limit` keyword, else the default."""
+        return pids_limit_of(self._pids_limit)
 
     def _prepare_egress_proxy_compose(self) -> None:
         # Replaces Pier's version, which builds a squid image from ubuntu:24.04
@@ -156,8 +165,10 @@ class IsolatedDockerEnvironment(VerifierHandoffEnvironment):
             self._egress_proxy_env = proxy_environment(token, PROXY_SERVICE, PROXY_PORT)
         compose_path = directory / "docker-compose-policy.json"
         owner = self._owner or owner_id()
-        offline_build = self._builds and not self._online_install
-        compose = policy_compose(plan.mode, proxy, owner, offline_build=offline_build)
+        offline_build = self._builds
+        compose = policy_compose(
+            plan.mode, proxy, owner, offline_build=offline_build, pids_limit=self._checked_pids_limit()
+        )
         compose_path.write_text(json.dumps(compose, indent=2))
         self._policy_compose_path = compose_path
         if plan.mode == "isolated-allowlist":
@@ -174,6 +185,7 @@ class IsolatedDockerEnvironment(VerifierHandoffEnvironment):
         finish within 15 s, or the processes running cannot be listed.
         """
         self._plan = self._make_plan()
+        self._checked_pids_limit()  # a bad value is refused before anything starts
         if self._dropped_mounts:
             targets = ", ".join(str(m.get("target")) for m in self._dropped_mounts if isinstance(m, dict))
             self.logger.debug(f"mounts not made (their files are copied instead): {targets}")
@@ -202,7 +214,8 @@ class IsolatedDockerEnvironment(VerifierHandoffEnvironment):
             raise PolicyViolation([f"inspection failed: {exc}"]) from exc
         violations = inspect_policy(
             snapshot.engine_version, snapshot.containers, snapshot.networks, mode=plan.mode,
-            mount_roots=[str(root) for root in self._mount_roots],
+            mount_roots=[str(root) for root in self._mount_roots], pids_limit=self._checked_pids_limit(),
+            cpus=self.task_env_config.cpus, memory_mb=self.task_env_config.memory_mb,
         )  # fmt: skip
         if violations:
             await self._stop_after_violation()

@@ -17,12 +17,12 @@ from typing import Any
 import docker
 
 from sciencebench.core.harness import POLICY_NAME
+from sciencebench.core.settings import DEFAULT_PIDS_LIMIT
 from sciencebench.core.versions import parse_version
 from sciencebench.dockerhost.labels import COMPOSE_PROJECT_LABEL as PROJECT_LABEL
 from sciencebench.dockerhost.labels import COMPOSE_SERVICE_LABEL as SERVICE_LABEL
 from sciencebench.network.compose import (
     AGENT_SERVICE,
-    DEFAULT_PIDS_LIMIT,
     DROPPED_CAPS,
     FORWARDING_SYSCTLS,
     GATEWAY_MODE_OPTION,
@@ -145,6 +145,33 @@ def _pids_checks(container: Json, pids_limit: int) -> list[str]:
     return []
 
 
+def _resource_checks(container: Json, cpus: int | None, memory_mb: int | None) -> list[str]:
+    """The task's cpus and memory_mb are the container's limits (NanoCpus, Memory), swap bounded.
+
+    Pier writes them into compose (`deploy.resources.limits`); a task's own
+    compose file could set others, and compose merges them: what the Engine
+    applied is what counts. Without a value in the task, nothing is required.
+    """
+    name = _name(container)
+    host = container.get("HostConfig") or {}
+    failures: list[str] = []
+    if cpus is not None:
+        nano = host.get("NanoCpus")
+        if nano != cpus * 1_000_000_000 or host.get("CpuQuota") or host.get("CpuPeriod"):
+            failures.append(
+                f"{name}: HostConfig.NanoCpus is {nano!r} (quota {host.get('CpuQuota')!r}), "
+                f"expected the task's {cpus} cpus"
+            )
+    if memory_mb is not None:
+        memory = host.get("Memory")
+        if memory != memory_mb << 20:
+            failures.append(f"{name}: HostConfig.Memory is {memory!r}, expected the task's {memory_mb} MB")
+        swap = host.get("MemorySwap")
+        if isinstance(swap, int) and swap < 0:
+            failures.append(f"{name}: HostConfig.MemorySwap is {swap} (unlimited swap)")
+    return failures
+
+
 def _within(source: str, roots: Sequence[str]) -> bool:
     """Whether a bind source lies under a root, as written and with symlinks followed on this host.
 
@@ -202,6 +229,8 @@ def inspect_policy(
     proxy_service: str = PROXY_SERVICE,
     mount_roots: Sequence[str] | None = None,
     pids_limit: int = DEFAULT_PIDS_LIMIT,
+    cpus: int | None = None,
+    memory_mb: int | None = None,
 ) -> list[str]:
     """Every check the started trial fails; an empty list means it complies.
 
@@ -212,8 +241,9 @@ def inspect_policy(
     all) or `isolated-allowlist` (agent on one internal isolated bridge shared
     only with the proxy). `mount_roots` are the host directories bind mounts
     may come from (the trial's and the task's). The agent and the proxy must
-    have a `HostConfig.PidsLimit` in 1..`pids_limit`. Never raises on malformed
-    input: a missing field is a failed check.
+    have a `HostConfig.PidsLimit` in 1..`pids_limit`; the agent has the task's
+    `cpus` and `memory_mb` as its limits when the task sets them. Never raises
+    on malformed input: a missing field is a failed check.
     """
     failures: list[str] = []
     major = engine_major(engine_version)
@@ -241,6 +271,7 @@ def inspect_policy(
     if len(agents) != 1:
         return failures
     agent = agents[0]
+    failures.extend(_resource_checks(agent, cpus, memory_mb))
     agent_mode = (agent.get("HostConfig") or {}).get("NetworkMode")
 
     if mode == "none":

@@ -204,7 +204,7 @@ class PolicyComposeEnvironment(AgentInstallEnvironment):
         except json.JSONDecodeError:
             return "docker compose config printed no JSON model"
         # No bind mount may be written: Pier's log mounts are gone (logs are copied), the task's read-only.
-        problems = build_network_problems(model, self._online_context())
+        problems = build_network_problems(model)
         if self._uses_compose:
             problems += compose_problems(
                 model,

@@ -44,7 +44,7 @@ class HostRuntime(Protocol):
         ...
 
     def environment_kwargs(self) -> dict[str, str]:
-        """Host-side `--ek` keywords for the policy environment (proxy image, owner id)."""
+        """Host-side `--ek` keywords for the policy environment (proxy image, owner id, pids limit)."""
         ...
 
     def ensure_images(self, refs: list[str], platform: str, skip_pull: bool) -> None:
@@ -61,6 +61,12 @@ class HostRuntime(Protocol):
 
     def cleanup_trial(self, trial_name: str) -> None:
         """Remove the trial's containers, networks, volumes and derived images (best effort)."""
+        ...
+
+    def watch_disk(
+        self, trial_names: Callable[[], list[str]]
+    ) -> AbstractContextManager[Callable[[], str | None]]:
+        """Hold while Pier runs: yields what says why a container of these trials went past the disk limit."""
         ...
 
 
@@ -125,11 +131,11 @@ def worker_context(default: Callable[[], WorkerContext]) -> WorkerContext:
         return _context
 
 
-def docker_runtime(settings: Settings) -> HostRuntime:
-    """The real engine seam (imported late: it loads the Docker SDK)."""
+def docker_runtime(settings: Settings, coord: Coordinator | None = None) -> HostRuntime:
+    """The real engine seam (imported late: it loads the Docker SDK); `coord` shares registry back-offs."""
     from sciencebench.worker.runtime import DockerRuntime
 
-    return DockerRuntime(settings)
+    return DockerRuntime(settings, coord)
 
 
 _job_cache: dict[Path, tuple[float, JobSpec]] = {}

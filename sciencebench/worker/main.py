@@ -25,6 +25,7 @@ from sciencebench.coordination.redis.placement import RedisPlacementStore
 from sciencebench.coordination.watchdog import start_watchdog
 from sciencebench.core.errors import InputError, PreflightError, PullError
 from sciencebench.core.settings import Settings
+from sciencebench.core.sizes import format_size
 from sciencebench.worker import preflight
 from sciencebench.worker.app import app
 from sciencebench.worker.context import WorkerContext, docker_runtime, use_context
@@ -44,7 +45,8 @@ HOLDINGS_CHECK_SEC = 1.0
 
 def worker_settings(settings: Settings, **overrides: Any) -> Settings:
     """The worker's settings with its command-line options; InputError when it serves nothing."""
-    settings = settings.model_copy(update={k: v for k, v in overrides.items() if v})
+    # An option not given is None (or no value at all); a 0 given (`--disk-limit 0`) counts.
+    settings = settings.model_copy(update={k: v for k, v in overrides.items() if v is not None and v != ()})
     if not settings.jobs_roots or not settings.selection_roots:
         raise InputError(
             "a worker serves only the directories it is given: set --jobs-root and --selection-root "
@@ -64,6 +66,7 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     coord.ping()
     prepare_host(platform, settings)
     log.info(preflight.ensure_proxy_image(settings.proxy_image))
+    log.info(limits_line(settings))
     # One name for this worker everywhere: Celery's node name (`w1@host`) is
     # what heartbeats, pauses, unfit marks and records say.
     nodename = host_format(default_nodename(hostname or ""))
@@ -86,7 +89,7 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     # Forked pool processes build their context with these settings, not from the environment alone.
     use_context(lambda: cluster_context(settings))
     # Runs that dead worker processes of this host left after their Pier ended: committed, not run again.
-    keeper = WorkerContext(coord=coord, runtime=docker_runtime(settings), settings=settings)
+    keeper = WorkerContext(coord=coord, runtime=docker_runtime(settings, coord), settings=settings)
     _recover(keeper)
     pier_bin = settings.pier_bin
     # Imports Pier in the background while Celery starts; pool processes share it.
@@ -155,8 +158,17 @@ def _purge(app: Celery, queue: str) -> int:
         return int(cast(Any, connection.default_channel).queue_purge(queue) or 0)
 
 
+def limits_line(settings: Settings) -> str:
+    """The worker log's line of what each trial container may use (`--pids-limit`, `--disk-limit`)."""
+    disk = format_size(settings.disk_limit) if settings.disk_limit else "not watched"
+    return f"each trial container: at most {settings.pids_limit} processes; writable layer {disk}"
+
+
 def host_kit(settings: Settings, slots: int = 0) -> HostKit:
-    """What this host brings to a job, for submit to check: agent install, proxy, roots, gateways, room."""
+    """What this host brings to a job, for submit to check: agent install, proxy, roots, gateways, room.
+
+    Its limits (pids, disk) are reported too, for `status` and the operator.
+    """
     capacity = settings.capacity
     return HostKit(
         slots=slots,
@@ -168,6 +180,8 @@ def host_kit(settings: Settings, slots: int = 0) -> HostKit:
         selection_roots=tuple(str(root) for root in settings.selection_roots),
         env_file_roots=tuple(str(root) for root in settings.env_file_roots),
         gateways=tuple(gateway.origin for gateway in settings.gateways),
+        pids_limit=settings.pids_limit,
+        disk_limit=settings.disk_limit,
     )
 
 

@@ -11,10 +11,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 
 from sciencebench import coordination
+from sciencebench.coordination.protocol import Coordinator
+from sciencebench.coordination.registries import RedisRegistryMarks
 from sciencebench.core.errors import BrokerUnavailableError, PreflightError, PullError, RefusedError
 from sciencebench.core.models import JobSpec
 from sciencebench.core.settings import Settings
@@ -23,6 +26,7 @@ from sciencebench.dockerhost.naming import pier_trial_prefix
 from sciencebench.worker import preflight
 from sciencebench.worker.docker.budget import ImageBudget
 from sciencebench.worker.docker.cleanup import remove_trial, sweep_leftovers
+from sciencebench.worker.docker.diskwatch import watching
 from sciencebench.worker.docker.engine import ClientPerProcess, connect
 from sciencebench.worker.docker.images import ImagePuller, pull_log_path
 
@@ -33,15 +37,35 @@ PREFLIGHT_TTL_SEC = 60.0
 
 
 class DockerRuntime:
-    """The `HostRuntime` of a real worker host (one per worker process)."""
+    """The `HostRuntime` of a real worker host (one per worker process).
 
-    def __init__(self, settings: Settings) -> None:
+    With the cluster's store (`coord`), no pull goes to a registry the cluster is backing off from.
+    """
+
+    def __init__(self, settings: Settings, coord: Coordinator | None = None) -> None:
         self.settings = settings
-        self.puller = ImagePuller(state=settings.state_dir, image_budget=settings.image_budget)
+        self._coord = coord
+        gate = self._registry_wait if coord is not None else None
+        self.puller = ImagePuller(
+            state=settings.state_dir, image_budget=settings.image_budget, registry_gate=gate
+        )
         self._report: preflight.HostReport | None = None
         self._checked_at = -PREFLIGHT_TTL_SEC
         self._client = ClientPerProcess()
         self._lock = threading.Lock()
+
+    def _registry_wait(self, registry: str) -> tuple[float, str] | None:
+        """(seconds left, last answer) of the cluster's back-off from `registry`; None: pull now."""
+        if self._coord is None:
+            return None
+        try:
+            marks = RedisRegistryMarks(self._coord)
+            state = marks.state(registry)
+            wait = state.wait_sec(marks.now()) if state is not None else 0.0
+        except Exception:  # the mark is advice: a store blip lets the pull go
+            log.warning("registry %s: the cluster's back-off could not be read", registry, exc_info=True)
+            return None
+        return (wait, state.status) if state is not None and wait > 0 else None
 
     def check_host(self, fresh: bool = False) -> preflight.HostReport:
         """Raise PreflightError when this host cannot run trials now.
@@ -71,8 +95,15 @@ class DockerRuntime:
             raise RefusedError(str(exc)) from None
 
     def environment_kwargs(self) -> dict[str, str]:
-        """Host-side keywords of the policy environment: proxy image, agent install, the host's owner id."""
-        kwargs = {"owner": owner_id(self.settings.state_dir), "agent_install": self.settings.agent_install}
+        """Host-side keywords of the policy environment: proxy image, agent install, owner id, pids limit."""
+        kwargs = {
+            "owner": owner_id(self.settings.state_dir),
+            "agent_install": self.settings.agent_install,
+            "pids_limit": str(self.settings.pids_limit),
+            "agent_artifacts": str(self.settings.agent_artifacts),
+        }
+        if self.settings.npm_registry:
+            kwargs["npm_registry"] = self.settings.npm_registry
         if self.settings.proxy_image:
             kwargs["proxy_image"] = self.settings.proxy_image
         return kwargs
@@ -88,6 +119,12 @@ class DockerRuntime:
     def live_trial(self, task_dir_name: str) -> AbstractContextManager[None]:
         """Hold while Pier runs: a sweep by any worker of this host spares the trial."""
         return hold_live_trial(pier_trial_prefix(task_dir_name), state=self.settings.state_dir)
+
+    def watch_disk(
+        self, trial_names: Callable[[], list[str]]
+    ) -> AbstractContextManager[Callable[[], str | None]]:
+        """Watch the writable layers of these trials' containers against `--disk-limit` (`diskwatch`)."""
+        return watching(self.settings.disk_limit, trial_names)
 
     def cleanup_trial(self, trial_name: str) -> None:
         """Remove the trial's compose projects (best effort; problems are logged)."""
@@ -138,9 +175,7 @@ def host_preflight(platform: str, jobs_dir: Path | None, pier_bin: str, broker: 
     lines = [f"ok: {line}" for line in report.lines()]
     settings = Settings.from_env()
     lines.append(f"ok: {preflight.ensure_proxy_image(settings.proxy_image)}")
-    lines.append(
-        f"ok: agents {'installed by Pier online' if settings.agent_install == 'online' else 'baked only'}"
-    )
+    lines.append(f"ok: agents {'installed online' if settings.agent_install == 'online' else 'baked only'}")
     if broker:
         try:
             coordination.connect(settings).ping()

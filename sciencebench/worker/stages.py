@@ -29,6 +29,8 @@ from sciencebench.core.errors import (
     HarnessError,
     HarnessTimeoutError,
     RefusedError,
+    RegistryError,
+    ResourceLimitError,
     Stage,
     WorkspaceError,
 )
@@ -66,6 +68,7 @@ class Try:
     retryable: bool
     retry_after_sec: float | None = None  # a provider failure's Retry-After, when a log showed one
     leftovers: tuple[str, ...] = ()  # Pier's trial directories whose compose projects `clean_up` removes
+    refused: RegistryError | None = None  # the registry that pushed back the try's pull
 
 
 # --- the task's files: a snapshot of the worker's own, then every check on it ------------------
@@ -139,7 +142,9 @@ def run_try(
     preflight  what this job needs of the host (its platform)
     pull       pinned images present, pulled by digest at most once per host
     harness    one Pier process in a private scratch job directory, with a
-               clean environment (`process.pier_environment`)
+               clean environment (`process.pier_environment`); its containers'
+               writable layers watched (`docker.diskwatch`): one past the
+               host's --disk-limit ends the try (ResourceLimitError)
     collect    Pier's result read, patch boundary checked (also for a try whose
                process died after Pier ended: `ended_try`, `worker.recovery`)
     """
@@ -176,15 +181,22 @@ def run_try(
     env = process.pier_environment(dict(os.environ), secrets, job.platform, process.SCIENCEBENCH_PATH, passed)
     zygote_env = process.zygote_environment(job.platform, passed) if ctx.settings.warm_pier else None
     timeout_sec = spec.expected_sec * 1.25 + 300
-    with ctx.runtime.live_trial(spec.task_dir.name):
+
+    def trial_names() -> list[str]:  # Pier names its trial once it starts
+        return [trial_dir.name for trial_dir in find_trial_dirs(scratch / PIER_JOB)]
+
+    with ctx.runtime.live_trial(spec.task_dir.name), ctx.runtime.watch_disk(trial_names) as over_disk:
         run = timed("harness", lambda: ctx.pier(
             argv, env, cwd=scratch, log_path=scratch / "pier.log", timeout_sec=timeout_sec,
-            should_stop=lambda: heartbeat.should_stop, zygote_env=zygote_env,
+            should_stop=lambda: heartbeat.should_stop or over_disk() is not None, zygote_env=zygote_env,
         ))  # fmt: skip
+        exceeded = over_disk()
     trial_dirs = find_trial_dirs(scratch / PIER_JOB)
     leftovers = tuple(trial_dir.name for trial_dir in trial_dirs)
     try:
         _tidy_trial_dirs(spec, scratch, trial_dirs)
+        if exceeded is not None:  # a container went past the host's disk limit: Pier was stopped
+            raise ResourceLimitError(exceeded)
         if run.cancelled:
             cancelled = Cancelled("job cancelled while the trial ran")
             record = failure_record(

@@ -41,8 +41,8 @@ log = logging.getLogger(__name__)
 
 def cluster_context(settings: Settings) -> WorkerContext:
     """A cluster worker's context: the Redis store and this host's Docker Engine."""
-    return WorkerContext(coord=connect(settings), runtime=docker_runtime(settings),
-                         settings=settings)  # fmt: skip
+    coord = connect(settings)
+    return WorkerContext(coord=coord, runtime=docker_runtime(settings, coord), settings=settings)
 
 
 def context() -> WorkerContext:

@@ -1,8 +1,11 @@
 """A claimed trial's tries: run again while a failure is worth another try and the job allows it.
 
 A try that failed on its model provider is run again after a back-off, up
-to --provider-retries; any other failure whose class is not deterministic
-(`core.errors`), up to --max-retries, after 2, 4, ... s. A failed try on a
+to --provider-retries; a pull its registry pushed back (`RegistryError`)
+after the registry's cluster-wide back-off (`coordination.registries`) until
+the registry deadline, whatever --max-retries says; any other failure whose
+class is not deterministic (`core.errors`), up to --max-retries, after 2,
+4, ... s. A failed try on a
 host found unhealthy raises `HostFault` (the host's fault, not the job's);
 `NoRoomError` goes up too (the trial goes back to the queue).
 """
@@ -10,12 +13,14 @@ host found unhealthy raises `HostFault` (the host's fault, not the job's);
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+import random
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sciencebench.coordination.gateways import GatewayLimits, GatewaySlot
 from sciencebench.coordination.heartbeat import Heartbeat
-from sciencebench.core.errors import Cancelled, NoRoomError, PreflightError, Stage, TrialError
+from sciencebench.coordination.registries import RedisRegistryMarks, backoff_sec
+from sciencebench.core.errors import Cancelled, NoRoomError, PreflightError, RegistryError, Stage, TrialError
 from sciencebench.core.failures import failure_record
 from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec, TryRecord
 from sciencebench.core.settings import Settings
@@ -66,9 +71,18 @@ def run_tries(
         if attempt.record.errored and provider is None:
             _raise_if_host_unfit(ctx, tries)
         delay = next_try(job, ctx.settings, tries)
+        if delay is not None and attempt.refused is not None:
+            delay = _registry_wait(ctx, attempt.refused, delay, registry_left(ctx.settings, tries))
         if delay is None:
             break
         tries[-1] = cleaned(ctx.runtime, attempt)  # nothing of it waits out the back-off
+        if attempt.refused is not None:  # the trial keeps its lease (heartbeat), its gateway slot is back
+            log.warning("%s: try %d failed on its registry %s (%s); try again in %.0fs", spec.label, number,
+                        attempt.refused.registry, attempt.refused.status, delay)  # fmt: skip
+            _sleep(ctx, delay, heartbeat)
+            if heartbeat.should_stop:
+                break
+            continue
         if provider is not None:
             reruns = _reruns(tries) + 1
             log.warning("%s: try %d failed on its provider (%s); rerun %d of %d in %.0fs", spec.label, number,
@@ -87,19 +101,71 @@ def next_try(job: JobSpec, settings: Settings, tries: list[Try]) -> float | None
     """After the last of `tries`: the wait before another try (s), or None when it is the last one.
 
     A provider failure is run again up to --provider-retries times
-    (`provider_backoff`); any other failure whose class is not deterministic
-    up to --max-retries times, after 2, 4, ... s (at most 60).
+    (`provider_backoff`); a registry failure until the registry deadline
+    (`registry_left`; the wait here is this host's own estimate, the store's
+    shared one replaces it in `run_tries`); any other failure whose class is
+    not deterministic up to --max-retries times, after 2, 4, ... s (at most
+    60). Neither provider nor registry failures count against --max-retries.
     """
-    last, number, reruns = tries[-1], len(tries), _reruns(tries)
+    last, number = tries[-1], len(tries)
+    if last.record.registry_status is not None:
+        refusals = sum(1 for attempt in tries if attempt.record.registry_status is not None)
+        if registry_left(settings, tries) <= 0:
+            return None
+        return backoff_sec(refusals, None, settings.registry_backoff_sec, settings.registry_backoff_max_sec)
+    reruns = _reruns(tries) + sum(1 for attempt in tries[:-1] if attempt.record.registry_status is not None)
     if last.record.provider_status is not None:
+        provider_reruns = _reruns(tries)
         return (
-            provider_backoff(settings, reruns + 1, last.retry_after_sec)
-            if reruns < job.provider_retries
+            provider_backoff(settings, provider_reruns + 1, last.retry_after_sec)
+            if provider_reruns < job.provider_retries
             else None
         )
     if not last.retryable or number - reruns > job.max_retries:
         return None
     return min(2.0 ** (number - reruns), 60.0)
+
+
+def registry_left(settings: Settings, tries: list[Try]) -> float:
+    """Seconds left of the registry deadline, counted from the first try its registry pushed back."""
+    refused = [t.record.finished_at for t in tries if t.record.registry_status and t.record.finished_at]
+    if not refused:
+        return settings.registry_deadline_sec
+    elapsed = (datetime.now(UTC) - min(refused)).total_seconds()
+    return settings.registry_deadline_sec - elapsed
+
+
+def _registry_wait(ctx: WorkerContext, refused: RegistryError, estimate: float, left: float) -> float | None:
+    """The wait before pulling from `refused.registry` again, as the cluster agreed; None: past the deadline.
+
+    A refusal the registry answered is marked in the store
+    (`coordination.registries`), which returns the registry's `not_before`
+    across every host; a pull held back (not `asked`) waits the rest of that
+    wait; a store that does not answer leaves this host's own `estimate`.
+    Each trial adds up to 10 % (the trials of the cluster do not all come back
+    at once). A wait that would end past the deadline (`left` seconds away)
+    ends the trial now.
+    """
+    settings = ctx.settings
+    try:
+        if refused.asked:
+            marks = RedisRegistryMarks(ctx.coord)
+            state = marks.refused(
+                refused.registry, refused.status, str(refused), refused.hint_sec,
+                settings.registry_backoff_sec, settings.registry_backoff_max_sec,
+            )  # fmt: skip
+            wait = state.wait_sec(marks.now())
+        else:
+            wait = refused.hint_sec or 0.0
+    except Exception:  # the mark is advice: a store blip leaves this host's own back-off
+        log.warning("registry %s: its back-off could not be shared", refused.registry, exc_info=True)
+        wait = estimate if refused.hint_sec is None else max(refused.hint_sec, estimate)
+    wait *= 1.0 + 0.1 * random.random()  # noqa: S311  (jitter, not a secret)
+    if wait > left:
+        log.warning("registry %s: its wait of %.0fs ends past the registry deadline (%.0fs left)",
+                    refused.registry, wait, max(left, 0.0))  # fmt: skip
+        return None
+    return wait
 
 
 def _reruns(tries: list[Try]) -> int:
@@ -136,6 +202,10 @@ def _one_try(
         )
     except NoRoomError:
         raise  # not this trial's failure: it goes back to the queue
+    except RegistryError as exc:  # the registry's trouble: waited out (`run_tries`), never the model's
+        record = failure_record(spec, exc, worker=ctx.settings.hostname, started=started,
+                                registry_status=exc.status)  # fmt: skip
+        return Try(record=record, pier_dir=None, retryable=False, refused=exc)
     except TrialError as exc:
         record = failure_record(spec, exc, worker=ctx.settings.hostname, started=started)
         return Try(record=record, pier_dir=None, retryable=not exc.deterministic)
@@ -212,4 +282,5 @@ def _summary_of(record: TrialRecord) -> TryRecord:
         trial_dir=record.trial_dir, exception_type=record.exception_type,
         exception_message=record.exception_message, stage=record.stage,
         worker=record.worker, finished_at=record.finished_at, provider_status=record.provider_status,
+        registry_status=record.registry_status,
     )  # fmt: skip

@@ -5,8 +5,9 @@ creates and on the Engine's default bridge, which is what an unpoliced
 build's `RUN` reaches) logs every request. Each task's build asks it for a
 path of its own: without the policy the build reaches it (a plain build of
 the same Dockerfile, so the test can fail), under the policy it does not,
-and the trial still runs and gets its reward. A pinned image with `ONBUILD`
-triggers is refused before Pier's online agent-install build starts.
+and the trial still runs and gets its reward. An online agent install into
+a Dockerfile-only task is refused (its image is built for the trial; the
+online install, tests/docker/test_online_install.py, needs a pinned one).
 """
 
 from __future__ import annotations
@@ -187,46 +188,6 @@ def test_a_build_that_needs_no_network_still_succeeds(
         assert json.loads(override.read_text())["services"]["main"]["build"] == {"network": "none"}
     finally:
         remove_project_images(docker_client, result)
-
-
-@pytest.fixture
-def onbuild_image(base_image: str, registry: str, tmp_path: Path) -> Iterator[str]:
-    """A pinned image (pushed, by digest) whose `ONBUILD` trigger would run in a derived build."""
-    context = tmp_path / "onbuild"
-    context.mkdir()
-    (context / "Dockerfile").write_text(f"FROM {base_image}\nONBUILD RUN touch /onbuild-ran\n")
-    tag = f"{registry}/sciencebench-test/onbuild:{uuid.uuid4().hex[:8]}"
-    subprocess.run(
-        ["docker", "build", "-q", "-t", tag, str(context)], capture_output=True, check=True, timeout=300
-    )
-    subprocess.run(["docker", "push", "-q", tag], capture_output=True, check=True, timeout=300)
-    digests = subprocess.run(
-        ["docker", "image", "inspect", "-f", "{{json .RepoDigests}}", tag],
-        capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
-    (pinned,) = [d for d in json.loads(digests.stdout) if d.startswith(tag.rsplit(":", 1)[0] + "@")]
-    try:
-        yield pinned
-    finally:
-        subprocess.run(["docker", "image", "rm", "-f", tag], capture_output=True, timeout=120)
-
-
-def test_onbuild_triggers_of_the_pinned_image_are_refused_before_an_online_install(
-    onbuild_image: str, tmp_path: Path, docker_client: docker.DockerClient
-) -> None:
-    task = write_task(
-        tmp_path / "onbuild", {"Dockerfile": f"FROM {onbuild_image}\n"}, docker_image=onbuild_image
-    )
-    # claude-code is a Pier installed agent: its install is a derived build `FROM` the task image.
-    result = pier_run(
-        task, tmp_path / "jobs", "onbuild", "--agent", "claude-code", "--ek", "agent_install=online"
-    )
-    info = result["exception_info"]
-    assert info is not None and info["exception_type"] == "PolicyRefused", info
-    assert "ONBUILD" in info["exception_message"] and onbuild_image in info["exception_message"]
-    project = Path(result["_trial_dir"]).name
-    # Nothing was built for the trial (no image of its compose project).
-    assert docker_client.images.list(filters={"label": f"com.docker.compose.project={project}"}) == []
 
 
 def test_a_dockerfile_task_with_an_online_install_is_refused(

@@ -1,25 +1,21 @@
-"""Pier's online agent install, for real: Pier's own Claude Code install script in Pier's derived build.
+"""The online agent install, for real, against task images that attack it: nothing of theirs gets a network.
 
 No baked image is recorded and this host installs agents online
-(`SCIENCEBENCH_AGENT_INSTALL=online`, the default), so Pier builds its
-derived agent image `FROM` the task's pinned image, in a context holding
-only its own Dockerfile, and under the policy's `agent_install="online"`
-default that build keeps the network. Its `RUN`s are
-Pier 0.3.0's unchanged install steps for Claude Code; the task image
-(tests/fixtures/online_install.py) gives them Node, npm, a no-op `apk` (so
-Pier's script takes its `npm install -g` branch rather than piping
-claude.ai's install script into bash) and `npm_config_registry` naming a
-fixture npm registry container this module starts on the default bridge.
-That registry serves `@anthropic-ai/claude-code`, built from the pinned
-native binary. The task image has no `claude`: the agent that then solves
-the demo's task 001 against the scripted gateway (tests/fixtures/gateway_lab.py)
-is the one Pier's build installed.
+(`SCIENCEBENCH_AGENT_INSTALL=online`, the default), with an empty artifact
+cache, so the worker fetches Claude Code's pinned package from a fixture npm
+registry (`SCIENCEBENCH_NPM_REGISTRY`, a container this module starts on the
+default bridge), checks its integrity and installs it into the task image
+with no network (`network.offlineinstall`). The task images
+(tests/fixtures/online_install.py) try to reach that registry whenever
+their own code runs: `BASH_ENV`, a trojaned `bash`, `LD_PRELOAD` (where this
+host has `cc`), and on task 002's image an `ONBUILD` trigger. The registry
+sees the worker's fetch and nothing else, and the agent that then solves the
+demo's task 001 against the scripted gateway (tests/fixtures/gateway_lab.py),
+in both trials side by side, is the one the install put there.
 
-In the same job (two trials side by side) a task whose pinned image has an
-`ONBUILD` trigger is refused before anything is built. With
-`agent_install=baked` (a direct `pier run`: `sciencebench submit` has no
-environment keywords) the same install runs with no network and reaches
-nothing.
+With `agent_install=baked` (a direct `pier run`: `sciencebench submit` has no
+environment keywords) Pier's own install build runs, with no network, and
+reaches nothing either.
 
 Traffic goes only to loopback (the image registry) and to containers this
 module starts (the npm registry, the gateway) or trials create.
@@ -32,6 +28,7 @@ import os
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before anything imports Pier
 
 import json
+import shutil
 import subprocess
 import tomllib
 import uuid
@@ -47,7 +44,14 @@ from sciencebench.core.harnesses import bake_of
 from sciencebench.demo import PROJECT, SOLUTIONS, write_task
 from tests.docker.test_network_pier_run import Task, pier_run
 from tests.fixtures.gateway_lab import GatewayLab
-from tests.fixtures.online_install import ONBUILD_PATH, PACKAGE, NpmRegistry, build_task_images, write_package
+from tests.fixtures.online_install import (
+    ATTACK_PATHS,
+    ONBUILD_PATH,
+    PACKAGE,
+    NpmRegistry,
+    build_attack_images,
+    write_package,
+)
 from tests.fixtures.services import VENV_BIN, local_host_env
 
 pytestmark = pytest.mark.docker
@@ -60,6 +64,7 @@ GATEWAY_PORT = 4000
 FIX = "cd /app/project && sed -i 's/\\$(( \\$1 - \\$2 ))/$(( $1 + $2 ))/' calc.sh"
 SCRIPTS = [{"name": "calc-fix", "match": "calc.sh", "commands": [FIX], "final": "Fixed add in calc.sh."}]
 PACKUMENT_PATH = "/" + PACKAGE.replace("/", "%2f")
+ONLINE_REPOSITORY = "sciencebench-online/claude-code"
 
 
 # --- fixtures ----------------------------------------------------------------------
@@ -86,21 +91,23 @@ def npm(
 
 @dataclass
 class Images:
-    task: str  # Node, npm, the no-op apk, npm_config_registry; no claude
+    task: str  # BASH_ENV, a trojaned bash, LD_PRELOAD where `preload`; no claude
     onbuild: str  # the same, with an ONBUILD trigger asking the npm registry for ONBUILD_PATH
     verifier: str  # the demo's verifier image
+    preload: bool  # whether LD_PRELOAD is one of the attacks (this host has `cc`)
 
 
 @pytest.fixture(scope="module")
 def images(
-    docker_client: docker.DockerClient, demo_selection: Path, npm: NpmRegistry, registry: str
-) -> Iterator[Images]:
+    docker_client: docker.DockerClient, demo_selection: Path, npm: NpmRegistry, registry: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Images]:  # fmt: skip
     demo = tomllib.loads((demo_selection / "task_001" / "task.toml").read_text())
-    task, onbuild = build_task_images(
-        docker_client, demo["environment"]["docker_image"], npm.url,
-        f"{registry}/sciencebench-test/online-install", PROJECT,
+    task, onbuild, preload = build_attack_images(
+        docker_client, demo["environment"]["docker_image"], npm.ip,
+        f"{registry}/sciencebench-test/online-install", PROJECT, tmp_path_factory.mktemp("attack"),
     )  # fmt: skip
-    yield Images(task, onbuild, demo["verifier"]["environment"]["docker_image"])
+    yield Images(task, onbuild, demo["verifier"]["environment"]["docker_image"], preload)
     for ref in (task, onbuild):
         repository = ref.split("@", 1)[0]
         for image in docker_client.images.list(name=repository):
@@ -109,7 +116,7 @@ def images(
 
 @pytest.fixture(scope="module")
 def selection(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Task 001 on the online-install image, task 002 (the same fix) on its ONBUILD twin."""
+    """Task 001 on the attacking image, task 002 (the same fix) on its ONBUILD twin."""
     root = tmp_path_factory.mktemp("online-install") / "selection"
     write_task(root, "001", images.task, images.verifier, SOLUTIONS["001"])
     write_task(root, "002", images.onbuild, images.verifier, SOLUTIONS["001"])
@@ -140,17 +147,20 @@ class Job:
         return self.job_dir / str(self.records[task_id]["trial_dir"])
 
 
-def submit(lab: GatewayLab, npm: NpmRegistry, selection: Path, jobs: Path, state_dir: Path) -> Job:
+def submit(
+    lab: GatewayLab, npm: NpmRegistry, selection: Path, jobs: Path, state_dir: Path, artifacts: Path
+) -> Job:
     """`sciencebench submit --local` of both tasks with claude-code, two trials side by side."""
     env_file = jobs.parent / "env-files" / "provider.env"
     env_file.parent.mkdir(parents=True)
     env_file.write_text(f"ANTHROPIC_AUTH_TOKEN={KEY}\nANTHROPIC_BASE_URL=http://gw:{GATEWAY_PORT}\n")
     env_file.chmod(0o600)
-    # No baked image required or recorded; the scripted gateway is listed (`gw` resolves only on the trials'
-    # egress networks).
+    # No baked image required or recorded, no artifacts cached; the scripted gateway is listed (`gw`
+    # resolves only on the trials' egress networks).
     env = local_host_env(
-        state_dir, SCIENCEBENCH_AGENT_INSTALL="online", SCIENCEBENCH_GATEWAYS=f"http://gw:{GATEWAY_PORT}"
-    )
+        state_dir, SCIENCEBENCH_AGENT_INSTALL="online", SCIENCEBENCH_GATEWAYS=f"http://gw:{GATEWAY_PORT}",
+        SCIENCEBENCH_AGENT_ARTIFACTS=str(artifacts), SCIENCEBENCH_NPM_REGISTRY=npm.url,
+    )  # fmt: skip
     gateway_before, npm_before = len(lab.requests()), len(npm.requests())
     argv = [str(SCIENCEBENCH), "submit", "--path", str(selection), "--agent", "claude-code",
             "--model", MODEL, "--env-file", str(env_file),
@@ -173,71 +183,86 @@ def remove_project_images(client: docker.DockerClient, trial_dir: Path) -> list[
     return tags
 
 
+def online_images(client: docker.DockerClient, bases: tuple[str, ...]) -> list[str]:
+    """The ids of the online install's images made from `bases` (only those)."""
+    return [
+        str(image.id) for image in client.images.list(name=ONLINE_REPOSITORY)
+        if image.labels.get("dev.sciencebench.agent-image.base") in bases
+    ]  # fmt: skip
+
+
+def reached(npm: NpmRegistry, before: int) -> set[str]:
+    """The paths the registry was asked for since its `before`th request."""
+    return {r["path"] for r in npm.requests()[before:]}
+
+
 # --- the online install -------------------------------------------------------------
 
 
-def test_pier_installs_claude_code_online_and_it_solves_the_task_an_onbuild_image_is_refused(
+def test_the_online_install_runs_nothing_of_the_task_image_with_a_network_and_the_agent_solves_the_task(
     lab: GatewayLab, npm: NpmRegistry, images: Images, selection: Path, tmp_path: Path, state_dir: Path,
     docker_client: docker.DockerClient,
 ) -> None:  # fmt: skip
-    job = submit(lab, npm, selection, tmp_path / "jobs", state_dir)
+    artifacts = tmp_path / "artifacts"
+    job = submit(lab, npm, selection, tmp_path / "jobs", state_dir, artifacts)
     output = job.proc.stdout + job.proc.stderr
-    assert job.proc.returncode == 1, output  # task 002's trial errored (refused)
-    assert sorted(job.records) == ["001", "002"], output
-    run = job.records["001"]
-    trial_dir = job.trial_dir("001")
     try:
-        # Pier's derived build ran its own install script, FROM the pinned image, with the network.
-        dockerfile = (trial_dir / "agent-build-context" / "Dockerfile").read_text()
-        assert dockerfile.startswith(f"FROM {images.task}\n"), dockerfile
-        # No version asked for: npm takes the registry's latest, Pier asks the installed `claude --version`.
-        assert f"npm install -g {PACKAGE};" in dockerfile and "claude --version" in dockerfile
-        assert os.listdir(trial_dir / "agent-build-context") == ["Dockerfile"]
-        override = next(trial_dir.glob("network-policy/*/docker-compose-policy.json"))
-        assert (
-            "build" not in json.loads(override.read_text())["services"]["main"]
-        )  # the build kept the network
-        # npm in that build fetched the package from the fixture registry (and nothing else of it).
-        served = [(r["method"], r["path"], r["status"]) for r in job.npm]
+        # The registry saw the worker's own fetch, once for both trials, and nothing of the task images':
+        # no BASH_ENV script, trojaned bash, LD_PRELOAD constructor or ONBUILD trigger ran with a network.
+        served = [(r["method"], r["path"], r["status"], r["user_agent"]) for r in job.npm]
         assert served == [
-            ("GET", PACKUMENT_PATH, 200),
-            ("GET", f"/-/tarballs/claude-code-{VERSION}.tar", 200),
+            ("GET", PACKUMENT_PATH, 200, "sciencebench"),
+            ("GET", f"/-/tarballs/claude-code-linux-x64-{VERSION}.tar", 200, "sciencebench"),
         ], job.npm
-        assert all(r["user_agent"].startswith("npm/") for r in job.npm), job.npm
-        # The agent Pier installed solved the task through the gateway: reward 1, no exception.
-        assert run["exception_type"] is None, run
-        assert (run.get("rewards") or {}).get("reward") == 1.0, run
+        assert job.proc.returncode == 0, output
+        assert sorted(job.records) == ["001", "002"], output
+        manifest = (artifacts / "claude-code" / VERSION / "MANIFEST").read_text()
+        assert manifest.startswith(f"source npm:{PACKAGE}@{VERSION}\n"), manifest
+        for task_id in ("001", "002"):
+            run, trial_dir = job.records[task_id], job.trial_dir(task_id)
+            # The agent the install put there solved the task through the gateway.
+            assert run["exception_type"] is None, run
+            assert (run.get("rewards") or {}).get("reward") == 1.0, run
+            result = json.loads((trial_dir / "result.json").read_text())
+            assert result["agent_info"]["name"] == "claude-code"
+            assert (
+                result["agent_info"]["version"] == VERSION
+            )  # the pin, from the installed `claude --version`
+            assert not (trial_dir / "agent-build-context").exists()  # Pier built nothing for the install
+        assert len(online_images(docker_client, (images.task, images.onbuild))) == 2  # one per task image
         calls = [r for r in job.gateway if r.get("protocol") == "anthropic" and r.get("tools")]
-        assert [r["turn"] for r in calls] == [0, 1], job.gateway
+        assert sorted(r["turn"] for r in calls) == [0, 0, 1, 1], job.gateway
         assert {r["model"] for r in calls} == {MODEL}
         assert all(r["authorized"] for r in job.gateway), job.gateway
-        result = json.loads((trial_dir / "result.json").read_text())
-        assert result["agent_info"]["name"] == "claude-code"
-        assert result["agent_info"]["version"] == VERSION  # parsed from the installed `claude --version`
-        # ... and only Pier's build can have put it there: the task image itself has no `claude`.
+        # ... and only the install can have put it there: the task image itself has no `claude`.
         bare = docker_client.containers.run(
             images.task, ["bash", "-c", "command -v claude || echo absent"], network_mode="none", remove=True
         )
         assert bare.decode().strip() == "absent"
-        # Task 002: its image's ONBUILD trigger never ran; the trial was refused before any build.
-        refused = job.records["002"]
-        assert refused["exception_type"] == "PolicyRefused", refused
-        assert "ONBUILD" in (refused["exception_message"] or ""), refused
-        assert not any(r["path"] == ONBUILD_PATH for r in job.npm)
-        assert remove_project_images(docker_client, job.trial_dir("002")) == []
-        # A plain build FROM that image (on the same default bridge) does run the trigger.
+        # Each attack is live: a container of the image with a network reaches the registry, and so does
+        # a plain build FROM the ONBUILD twin (both on the default bridge).
+        before = len(npm.requests())
+        docker_client.containers.run(images.task, ["bash", "-c", "true"], network="bridge", remove=True)
         context = tmp_path / "onbuild-baseline"
         context.mkdir()
         (context / "Dockerfile").write_text(f"FROM {images.onbuild}\n")
         built = subprocess.run(["docker", "build", "-q", str(context)], capture_output=True, text=True,
                                timeout=300, check=True)  # fmt: skip
         docker_client.images.remove(built.stdout.strip(), force=True)
-        assert any(r["path"] == ONBUILD_PATH for r in npm.requests())
+        attacks = {ATTACK_PATHS["bash_env"], ATTACK_PATHS["trojan_bash"], ONBUILD_PATH}
+        if images.preload:
+            attacks.add(ATTACK_PATHS["ld_preload"])
+        else:  # the LD_PRELOAD attack is a library built with this host's C compiler
+            assert shutil.which("cc") is None
+        assert attacks <= reached(npm, before), npm.requests()[before:]
     finally:
-        remove_project_images(docker_client, trial_dir)
+        for image_id in online_images(docker_client, (images.task, images.onbuild)):
+            docker_client.images.remove(image_id, force=True)
+        for task_id in job.records:
+            remove_project_images(docker_client, job.trial_dir(task_id))
 
 
-def test_with_agent_install_baked_the_same_install_runs_with_no_network(
+def test_with_agent_install_baked_pier_s_install_runs_with_no_network_and_reaches_nothing(
     npm: NpmRegistry, selection: Path, tmp_path: Path, docker_client: docker.DockerClient
 ) -> None:
     before = len(npm.requests())
@@ -249,14 +274,11 @@ def test_with_agent_install_baked_the_same_install_runs_with_no_network(
     trial_dir = Path(result["_trial_dir"])
     try:
         info = result["exception_info"]
-        assert info is not None, result
-        # Pier's build failed in npm, which could not connect: no network at all, not a registry's refusal.
-        assert info["exception_type"] == "RuntimeError", info
-        assert "npm error code ENETUNREACH" in info["exception_message"], info
-        assert f"request to {npm.url}/{PACKUMENT_PATH.lstrip('/')} failed" in info["exception_message"], info
+        # Pier's build failed (its install script reached no installer), and so did every attack.
+        assert info is not None and info["exception_type"] == "RuntimeError", result
         override = next(trial_dir.glob("network-policy/*/docker-compose-policy.json"))
         assert json.loads(override.read_text())["services"]["main"]["build"] == {"network": "none"}
-        assert npm.requests()[before:] == []  # the install reached nothing
+        assert npm.requests()[before:] == []
         assert result["agent_execution"] is None
     finally:
         remove_project_images(docker_client, trial_dir)

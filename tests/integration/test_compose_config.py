@@ -22,7 +22,11 @@ pytestmark = pytest.mark.integration
 
 COMPOSE_DIR = REPO / "compose"
 EXAMPLE_ENV = COMPOSE_DIR / "example.env"
-COMPOSE_FILES = ["build.yml", "control-plane.yml", "worker-host.yml", "worker-joins-control-plane.yml"]
+COMPOSE_FILES = ["build.yml", "control-plane.yml", "worker-host.yml", "worker-joins-control-plane.yml",
+                 "control-plane-tls.yml", "worker-host-tls.yml"]  # fmt: skip
+# Each override and the file it is valid on top of.
+OVERRIDES = {"worker-joins-control-plane.yml": "worker-host.yml", "worker-host-tls.yml": "worker-host.yml",
+             "control-plane-tls.yml": "control-plane.yml"}  # fmt: skip
 BUCKETS_FLAG = "--task_runtime_metric_buckets=1,10,60,600,3600,7200,inf"
 _REFERENCE = re.compile(r"\$\{([A-Z][A-Z0-9_]*)")
 _ASSIGNMENT = re.compile(r"^([A-Z][A-Z0-9_]*)=", re.MULTILINE)
@@ -71,7 +75,7 @@ def _compose_available() -> None:
 
 def _compose_files(file: str) -> list[str]:
     """An override is only valid on top of the file it overrides."""
-    return ["worker-host.yml", file] if file == "worker-joins-control-plane.yml" else [file]
+    return [OVERRIDES[file], file] if file in OVERRIDES else [file]
 
 
 @pytest.mark.parametrize("file", COMPOSE_FILES)
@@ -188,7 +192,8 @@ def test_the_policy_pids_limit_merges_with_piers_resource_limits(tmp_path: Path)
     # policy's pids limit must merge with them (compose refused a distinct pids_limit: every trial failed).
     from pier.environments.docker import write_resources_compose_file
 
-    from sciencebench.network.compose import DEFAULT_PIDS_LIMIT, policy_compose
+    from sciencebench.core.settings import DEFAULT_PIDS_LIMIT
+    from sciencebench.network.compose import policy_compose
 
     base = tmp_path / "docker-compose.yaml"
     base.write_text("services:\n  main:\n    image: busybox\n")
@@ -205,3 +210,33 @@ def test_the_policy_pids_limit_merges_with_piers_resource_limits(tmp_path: Path)
     assert main["pids_limit"] == DEFAULT_PIDS_LIMIT, main
     assert main["deploy"]["resources"]["limits"]["pids"] == DEFAULT_PIDS_LIMIT, main
     assert main["deploy"]["resources"]["limits"]["cpus"] == 2.0, main
+
+
+def test_the_tls_overrides_speak_tls_only_and_log_each_role_in() -> None:
+    done = _compose_many(["control-plane.yml", "control-plane-tls.yml"], "config", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    services = json.loads(done.stdout)["services"]
+    redis, flower = services["redis"], services["flower"]
+    command = redis["command"]
+    assert command[command.index("--port") + 1] == "0"  # no plain-text port at all
+    assert command[command.index("--tls-port") + 1] == "6379"
+    assert command[command.index("--tls-auth-clients") + 1] == "yes"
+    assert command[command.index("--aclfile") + 1] == "/run/sciencebench/redis-users.acl"
+    assert "--requirepass" not in command and "REDISCLI_AUTH" not in redis.get("environment", {})
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
+    assert "--tls" in redis["healthcheck"]["test"][1]
+    assert flower["environment"]["SCIENCEBENCH_BROKER_URL"].startswith("rediss://flower:")
+    for service in (redis, flower):
+        tls = next(v for v in service["volumes"] if v["target"] == "/run/sciencebench/tls")
+        assert tls["read_only"] is True and tls["source"] == "/etc/sciencebench/broker-tls"
+
+    done = _compose_many(["worker-host.yml", "worker-host-tls.yml"], "config", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    worker = json.loads(done.stdout)["services"]["worker"]
+    env = worker["environment"]
+    assert env["SCIENCEBENCH_BROKER_CA"] == "/run/sciencebench/tls/ca.crt"
+    assert (env["SCIENCEBENCH_BROKER_CERT"], env["SCIENCEBENCH_BROKER_KEY"]) == (
+        "/run/sciencebench/tls/client.crt", "/run/sciencebench/tls/client.key")  # fmt: skip
+    tls = next(v for v in worker["volumes"] if v["target"] == "/run/sciencebench/tls")
+    assert tls["read_only"] is True and tls["source"] == "/etc/sciencebench/worker-tls"

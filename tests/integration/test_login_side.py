@@ -63,15 +63,16 @@ def test_submit_dry_run_on_the_login_side(login_python: Path, tmp_path: Path, re
     assert done.returncode == 0, done.stderr
     assert "dry run: 2 trial(s) of 2 task(s)" in done.stdout
     assert (selection / "batch-run.json").is_file()
-    # A dry run checks the live hosts as a submit does: without a broker it says so, in one line.
+    # A dry run checks the live hosts as a submit does; without a broker it says in one line it did not.
     (selection / "batch-run.json").unlink()
     gone = _run(
         login_python,
         *args,
         env={**os.environ, "SCIENCEBENCH_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"},
     )
-    assert gone.returncode == 1 and gone.stderr.startswith("sciencebench: error: broker unreachable")
-    assert not (selection / "batch-run.json").exists()
+    assert gone.returncode == 0, gone.stderr
+    assert "dry run: not checked here: the live worker hosts' roots" in gone.stdout
+    assert (selection / "batch-run.json").is_file()
 
 
 def test_no_login_module_imports_the_worker_side(login_python: Path) -> None:

@@ -67,7 +67,7 @@ def test_reused_job_name_enqueues_and_writes_nothing(cluster: Cluster) -> None:
     cases = {
         "a different selection": (other, secrets, "already used"),
         "the same selection, other agent settings": (first, secrets, "already used"),
-        "the same submit again": (first, [], "already submitted"),
+        "the same submit again": (first, [], "is still running"),
     }
     for what, (path, extra, mentions) in cases.items():
         again = cluster.submit(path, "taken", *extra, wait=False)

@@ -96,7 +96,7 @@ def test_a_path_no_live_host_serves_is_refused_naming_the_option(
 
 
 def test_local_checks_this_host_as_its_settings_say(tmp_path: Path) -> None:
-    with pytest.raises(ProfileError, match="this host has its image"):
+    with pytest.raises(ProfileError, match="this host has no proxy image"):
         _submit(tmp_path / "a", Cluster.this_host(Settings.from_env({})))
     baked = Settings.from_env(
         {"SCIENCEBENCH_PROXY_IMAGE": PROXY_IMAGE, "SCIENCEBENCH_AGENT_INSTALL": "baked"}
@@ -153,15 +153,29 @@ def test_a_dry_run_is_refused_where_the_real_submit_is(tmp_path: Path, redis_ser
     assert not (selection / "batch-run.json").exists()
 
 
-def test_a_dry_run_without_a_broker_says_so_in_one_line(tmp_path: Path) -> None:
+def test_a_dry_run_without_a_broker_says_in_one_line_which_checks_it_skipped(tmp_path: Path) -> None:
     from tests.fixtures.services import free_port
 
     result, selection = _dry_run(tmp_path, f"redis://127.0.0.1:{free_port()}/0")
+    assert result.exit_code == 0, result.stderr
+    skipped = [line for line in result.stdout.splitlines() if line.startswith("dry run: not checked here:")]
+    assert len(skipped) == 1 and "the live worker hosts' roots" in skipped[0]
+    assert (selection / "batch-run.json").is_file()
+
+
+def test_a_submit_without_a_broker_names_its_url_and_variable(tmp_path: Path) -> None:
+    from tests.fixtures.services import free_port
+
+    selection = make_selection(tmp_path / "sel", ["002"])
+    url = f"redis://:{KEY}@127.0.0.1:{free_port()}/0"
+    args = ["submit", "--path", str(selection), "--jobs-dir", str(tmp_path / "jobs")]
+    result = CliRunner().invoke(cli.main, args, env={"SCIENCEBENCH_BROKER_URL": url})
     assert result.exit_code == 1
-    assert (
-        result.stderr.startswith("sciencebench: error: broker unreachable") and result.stderr.count("\n") == 1
+    assert result.stderr == (
+        f"sciencebench: error: broker unreachable: ConnectionError at {url.replace(KEY, '***')}; "
+        "set SCIENCEBENCH_BROKER_URL to the cluster's Redis\n"
     )
-    assert not (selection / "batch-run.json").exists()
+    assert not (selection / "batch-run.json").exists() and not (tmp_path / "jobs").exists()
 
 
 def test_a_host_that_reported_nothing_is_named_as_an_older_worker(

@@ -10,30 +10,10 @@ import pytest
 from click.testing import CliRunner
 
 from sciencebench import cli
-from sciencebench.core.models import JobSpec, TrialRecord
-from sciencebench.core.paths import JobPaths
-from sciencebench.login.options import SubmitOptions
-from sciencebench.login.submit import write_job_spec
-from tests.fixtures.hosts import prepare
-from tests.fixtures.selection import make_selection
+from tests.fixtures.jobs_on_disk import write_job as _job
+from tests.fixtures.jobs_on_disk import write_record as _record
 
 pytestmark = pytest.mark.unit
-
-
-def _job(root: Path, name: str, ids: list[str], **kw: Any) -> JobSpec:
-    selection = make_selection(root / f"sel-{name}", ids)
-    job = prepare(SubmitOptions(path=selection, jobs_dir=root / "jobs", job_name=name, **kw)).job
-    write_job_spec(job)
-    return job
-
-
-def _record(job: JobSpec, task_id: str, attempt: int, reward: float | None, **fields: Any) -> None:
-    rewards = {"reward": reward} if reward is not None else None
-    record = TrialRecord(job_id=job.job_id, job_name=job.job_name, task_id=task_id, attempt=attempt,
-                         rewards=rewards, **fields)  # fmt: skip
-    target = JobPaths(job.jobs_dir, job.job_name).trial_record(task_id, attempt)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(record.model_dump_json())
 
 
 def _compare(root: Path, *args: str) -> Any:

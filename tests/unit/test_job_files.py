@@ -84,7 +84,15 @@ def test_the_summary_has_the_original_runners_columns_then_the_model(
     assert header == [*SUMMARY_COLUMNS, MODEL_COLUMN]  # two models
     assert next(csv.reader(io.StringIO(written["golden-codex"]["summary.csv"]))) == SUMMARY_COLUMNS
     summary = json.loads(nop["summary.json"])
-    assert list(summary) == ["generated_at", "jobs_dir", "trial_count", "missing_trials", "rows", "stats"]
+    assert list(summary) == [
+        "generated_at",
+        "jobs_dir",
+        "trial_count",
+        "missing_trials",
+        "flaky_tasks",
+        "rows",
+        "stats",
+    ]
     assert all(list(row) == header for row in summary["rows"])
     # The CSV and the JSON say the same thing.
     rows = list(csv.DictReader(io.StringIO(nop["summary.csv"])))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from sciencebench.dockerhost.labels import OWNER_LABEL
@@ -136,14 +134,11 @@ def test_the_proxy_is_never_built() -> None:
     ]
 
 
-def test_only_pier_s_online_install_context_may_build_with_the_network() -> None:
-    online = {"services": {"main": {"build": {"context": CONTEXT, "dockerfile": "Dockerfile"}}}}
-    assert build_network_problems(online, online_context=Path(CONTEXT)) == []
-    assert build_network_problems(online) != []  # not allowed where online installs are off
-    elsewhere = {"services": {"main": {"build": {"context": "/t/environment"}}}}
-    assert build_network_problems(elsewhere, online_context=Path(CONTEXT)) != []
+def test_no_build_keeps_the_network_not_even_pier_s_agent_install() -> None:
+    agent_build = {"services": {"main": {"build": {"context": CONTEXT, "dockerfile": "Dockerfile"}}}}
+    assert build_network_problems(agent_build) != []
     proxy = {"services": {"sb-egress-proxy": {"build": {"context": CONTEXT}}}}
-    assert len(build_network_problems(proxy, online_context=Path(CONTEXT))) == 2
+    assert len(build_network_problems(proxy)) == 2
 
 
 def test_every_policy_service_gets_a_pids_limit() -> None:

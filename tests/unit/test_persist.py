@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -77,9 +78,9 @@ def test_job_files_that_name_secret_hashes_are_not_world_readable(tmp_path: Path
     env_file = tmp_path / "p.env"
     env_file.write_text(f"OPENAI_API_KEY={CANARY}-env\n")
     prepared, record = _prepared(tmp_path)
-    prepared = Prepared(prepared.selection, prepared.job.model_copy(
+    prepared = replace(prepared, job=prepared.job.model_copy(
         update={"env_file": EnvFile(path=env_file, sha256=hashlib.sha256(env_file.read_bytes()).hexdigest())}
-    ), prepared.trials, prepared.secret_values, prepared.agent_env_values)  # fmt: skip
+    ))  # fmt: skip
     old = os.umask(0)
     try:
         job = persist(prepared, record).job

@@ -15,13 +15,14 @@ looked for in the broker's queue.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import signal
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +48,15 @@ def short_outages(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def server(own_redis: RedisServer) -> RedisServer:
-    """The broker and result backend: stopped, paused or its replies cut, while a trial is counted."""
-    return own_redis
+def server(own_redis: RedisServer) -> Iterator[RedisServer]:
+    """The broker and result backend: stopped, paused or its replies cut, while a trial is counted.
+
+    The finalizer's AsyncResult, once garbage, unsubscribes on its backend's
+    connection: collected while the server is still up, not in a later test
+    after it stopped, where it waited out the outage bound (a 2-minute stall).
+    """
+    yield own_redis
+    gc.collect()
 
 
 class CutReply:
@@ -203,6 +210,7 @@ def test_the_finalizer_sent_while_the_broker_is_away_is_sent_once_it_is_back(
         app.conf.broker_connection_timeout = 0.5
         _count_while_away(app, _one_trial_chord(app), server.stop, server.start, 12.0)
     finally:
+        gc.collect()  # the finalizer's AsyncResult unsubscribes on `backend` (see `server`)
         backend.stop()
     assert _finalizers_sent(server.url) == [FINALIZE_JOB]
 

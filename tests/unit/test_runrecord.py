@@ -381,3 +381,20 @@ def test_allow_restricted_licenses_is_null_when_the_selection_json_says_nothing(
     selection = make_selection(tmp_path / "sel", ["002"])
     (selection / "selection.json").write_text(json.dumps({"task_ids": ["002"]}))
     assert _record(_prepare(tmp_path))["allow_restricted_licenses"] is None
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("redis://localhost:6379/0", "redis://localhost:6379/0"),
+        ("redis://:pw@host/0", "redis://:***@host/0"),
+        ("rediss://user:pw@host:6380/1?ssl_cert_reqs=none#x", "rediss://user:***@host:6380/1"),
+        ("redis://user@[::1]:6379/0", "redis://user@[::1]:6379/0"),
+        ("redis://u:pw@host:99999/0", "redis://u:***@host/0"),
+        ("redis://:pw1@h1:6379/0;redis://:pw2@h2:6379/0", "redis://:***@h1:6379/0;redis://:***@h2:6379/0"),
+    ],
+)
+def test_masked_url_keeps_the_user_and_hides_the_password(url: str, expected: str) -> None:
+    from sciencebench.core.gateways import masked_url
+
+    assert masked_url(url) == expected

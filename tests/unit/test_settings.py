@@ -84,3 +84,59 @@ def test_the_cli_says_so_in_one_line_and_exits_2(tmp_path: Path, monkeypatch: py
     ]
     assert not (selection / "batch-run.json").exists()
     assert not (tmp_path / "jobs").exists()
+
+
+def _pem_files(tmp_path: Path) -> dict[str, str]:
+    files = {}
+    for name in ("ca", "cert", "key"):
+        (tmp_path / f"{name}.pem").write_text("-----BEGIN X-----\n")
+        files[f"SCIENCEBENCH_BROKER_{name.upper()}"] = str(tmp_path / f"{name}.pem")
+    return files
+
+
+def test_tls_settings_reach_every_client_of_a_rediss_broker(tmp_path: Path) -> None:
+    files = _pem_files(tmp_path)
+    settings = Settings.from_env({"SCIENCEBENCH_BROKER_URL": "rediss://login:pw@broker:6379/0", **files})
+    options = settings.broker_ssl(settings.broker_url)
+    assert options["ssl_ca_certs"] == files["SCIENCEBENCH_BROKER_CA"]
+    assert (options["ssl_certfile"], options["ssl_keyfile"]) == (
+        files["SCIENCEBENCH_BROKER_CERT"], files["SCIENCEBENCH_BROKER_KEY"])  # fmt: skip
+    assert settings.broker_ssl("redis://other:6379/0") == {}
+    url = settings.broker_client_url(settings.broker_url)
+    assert url.startswith("rediss://login:pw@broker:6379/0?ssl_cert_reqs=required&ssl_ca_certs=")
+    assert settings.public_broker_url == "rediss://broker:6379/0"
+
+    from sciencebench.coordination.celery_app import create_app
+
+    conf = create_app(settings).conf
+    assert conf.broker_use_ssl == options and conf.redis_backend_use_ssl == options
+    # Without a CA the broker is still verified, against the system's CAs.
+    plain = Settings.from_env({"SCIENCEBENCH_BROKER_URL": "rediss://broker:6379/0"})
+    assert plain.broker_ssl(plain.broker_url) == {"ssl_cert_reqs": __import__("ssl").CERT_REQUIRED}
+
+
+@pytest.mark.parametrize(
+    ("drop", "url", "message"),
+    [
+        (
+            "",
+            "redis://broker:6379/0",
+            "SCIENCEBENCH_BROKER_CA/CERT/KEY: TLS to the broker needs rediss:// URLs",
+        ),
+        ("SCIENCEBENCH_BROKER_KEY", "rediss://broker:6379/0", "SCIENCEBENCH_BROKER_KEY: needs"),
+        ("SCIENCEBENCH_BROKER_CERT", "rediss://broker:6379/0", "SCIENCEBENCH_BROKER_CERT: needs"),
+    ],
+)
+def test_tls_settings_that_cannot_work_are_refused(tmp_path: Path, drop: str, url: str, message: str) -> None:
+    env = {"SCIENCEBENCH_BROKER_URL": url, **_pem_files(tmp_path)}
+    env.pop(drop, None)
+    with pytest.raises(SettingsError, match=f"^{message}"):
+        Settings.from_env(env)
+
+
+def test_a_tls_file_that_cannot_be_read_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(
+        SettingsError, match=r"^SCIENCEBENCH_BROKER_CA: must be an absolute path of a readable"
+    ):
+        Settings.from_env({"SCIENCEBENCH_BROKER_URL": "rediss://b:6379/0",
+                           "SCIENCEBENCH_BROKER_CA": str(tmp_path / "missing.pem")})  # fmt: skip

@@ -23,10 +23,14 @@ def _opts(tmp_path: Path, **kw: object) -> SubmitOptions:
     return SubmitOptions(path=selection, jobs_dir=tmp_path / "jobs", job_name="j", **kw)  # type: ignore[arg-type]
 
 
-def test_resubmitting_the_same_job_points_to_retry(tmp_path: Path) -> None:
-    write_job_spec(prepare(_opts(tmp_path)).job)
-    with pytest.raises(JobConflictError, match=r"already submitted .* `sciencebench retry j --failed`"):
-        prepare(_opts(tmp_path))
+def test_the_same_submit_again_continues_the_job(tmp_path: Path) -> None:
+    first = prepare(_opts(tmp_path))
+    write_job_spec(first.job)
+    again = prepare(_opts(tmp_path, n_concurrent=3))  # how it runs may change
+    assert again.resumed and again.job.job_id == first.job.job_id and again.job.n_concurrent == 3
+    assert [t.key for t in again.trials] == [t.key for t in first.trials]  # no record yet: all run
+    with pytest.raises(JobConflictError, match=r"with --n-attempts 1 in the job, 2 here; the same command"):
+        prepare(_opts(tmp_path, n_attempts=2))
 
 
 def test_a_dry_run_leaves_the_name_free(tmp_path: Path) -> None:

@@ -154,7 +154,15 @@ def test_summary_json_shape(finished_job: tuple[JobSpec, JobPaths]) -> None:
     job, paths = finished_job
     write_summary(job, now=NOW)
     summary = json.loads(paths.summary_json.read_text())
-    assert list(summary) == ["generated_at", "jobs_dir", "trial_count", "missing_trials", "rows", "stats"]
+    assert list(summary) == [
+        "generated_at",
+        "jobs_dir",
+        "trial_count",
+        "missing_trials",
+        "flaky_tasks",
+        "rows",
+        "stats",
+    ]
     assert summary["generated_at"] == NOW.isoformat()
     assert summary["jobs_dir"] == str(job.jobs_dir)
     assert summary["trial_count"] == 4

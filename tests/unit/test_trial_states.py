@@ -64,6 +64,7 @@ class FakeRuntime:
     cleaned: list[str] = field(default_factory=list)
     on_cleanup: Callable[[str], None] | None = None  # called at each cleanup, before it counts
     release_fails: bool = False
+    disk_exceeded: str | None = None  # what the disk watch found while Pier ran
 
     def check_host(self, fresh: bool = False) -> object:
         if self.unhealthy:
@@ -91,6 +92,9 @@ class FakeRuntime:
 
     def live_trial(self, task_dir_name: str) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
+
+    def watch_disk(self, trial_names: Callable[[], list[str]]) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext(lambda: self.disk_exceeded)
 
     def cleanup_trial(self, trial_name: str) -> None:
         if self.on_cleanup is not None:
@@ -270,6 +274,23 @@ def test_a_failed_try_is_cleaned_up_before_the_next_try_runs(tmp_path: Path, sto
     assert isinstance(outcome, Answer) and outcome.record.tries == 2
     assert runs_at_cleanup == [1, 2]  # the first try's leftovers went before the second try started
     assert len(set(world.runtime.cleaned)) == 2
+
+
+def test_a_container_past_the_disk_limit_ends_the_trial_with_a_resource_failure(
+    tmp_path: Path, store: RedisCoordinator
+) -> None:
+    world = _world(store, tmp_path, [None], max_retries=2)
+    world.runtime.disk_exceeded = "container t-main-1 wrote 2.0 GiB to its writable layer, past ..."
+    outcome = world.handle()
+    assert isinstance(outcome, Answer)
+    record = outcome.record
+    assert record.exception_type == "ResourceLimitError" and record.stage == "harness"
+    assert record.exception_message == world.runtime.disk_exceeded
+    assert record.tries == 1 and world.pier.runs == 1  # deterministic: not tried again
+    assert world.stored() == record == world.record_file()
+    assert world.runtime.cleaned == ["task_001__run1"]  # its containers went
+    counted(TASK_ID)
+    assert not world.coord.is_leased(world.job, world.spec.key)
 
 
 def test_an_answer_not_counted_is_answered_again_from_the_store_never_run_again(world: World) -> None:

@@ -76,7 +76,8 @@ def test_a_job_cannot_choose_the_workers_pier(tmp_path: Path, selection: Path) -
 
 
 def test_local_mode_keeps_pier_bin(tmp_path: Path, selection: Path) -> None:
-    result = _submit(tmp_path, selection, "--pier-bin", "/opt/pier/bin/pier", "--local", "--dry-run")
+    result = _submit(tmp_path, selection, "--pier-bin", "/opt/pier/bin/pier", "--local", "--skip-pull",
+                     "--dry-run")  # fmt: skip
     assert result.exit_code == 0, result.stderr
     assert "pier command: /opt/pier/bin/pier run" in result.stdout
 

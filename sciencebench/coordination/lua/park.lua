@@ -13,6 +13,12 @@ local holder = redis.call('get', lease)
 if holder and holder ~= token then
   return 0
 end
-redis.call('set', lease, token, 'PX', ttl_ms)
+if holder then
+  -- Its own park again, for ttl_ms from now. A login node's user may not write a lease
+  -- that exists (coordination.acl): its refresh is refused and the earlier park stays.
+  redis.pcall('set', lease, token, 'PX', ttl_ms)
+elseif park_absent(lease, token, ttl_ms) == 0 then
+  return 0
+end
 redis.call('sadd', jobs, job)
 return 1

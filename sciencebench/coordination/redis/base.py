@@ -16,6 +16,7 @@ import redis
 
 from sciencebench.coordination import scripts
 from sciencebench.core.errors import BrokerUnavailableError
+from sciencebench.core.settings import Settings
 
 _OUTAGE_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 # How long a call waits out a broker outage before it raises (the result backend's too).
@@ -27,11 +28,21 @@ def chunks[T](items: list[T], size: int) -> list[list[T]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
+def redis_client(url: str, settings: Settings | None = None) -> redis.Redis:
+    """A client of the store at `url` (`decode_responses`), with TLS as `settings` say for rediss://.
+
+    Without `settings`, `url` alone says: a rediss:// URL verifies the broker
+    against the system's CAs, or as its own query says (`Settings.broker_client_url`).
+    """
+    url = settings.broker_client_url(url) if settings else url
+    return redis.Redis.from_url(url, decode_responses=True, socket_timeout=30)
+
+
 class RedisBase:
     """One client (`decode_responses`), the store's clock and the outage rule; `ping` answers at once."""
 
     def __init__(self, url: str, outage_sec: float = OUTAGE_SEC) -> None:
-        self._redis: redis.Redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=30)
+        self._redis: redis.Redis = redis_client(url)
         self.outage_sec = outage_sec
         self._recovered_at = float("-inf")
 

@@ -24,7 +24,7 @@ import docker.auth
 import docker.errors
 from docker.credentials.errors import StoreError
 
-from sciencebench.core.errors import NoRoomError, PreflightError, PullError
+from sciencebench.core.errors import NoRoomError, PreflightError, PullError, RegistryError
 from sciencebench.core.images import (
     image_digest,
     image_repository,
@@ -32,10 +32,12 @@ from sciencebench.core.images import (
     repo_digest_name,
     repo_digests_contain,
 )
+from sciencebench.core.registryhints import refusal_status
 from sciencebench.dockerhost.hostlocks import host_lock, open_state_file, state_dir
 from sciencebench.worker.docker.budget import ImageBudget, expected_sizes
 from sciencebench.worker.docker.engine import ENGINE_ERRORS, ClientPerProcess, connect, one_line
 from sciencebench.worker.docker.imageholds import pull_lock_path
+from sciencebench.worker.docker.registryprobe import probe_hint_sec
 
 
 def pinned_name(ref: str) -> str:
@@ -153,6 +155,10 @@ class ImagePuller:
     With an `image_budget` (bytes), the task images this host pulled are kept
     within it (`budget.ImageBudget`): least recently used free images are
     evicted before a pull, and again after it for the image's real size.
+
+    With a `registry_gate` (registry -> (seconds the cluster still waits, its
+    last answer), None: go), a pull from a registry the cluster is backing
+    off from is not sent: RegistryError, not `asked`.
     """
 
     def __init__(
@@ -161,11 +167,13 @@ class ImagePuller:
         client_factory: Callable[[], docker.DockerClient] | None = None,
         lock_timeout_sec: float = 3 * 3600.0,
         image_budget: int = 0,
+        registry_gate: Callable[[str], tuple[float, str] | None] | None = None,
     ) -> None:
         self._state = state or state_dir()
         self.budget = ImageBudget(image_budget, self._state, pull_log_path(self._state))
         self._client = ClientPerProcess(client_factory or connect)
         self._lock_timeout_sec = lock_timeout_sec
+        self._registry_gate = registry_gate
         self._guard = threading.Lock()
         self._pulls = 0
         # (ref, platform) -> when (monotonic) the engine last showed it present as pinned.
@@ -301,6 +309,11 @@ class ImagePuller:
         repository = image_repository(ref)
         digest = image_digest(ref)
         registry, _ = docker.auth.resolve_repository_name(repository)
+        held = self._registry_gate(registry) if self._registry_gate is not None else None
+        if held is not None:
+            wait, status = held
+            why = f"the cluster backs off from registry {registry} ({status}) for {wait:.0f}s more"
+            raise RegistryError(f"pull of {ref} held back: {why}", registry, status, wait, asked=False)
         auth = registry_auth(registry)
         started = time.monotonic()
         try:
@@ -311,10 +324,9 @@ class ImagePuller:
             for message in stream:
                 error = message.get("errorDetail", {}).get("message") or message.get("error")
                 if error:
-                    raise PullError(f"pull of {ref} for {platform} failed: {one_line(error)}")
+                    raise _pull_error(ref, platform, registry, str(error), auth)
         except docker.errors.APIError as exc:
-            reason = exc.explanation or str(exc)
-            raise PullError(f"pull of {ref} for {platform} failed: {one_line(str(reason))}") from None
+            raise _pull_error(ref, platform, registry, str(exc.explanation or exc), auth) from None
         except ENGINE_ERRORS as exc:
             raise PullError(f"pull of {ref} for {platform} failed: {one_line(str(exc))}") from None
         seconds = time.monotonic() - started
@@ -332,6 +344,27 @@ class ImagePuller:
             pid=os.getpid(), finished_at=datetime.now(UTC).isoformat(), size=size,
         )  # fmt: skip
         _append_line(pull_log_path(self._state), json.dumps(record.__dict__, sort_keys=True))
+
+
+def _pull_error(
+    ref: str, platform: str, registry: str, reason: str, auth: dict[str, Any] | None
+) -> PullError:
+    """A failed pull's error: `RegistryError` when the registry pushed back (with its wait), else PullError.
+
+    The Engine reports a registry's 429 as its own error (API status 500)
+    with the registry's text, so the cause is read from the message
+    (`registryhints.refusal_status`). A full disk, a manifest unknown or a
+    denied pull stay a PullError.
+    """
+    message = f"pull of {ref} for {platform} failed: {one_line(reason)}"
+    status = refusal_status(reason)
+    if status is None:
+        return PullError(message)
+    _, name = docker.auth.resolve_repository_name(image_repository(ref))
+    if registry == docker.auth.INDEX_NAME and "/" not in name:
+        name = f"library/{name}"  # an official image's name on Docker Hub's API
+    hint = probe_hint_sec(registry, name, image_digest(ref), auth)
+    return RegistryError(f"registry {registry} refused: {message}", registry, status, hint)
 
 
 def _append_line(path: Path, line: str) -> None:

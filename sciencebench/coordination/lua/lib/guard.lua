@@ -8,6 +8,6 @@ local function guard(running, jobs, job, lease_prefix, guard_ms, payload, key)
     return
   end
   redis.call('hset', running, key, payload)
-  redis.call('set', lease_prefix .. key, 'parked:' .. cjson.decode(payload)['task_id'], 'PX', guard_ms, 'NX')
+  park_absent(lease_prefix .. key, 'parked:' .. cjson.decode(payload)['task_id'], guard_ms)
   redis.call('sadd', jobs, job)
 end
