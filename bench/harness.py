@@ -112,6 +112,10 @@ class Harness:
             BENCH_PIER_START_LOG=str(self.pier_start_log),
             SCIENCEBENCH_PIER_ENV="FAKE_PIER_LOG:BENCH_PIER_START_LOG",
             LITELLM_LOCAL_MODEL_COST_MAP="True",
+            # The hosts it simulates run fake trials that hold nothing: their slots, not the machine's
+            # cores and memory, bound them (`worker --cpus`, `--memory`).
+            SCIENCEBENCH_CPUS="1024",
+            SCIENCEBENCH_MEMORY="4T",
             PATH=f"{self.venv_bin}{os.pathsep}{os.environ['PATH']}",
             PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
         )
@@ -223,6 +227,8 @@ class Harness:
             self.stop_workers()
         self.pull_state.mkdir(parents=True, exist_ok=True)
         env = self.env(SCIENCEBENCH_STATE_DIR=str(self.pull_state))
+        if pier_bin is not None:  # real Pier's trials hold what they ask: the host's own capacity (empty)
+            env.update(SCIENCEBENCH_CPUS="", SCIENCEBENCH_MEMORY="")
         self._docker_worker = self.start_workers(1, slots, env=env, pier_bin=wanted)[0]
         self._docker_pier = wanted
         return self._docker_worker

@@ -87,6 +87,10 @@ class Soak:
             FAKE_PIER_LOG=str(self.log),
             SCIENCEBENCH_PIER_ENV="FAKE_PIER_LOG",
             LITELLM_LOCAL_MODEL_COST_MAP="True",
+            # The hosts it simulates run fake trials that hold nothing: their slots, not the machine's
+            # cores and memory, bound them (`worker --cpus`, `--memory`).
+            SCIENCEBENCH_CPUS="1024",
+            SCIENCEBENCH_MEMORY="4T",
             PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
             PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
         )

@@ -25,7 +25,14 @@ from sciencebench.core.sizes import parse_size
 
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.option("--concurrency", type=int, default=1, show_default=True,
-              help="Trial slots of this host (parallel Pier processes).")  # fmt: skip
+              help="Trial slots of this host (parallel Pier processes): an upper bound; its capacity "
+              "(--cpus, --memory) decides how many trials run at once.")  # fmt: skip
+@click.option("--cpus", type=click.FloatRange(min=0, min_open=True), metavar="N",
+              help="CPUs this host's running trials may ask for together (each its task's cpus) "
+              "[env: SCIENCEBENCH_CPUS; default: the host's CPUs].")  # fmt: skip
+@click.option("--memory", metavar="SIZE",
+              help="Memory this host's running trials may ask for together (each its task's memory_mb), "
+              "e.g. 120G [env: SCIENCEBENCH_MEMORY; default: the host's memory less 1 GiB].")  # fmt: skip
 @click.option("--hostname", help="Worker name (default: celery's, from this host's name).")
 @click.option("--queues", "-Q", help="Comma-separated queues to consume (default: celery).")
 @click.option("--loglevel", default="INFO", show_default=True)
@@ -65,7 +72,8 @@ from sciencebench.core.sizes import parse_size
               "trial ends with a ResourceLimitError; 0: not watched [env: SCIENCEBENCH_DISK_LIMIT; "
               "default: 20G].")  # fmt: skip
 @handle_errors
-def worker(concurrency: int, hostname: str | None, queues: str | None, loglevel: str, platform: str,
+def worker(concurrency: int, cpus: float | None, memory: str | None, hostname: str | None,
+           queues: str | None, loglevel: str, platform: str,
            pier_bin: str | None, jobs_roots: tuple[Path, ...], selection_roots: tuple[Path, ...],
            env_file_roots: tuple[Path, ...], image_budget: str | None,
            agent_install: str | None, gateways: tuple[str, ...], pids_limit: int | None,
@@ -80,6 +88,8 @@ def worker(concurrency: int, hostname: str | None, queues: str | None, loglevel:
     submit checks. Its trials reach only the gateways its operator allows
     (--gateway); each trial container runs at most --pids-limit processes and
     writes at most --disk-limit to its writable layer.
+    It starts a trial only while the requests of its running trials plus the
+    trial's (its task's cpus and memory_mb) fit its capacity (--cpus, --memory).
     Late acks, prefetch 1, task events on, a watchdog that re-dispatches
     trials of lost hosts; a host that turns unhealthy pauses and resumes by
     itself.
@@ -94,6 +104,8 @@ def worker(concurrency: int, hostname: str | None, queues: str | None, loglevel:
         selection_roots=tuple(p.absolute() for p in selection_roots),
         env_file_roots=tuple(p.absolute() for p in env_file_roots),
         image_budget=_size_option("--image-budget", image_budget),
+        cpus=cpus,
+        memory=_size_option("--memory", memory),
         agent_install=agent_install,
         gateways=parse_gateway_list(gateways, "--gateway"),
         pids_limit=_pids_option(pids_limit),

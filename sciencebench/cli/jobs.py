@@ -45,6 +45,7 @@ def status(job_name: str, jobs_dir: Path) -> None:
     from sciencebench.coordination.gateways import GatewayLimits
     from sciencebench.coordination.registries import RedisRegistryMarks
     from sciencebench.coordination.shares import cluster_slots, share_lines
+    from sciencebench.core.capacity import NOTHING, in_use
     from sciencebench.login.cluster import is_live
 
     job = load_job(jobs_dir, job_name)
@@ -98,11 +99,16 @@ def status(job_name: str, jobs_dir: Path) -> None:
     for registry in RedisRegistryMarks(coord).states():  # every registry the cluster backs off from now
         if registry.wait_sec(now) > 0:
             out.print(registry.line(now), markup=False, soft_wrap=True)
-    for host, health in sorted(coord.hosts().items()):
+    hosts = coord.hosts()
+    used = coord.room_used(sorted(hosts))
+    for host, health in sorted(hosts.items()):
         silent = now - health.seen_at
         if silent > GONE_HOST_SHOWN_SEC:
             continue
         live = is_live(health, now, settings.lease_seconds)
+        if live and health.kit is not None and (capacity := health.kit.capacity) is not None:
+            taken, trials = used.get(host, (NOTHING, 0))
+            out.print(f"host {host}: {in_use(taken, capacity, trials)}", markup=False, soft_wrap=True)
         if not live:  # killed without a goodbye: its heartbeat stopped
             out.print(f"gone host {host}: no heartbeat for {silent:.0f}s", markup=False, soft_wrap=True)
         elif health.paused:

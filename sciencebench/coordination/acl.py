@@ -54,7 +54,8 @@ _LOGIN_STATE = ("sciencebench:jobs", "sciencebench:history", "sciencebench:share
                 "sciencebench:*:cancelled", "sciencebench:*:slots",
                 "sciencebench:*:waiting", "sciencebench:*:waiting:payloads", "sciencebench:*:held",
                 "sciencebench:*:held:*", "sciencebench:*:budget", "sciencebench:*:dispatches",
-                "sciencebench:*:share:sent", "sciencebench:*:state", "sciencebench:*:unfit",
+                "sciencebench:*:share:sent", "sciencebench:*:requests", "sciencebench:*:state",
+                "sciencebench:*:unfit",
                 "sciencebench:lock:*", "sciencebench:*:parking:*", "sciencebench:*:running")  # fmt: skip
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from sciencebench.coordination.models import Room
 from sciencebench.coordination.protocol import Coordinator
 
 log = logging.getLogger(__name__)
@@ -14,7 +15,9 @@ _ANY_CAP = 1 << 30
 
 
 class Heartbeat(threading.Thread):
-    """Renews a trial's lease and its slot every `ttl_sec / 4` until stopped (it runs while both are held).
+    """Renews a trial's lease, its slot and its part of the host's capacity (`room`) every `ttl_sec / 4`.
+
+    It runs while they are held, until stopped.
 
     `lost` is set when the lease could not be renewed (another run owns the
     trial now); `cancelled` when the job's cancel flag appears. A broker blip
@@ -22,11 +25,13 @@ class Heartbeat(threading.Thread):
     """
 
     def __init__(
-        self, coord: Coordinator, job: str, key: str, owner: str, ttl_sec: float, slot: bool = True
-    ) -> None:
+        self, coord: Coordinator, job: str, key: str, owner: str, ttl_sec: float, slot: bool = True,
+        room: Room | None = None,
+    ) -> None:  # fmt: skip
         super().__init__(daemon=True, name=f"lease {key}")
         self.coord, self.job, self.key, self.owner, self.ttl_sec = coord, job, key, owner, ttl_sec
         self.slot = slot  # False: the trial holds no slot (only its lease is renewed)
+        self.room = room  # None: it holds no part of its host's capacity
         self.lost = threading.Event()
         self.cancelled = threading.Event()
         self._stop_event = threading.Event()
@@ -41,6 +46,8 @@ class Heartbeat(threading.Thread):
                     return
                 if self.slot:
                     self.coord.acquire_slot(self.job, self.key, _ANY_CAP, self.ttl_sec)
+                if (room := self.room) is not None:
+                    self.coord.take_room(room.host, room.member, room.request, room.capacity, self.ttl_sec)
                 if self.coord.is_cancelled(self.job):
                     self.cancelled.set()
             except Exception:  # a broker blip: keep trying until the lease lapses

@@ -15,6 +15,8 @@ from __future__ import annotations
 #   sciencebench:hosts:kit            hash host -> HostKit JSON: its agent install, proxy image, roots
 #   sciencebench:hosts:images         hash host -> its image-budget line (`report_images`)
 #   sciencebench:hosts:holds          hash host -> HostImages JSON: the task images it holds (placement)
+#   sciencebench:room:<host>          zset J/K -> expiry (ms, the server's clock): trials holding its capacity
+#   sciencebench:room:<host>:requests hash J/K -> "<cpus> <memory_mb>": what each holds (`Slots.take_room`)
 #   sciencebench:place:routed         hash J/K -> Routed JSON: the host a trial was placed on, until when
 #   sciencebench:place:pulling        hash repository@digest -> Pulling JSON: a host pulling it for placement
 #   sciencebench:J:result:K           the trial's TrialRecord JSON
@@ -42,6 +44,7 @@ from __future__ import annotations
 #   sciencebench:shares               hash J -> Share JSON (`coordination.shares`)
 #   sciencebench:shares:weights       hash user:<name> | job:J -> an operator's weight
 #   sciencebench:J:share:sent         set of K sent by fair share, not yet started
+#   sciencebench:J:requests           hash K -> "<cpus> <memory_mb>": what the trial asks (fair share)
 #   sciencebench:gateways             set of gateway authorities ever limited (`coordination.gateways`)
 #   sciencebench:gateway:<authority>  hash: limit, ceiling, status, reason, at
 #   sciencebench:gateway:<authority>:slots  zset member -> lease expiry (ms, the server's clock)
@@ -74,6 +77,16 @@ class ClusterKeys:
         return f"{PREFIX}:lock:{name}"
 
     @staticmethod
+    def room(host: str) -> str:
+        """The trials holding part of a worker host's capacity, with their leases' expiry."""
+        return f"{PREFIX}:room:{host}"
+
+    @staticmethod
+    def room_requests(host: str) -> str:
+        """What each trial holding part of a host's capacity requests."""
+        return f"{PREFIX}:room:{host}:requests"
+
+    @staticmethod
     def gateway(authority: str) -> str:
         """A model gateway's limit (`coordination.gateways`)."""
         return f"{PREFIX}:gateway:{authority}"
@@ -93,8 +106,8 @@ class JobKeys:
     """Every key of one job's state, `sciencebench:<job>:...`, as the table above lists them."""
 
     __slots__ = ("_base", "budget", "budget_started", "cancelled", "dispatches", "held", "held_meta",
-                 "held_payloads", "held_probe", "held_tasks", "job", "running", "share_sent", "slots",
-                 "state", "unfit", "waiting", "waiting_payloads")  # fmt: skip
+                 "held_payloads", "held_probe", "held_tasks", "job", "requests", "running", "share_sent",
+                 "slots", "state", "unfit", "waiting", "waiting_payloads")  # fmt: skip
 
     def __init__(self, job: str) -> None:
         self.job = job
@@ -115,6 +128,7 @@ class JobKeys:
         self.budget = f"{base}:budget"
         self.budget_started = f"{base}:budget:started"
         self.share_sent = f"{base}:share:sent"
+        self.requests = f"{base}:requests"
 
     def result(self, key: str) -> str:
         """The trial's record (`key`: its trial key; "" gives the prefix a script completes)."""

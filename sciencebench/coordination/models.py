@@ -7,6 +7,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
+from sciencebench.core.capacity import Request
 from sciencebench.core.models import Redispatch
 
 
@@ -55,6 +56,31 @@ class HostKit(BaseModel):
     # for pids, not watched for disk).
     pids_limit: int = 0
     disk_limit: int = 0
+    # Its capacity (`worker --cpus`, `--memory`; `core.capacity`): its running trials' requests fit
+    # within it (0: not said, e.g. an older worker: no bound but its slots).
+    cpus: float = 0.0
+    memory_mb: int = 0
+
+    @property
+    def capacity(self) -> Request | None:
+        """Its capacity, None when it did not say."""
+        said = self.cpus > 0 and self.memory_mb > 0
+        return Request(cpus=self.cpus, memory_mb=self.memory_mb) if said else None
+
+
+@dataclass(frozen=True)
+class Room:
+    """A trial's part of its host's capacity (`Slots.take_room`): the host, the trial (`J/K`), its request."""
+
+    host: str
+    member: str
+    request: Request
+    capacity: Request
+
+    @staticmethod
+    def member_of(job: str, key: str) -> str:
+        """A trial's name in its host's ledger: `<job>/<trial key>`."""
+        return f"{job}/{key}"
 
 
 class HostStatus(BaseModel):

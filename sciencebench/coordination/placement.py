@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from sciencebench.coordination.history import stored_seconds
 from sciencebench.coordination.protocol import Coordinator
+from sciencebench.core.capacity import NOTHING, Request, fits
 from sciencebench.core.images import repo_digest_name
 from sciencebench.core.keys import TrialKey
 from sciencebench.core.models import Redispatch
@@ -119,11 +120,18 @@ class HostView:
     pulling: set[str] = field(default_factory=set)
     ends: list[float] = field(default_factory=list)  # `HostLine.ends`
     line: list[float] = field(default_factory=list)  # `HostLine.line`, and what this fill sent it
+    # Its capacity (None: it said none) and what its running trials, and those this fill sent, ask.
+    capacity: Request | None = None
+    used: Request = NOTHING
 
     @property
     def free(self) -> int:
         """Its slots no trial runs in or is on its way to."""
         return self.slots - self.busy
+
+    def fits(self, request: Request | None) -> bool:
+        """Whether a trial asking `request` fits beside its trials now (`core.capacity.fits`)."""
+        return request is None or self.capacity is None or fits(self.used, request, self.capacity)
 
     def has(self, image: str) -> bool:
         """Whether it holds `image` or is pulling it."""
@@ -151,6 +159,7 @@ class Choice:
     until: float = 0.0
     pulls: tuple[str, ...] = ()  # the images the host lacks and will pull for it
     expected: float = 0.0  # its `line_seconds`: it holds a slot of the host that long, after its pulls
+    request: Request | None = None  # what it asks of the host's capacity
 
 
 def pull_seconds(missing_bytes: int, bytes_per_sec: float) -> float:
@@ -235,17 +244,21 @@ class Placement:
         """Bytes of `images` that `host` neither holds nor is pulling."""
         return sum(self.size(image) for image in images if not host.has(image))
 
-    def choose(self, refs: list[str], measured: float | None = None) -> Choice | None:
+    def choose(
+        self, refs: list[str], measured: float | None = None, request: Request | None = None
+    ) -> Choice | None:
         """The host for a trial with image refs `refs` (its task measured `measured` s); None: no free slot.
 
-        The free host missing the fewest bytes of them, unless a busy host
+        Free: a free slot and room for its `request` beside the host's trials
+        (`HostView.fits`); a host without room is busy. The free host missing
+        the fewest bytes of them, unless a busy host
         is ready within the wait's worth (`holder`): then wait there, until
         `now + wait_bound` of the bytes waiting saves. Either way the trial
         counts in its host's line for `line_seconds(measured)`.
         Ties: more free slots, then fewer stored bytes, then the name.
         """
         expected = line_seconds(measured)
-        free = [host for host in self.hosts.values() if host.free > 0]
+        free = [host for host in self.hosts.values() if host.free > 0 and host.fits(request)]
         if not free:
             return None
         images = pinned(refs)
@@ -255,14 +268,14 @@ class Placement:
 
         best = min(free, key=rank)
         lacking = self.missing(best, images)
-        holder = self.holder(images, lacking)
+        holder = self.holder(images, lacking, request)
         if holder is not None:
             until = self.now + wait_bound(lacking - self.missing(holder, images), self.bytes_per_sec)
-            return Choice(host=holder.name, until=until, expected=expected)
+            return Choice(host=holder.name, until=until, expected=expected, request=request)
         pulls = tuple(image for image in images if not best.has(image))
-        return Choice(host=best.name, pulls=pulls, expected=expected)
+        return Choice(host=best.name, pulls=pulls, expected=expected, request=request)
 
-    def holder(self, images: list[str], lacking: int) -> HostView | None:
+    def holder(self, images: list[str], lacking: int, request: Request | None = None) -> HostView | None:
         """The busy host worth waiting for, if any: the one ready soonest, if within the wait's worth.
 
         Of the busy hosts missing fewer bytes than `lacking` (the free
@@ -275,7 +288,9 @@ class Placement:
         ready = {
             host.name: host.frees_in() + pull_seconds(missing, self.bytes_per_sec)
             for host in self.hosts.values()
-            if host.free <= 0 and (missing := self.missing(host, images)) < lacking
+            if (host.free <= 0 or not host.fits(request))
+            and (host.capacity is None or request is None or fits(NOTHING, request, host.capacity))
+            and (missing := self.missing(host, images)) < lacking
         }
         soonest = min(ready, key=lambda name: (ready[name], self.hosts[name].waiting, name), default=None)
         if soonest is None:
@@ -290,6 +305,8 @@ class Placement:
         host.busy += 1
         if choice.until:
             host.waiting += 1
+        elif choice.request is not None:
+            host.used = host.used.plus(choice.request)
         # The slot is held while the host pulls what it lacks, then while the trial runs.
         pull = pull_seconds(sum(self.size(image) for image in choice.pulls), self.bytes_per_sec)
         host.line.append(choice.expected + pull)
@@ -438,7 +455,11 @@ def cluster_view(coord: Coordinator, store: PlacementStore, lease_seconds: float
         held, line = holdings.get(name, HostImages()), lines.get(name, HostLine())
         hosts[name] = HostView(name=name, slots=status.kit.slots, busy=load.running + load.routed,
                                waiting=load.waiting, images=dict(held.images), ends=list(line.ends),
-                               line=list(line.line))  # fmt: skip
+                               line=list(line.line), capacity=status.kit.capacity)  # fmt: skip
+    # What their running trials hold of their capacities (the ledger: `Slots.take_room`); a trial
+    # routed to a host and not started yet is not in it: its start checks again and hands it back.
+    for name, (used, _) in coord.room_used(sorted(hosts)).items():
+        hosts[name].used = used
     sizes: dict[str, int] = {}
     for held in holdings.values():
         sizes.update({image: size for image, size in held.images.items() if size > 0})

@@ -29,6 +29,7 @@ from sciencebench.coordination.keys import (
 )
 from sciencebench.coordination.models import Claim, Held, HostKit, HostStatus, Start, Unfit
 from sciencebench.coordination.shares import Shares
+from sciencebench.core.capacity import Request
 from sciencebench.core.models import Redispatch, TrialState, TrialStatus
 
 if TYPE_CHECKING:
@@ -206,6 +207,24 @@ class Slots(Protocol):
 
     def acquire_slot(self, job: str, key: str, cap: int, ttl_sec: float) -> bool:
         """Take (or refresh) a slot for `ttl_sec` if fewer than `cap` are held; False otherwise."""
+        ...
+
+    def take_room(self, host: str, member: str, request: Request, capacity: Request, ttl_sec: float) -> bool:
+        """Take (or refresh) `member`'s part of `host`'s capacity for `ttl_sec`; False when it does not fit.
+
+        One atomic check-and-take over the host's ledger (`lua/lib/take_room.lua`):
+        parts whose holder stopped refreshing them lapse, so a dead host's capacity
+        comes back by itself; a holder refreshing its part is never refused.
+        `member`: the trial, `<job>/<trial key>`.
+        """
+        ...
+
+    def free_room(self, host: str, member: str) -> None:
+        """Give back `member`'s part of `host`'s capacity."""
+        ...
+
+    def room_used(self, hosts: list[str]) -> dict[str, tuple[Request, int]]:
+        """What each host's trials hold of its capacity now (the store's clock): requests summed, count."""
         ...
 
     def wait_for_slot(self, job: str, payload: Redispatch) -> None:

@@ -49,16 +49,17 @@ class Script:
         """The text Redis runs: the functions used, then the script."""
         return _source(self)
 
-    def key_list(self, job: str, key: str = "", authority: str = "") -> list[str]:
+    def key_list(self, job: str, key: str = "", authority: str = "", host: str = "") -> list[str]:
         """The `KEYS` list in the script's order, for the job's trial `key` (`store_keys`)."""
-        named = store_keys(job, key, authority)
+        named = store_keys(job, key, authority, host)
         return [named[name] for name in self.keys]
 
 
-def store_keys(job: str, key: str = "", authority: str = "") -> Mapping[str, str]:
+def store_keys(job: str, key: str = "", authority: str = "", host: str = "") -> Mapping[str, str]:
     """Each name a script's `KEYS` use -> its Redis key, for a job's trial `key` (`coordination.protocol`).
 
-    `authority`: a model gateway's `host:port`, for the gateway limits' keys (`coordination.gateways`).
+    `authority`: a model gateway's `host:port`, for the gateway limits' keys (`coordination.gateways`);
+    `host`: a worker host, for its capacity's keys (`Slots.take_room`).
     """
     job_keys = JobKeys(job)
     return {
@@ -66,6 +67,8 @@ def store_keys(job: str, key: str = "", authority: str = "") -> Mapping[str, str
         "gateways": GATEWAYS_KEY,
         "gateway": ClusterKeys.gateway(authority),
         "gateway_slots": ClusterKeys.gateway_slots(authority),
+        "room": ClusterKeys.room(host),
+        "room_requests": ClusterKeys.room_requests(host),
         "history": HISTORY_KEY,
         "shares": SHARES_KEY,
         "weights": WEIGHTS_KEY,
@@ -112,6 +115,7 @@ FINISH = Script("finish", ("lease", "running", "slots"), uses=("rightful",))
 WAIT = Script("wait", ("waiting", "waiting_payloads"))
 TAKE_ORPHAN = Script("take_orphan", ("lease", "running"))
 SLOT = Script("slot", ("slots",), uses=("take_slot",))
+ROOM = Script("room", ("room", "room_requests"), uses=("take_room",))
 START = Script(
     "start",
     ("lease", "result", "jobs", "cancelled", "slots", "running", *_BUDGET, "counted"),
@@ -138,7 +142,7 @@ GATEWAY_ACQUIRE = Script("gateway_acquire", ("gateway", "gateway_slots", "gatewa
 GATEWAY_RENEW = Script("gateway_renew", ("gateway_slots",))
 GATEWAY_ADJUST = Script("gateway_adjust", ("gateway",))
 
-ALL = (PARK, RENEW, COMMIT, FINISH, WAIT, TAKE_ORPHAN, SLOT, START, NEXT_WAITING, RELEASE_HELD,
+ALL = (PARK, RENEW, COMMIT, FINISH, WAIT, TAKE_ORPHAN, SLOT, ROOM, START, NEXT_WAITING, RELEASE_HELD,
        ADD_DURATIONS, SET_BUDGET, START_WITHIN_BUDGET, SHARE_CHOOSE, PLACE_LOADS, PLACE_REPORT,
        PLACE_LINES, GATEWAY_ACQUIRE, GATEWAY_RENEW, GATEWAY_ADJUST)  # fmt: skip
 
@@ -150,6 +154,8 @@ class Registered:
         self.script = script
         self._run: RedisScript | AsyncScript = client.register_script(script.source())
 
-    def __call__(self, job: str, key: str, args: Sequence[EncodableT] = (), authority: str = "") -> Any:
+    def __call__(
+        self, job: str, key: str, args: Sequence[EncodableT] = (), authority: str = "", host: str = ""
+    ) -> Any:
         """Run it on the job's trial `key` (its keys by name, `store_keys`) with `args` (its ARGV)."""
-        return self._run(keys=self.script.key_list(job, key, authority), args=list(args))
+        return self._run(keys=self.script.key_list(job, key, authority, host), args=list(args))

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel
 
+from sciencebench.core.capacity import DEFAULT_CPUS, DEFAULT_MEMORY_MB, NOTHING, Request, dominant_share, fits
+
 if TYPE_CHECKING:
     from celery import Celery
 
@@ -43,15 +45,27 @@ class Share(BaseModel):
     name: str = ""
     at: float = 0.0
     placement: bool = False  # the job's `--placement`: its trials go to hosts that hold their images
+    # What each of its trials holds of a host (the largest request among its tasks: `core.capacity`).
+    cpus: float = DEFAULT_CPUS
+    memory_mb: int = DEFAULT_MEMORY_MB
+
+    @property
+    def request(self) -> Request:
+        """What one of its trials is counted to hold."""
+        return Request(cpus=self.cpus, memory_mb=self.memory_mb)
 
 
 @dataclass(frozen=True)
 class Load:
-    """One job's trials now: running (holding a slot), sent (on their way), waiting (held or parked)."""
+    """One job's trials now: running (holding a slot), sent (on their way), waiting (held or parked).
+
+    `used`: what its running and sent trials ask together (None: each its job's `Share.request`).
+    """
 
     running: int = 0
     sent: int = 0
     waiting: int = 0
+    used: Request | None = None
 
     @property
     def busy(self) -> int:
@@ -78,8 +92,11 @@ class Shares(Protocol):
         """What the job runs, has on its way and keeps waiting now."""
         ...
 
-    def choose_share(self, capacity: int) -> str | None:
-        """`choose` over the store's state, in one step: the job the next free slot of `capacity` takes."""
+    def choose_share(self, capacity: int, total: Request | None = None) -> str | None:
+        """`choose` over the store's state, in one step: the job the next free slot of `capacity` takes.
+
+        `total`: the cluster's capacity (`cluster_capacity`), None when no host said its own.
+        """
         ...
 
     def share_sent(self, job: str, key: str) -> None:
@@ -111,43 +128,80 @@ def weights_of(
 
 
 def choose(
-    shares: Mapping[str, Share], weights: Mapping[str, float], loads: Mapping[str, Load], capacity: int
-) -> str | None:
+    shares: Mapping[str, Share], weights: Mapping[str, float], loads: Mapping[str, Load], capacity: int,
+    total: Request | None = None,
+) -> str | None:  # fmt: skip
     """The job whose held trial the next free slot takes; None when no slot is free or nobody waits.
 
-    The twin of the script `lua/share_choose.lua` (over Redis): the user with the fewest busy
-    slots per weight among users with a job that waits and is below its
-    `--n-concurrent`, then that user's such job with the fewest per weight
-    (users that tie are told apart by their jobs' ratio), then the earlier
-    submit, then the job id.
+    The twin of the script `lua/share_choose.lua` (over Redis): the user with
+    the smallest dominant share per weight among users with a job that waits,
+    is below its `--n-concurrent` and whose next trial fits what the cluster
+    has free, then that user's such job with the smallest dominant share per
+    weight (users that tie are told apart by their jobs' ratio), then the
+    earlier submit, then the job id.
 
-    A slot is free when the trials running or sent (a message on its way, not
-    yet started) number fewer than the cluster's slots (the `--concurrency` of
-    the live, unpaused worker hosts, as they report it in their `HostKit`).
-    The job: first the submitting user with the fewest trials per unit of
-    weight, then that user's job with the fewest per unit of weight, never a
-    job at its `--n-concurrent`, ties to the earlier submit.
+    Dominant-resource fairness: a job's trials running or sent (a message on
+    its way, not yet started) each hold what they ask (`Load.used`; its next
+    trial is counted as its largest request, `Share.request`); its share is
+    the larger of the fractions of the cluster's CPUs and memory (`total`:
+    the live, unpaused hosts' capacities) they hold, counted with the trial
+    it would start next; a user's, of its jobs' together. A
+    2-CPU trial so weighs twice a 1-CPU one. Without `total` (no host said
+    its capacity) each trial counts one, as a slot. A slot is free when the
+    trials running or sent number fewer than the cluster's slots (the
+    `--concurrency` of the live, unpaused worker hosts, as they report it in
+    their `HostKit`).
     """
     user_w, job_w = weights_of(shares, weights)
-    busy_by_user: dict[str, int] = {}
+    used: dict[str, Request] = {}
+    by_user: dict[str, Request] = {}
+    counts: dict[str, int] = {}
+    everyone = NOTHING
     for job, share in shares.items():
-        busy_by_user[share.user] = busy_by_user.get(share.user, 0) + loads.get(job, Load()).busy
-    if sum(busy_by_user.values()) >= capacity:
+        n = loads.get(job, Load()).busy
+        counts[share.user] = counts.get(share.user, 0) + n
+        load = loads.get(job, Load())
+        used[job] = load.used if load.used is not None else NOTHING.plus(share.request, n)
+        by_user[share.user] = by_user.get(share.user, NOTHING).plus(used[job])
+        everyone = everyone.plus(used[job])
+    if sum(counts.values()) >= capacity:
         return None
     candidates = [
         job
         for job, share in shares.items()
-        if (load := loads.get(job, Load())).waiting > 0 and load.busy < share.cap
+        if (load := loads.get(job, Load())).waiting > 0
+        and load.busy < share.cap
+        and (total is None or fits(everyone, share.request, total))
     ]
     if not candidates:
         return None
 
+    def part(held: Request, share: Share, count: int) -> float:
+        """Its dominant share with one more trial of `share` (without `total`: its trials, plus one)."""
+        return float(count + 1) if total is None else dominant_share(held.plus(share.request), total)
+
     def rank(job: str) -> tuple[float, float, float, str]:
         share, load = shares[job], loads.get(job, Load())
-        return ((busy_by_user[share.user] + 1) / user_w[share.user],
-                (load.busy + 1) / job_w[job], share.at, job)  # fmt: skip
+        return (part(by_user[share.user], share, counts[share.user]) / user_w[share.user],
+                part(used[job], share, load.busy) / job_w[job], share.at, job)  # fmt: skip
 
     return min(candidates, key=rank)
+
+
+def cluster_capacity(coord: Coordinator, lease_seconds: float) -> Request | None:
+    """The capacities of the live, unpaused worker hosts that said theirs, summed (None: none said)."""
+    now = coord.now()
+    said = [
+        capacity
+        for status in coord.hosts().values()
+        if status.kit is not None
+        and (capacity := status.kit.capacity) is not None
+        and not status.paused
+        and now - status.seen_at < 2 * lease_seconds
+    ]
+    if not said:
+        return None
+    return Request(cpus=sum(c.cpus for c in said), memory_mb=sum(c.memory_mb for c in said))
 
 
 def cluster_slots(coord: Coordinator, lease_seconds: float) -> int:
@@ -199,6 +253,7 @@ def _fill_locked(
 
     store = RedisPlacementStore(coord)
     table = coord.share_table()[0]
+    total = cluster_capacity(coord, lease_seconds)
     # The hosts' images, loads and pulling marks are read only when a job here asked for placement.
     wanted = any(share.placement for share in table.values())
     placed = cluster_view(coord, store, lease_seconds) if wanted else None
@@ -212,7 +267,7 @@ def _fill_locked(
     for _ in range(limit if limit is not None else capacity + lines):
         if placed is not None and placed.hosts and placed.free <= 0:
             break
-        job = coord.choose_share(capacity)
+        job = coord.choose_share(capacity, total)
         if job is None:
             break
         payload = coord.next_waiting(job, lease_seconds)
@@ -228,7 +283,9 @@ def _fill_locked(
         if share is not None and share.placement:
             if placed is None:  # a job with placement registered since this fill began
                 placed = cluster_view(coord, store, lease_seconds)
-            choice = placed.choose(payload.trial.image_refs, store.estimate(job, payload))
+            choice = placed.choose(
+                payload.trial.image_refs, store.estimate(job, payload), payload.trial.request
+            )
         if choice is None or not choice.until:
             coord.share_sent(job, payload.trial.key)  # it takes a slot: counted until it starts
         queue = (

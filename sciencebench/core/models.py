@@ -22,6 +22,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, computed_field
 
 from sciencebench.core.agentimages import BakedImage
+from sciencebench.core.capacity import DEFAULT_CPUS, DEFAULT_MEMORY_MB, Request
 from sciencebench.core.envfile import EnvFile
 from sciencebench.core.gateways import Gateway
 from sciencebench.core.harness import POLICY_ENVIRONMENT, POLICY_NAME
@@ -190,6 +191,14 @@ class TrialSpec(BaseModel):
     expected_sec: float = Field(ge=0, allow_inf_nan=False)
     # The one `--model` this trial's Pier runs (JobSpec.trial_model), None without one.
     model: str | None = None
+    # What it holds of its host while it runs (`core.capacity.trial_request`): CPUs, memory (MiB).
+    cpus: float = Field(default=DEFAULT_CPUS, gt=0, allow_inf_nan=False)
+    memory_mb: int = Field(default=DEFAULT_MEMORY_MB, gt=0)
+
+    @property
+    def request(self) -> Request:
+        """Its request of a host's capacity."""
+        return Request(cpus=self.cpus, memory_mb=self.memory_mb)
 
     @property
     def key(self) -> str:

@@ -22,6 +22,7 @@ from urllib.parse import urlencode, urlsplit
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from sciencebench.core.capacity import Request, host_capacity
 from sciencebench.core.errors import ProfileError, SettingsError
 from sciencebench.core.gateways import Gateway, parse_gateway_list, public_url
 from sciencebench.core.paths import ScratchPaths
@@ -98,6 +99,10 @@ class Settings(BaseSettings):
     # Bytes a trial container's writable layer may hold (`worker --disk-limit`, `20G`; 0: no watch);
     # past it the trial ends with a ResourceLimitError (worker/diskwatch.py).
     disk_limit: int = Field(default=DEFAULT_DISK_LIMIT, ge=0)
+    # A worker host's capacity: the CPUs and memory (bytes, `64G`) its running trials' requests may
+    # take together (0: detected, less a reserve; `core.capacity`).
+    cpus: float = Field(default=0.0, ge=0, le=1 << 16)
+    memory: int = Field(default=0, ge=0)
     # Names of further variables of the worker's environment that Pier gets (colon-separated);
     # everything else of the worker's environment stays out of Pier's (see worker/pier/process.py).
     pier_env: Annotated[tuple[str, ...], NoDecode] = ()
@@ -215,7 +220,7 @@ class Settings(BaseSettings):
         # " " is as unset as "": the worker and Pier's plugin (state_dir_from_env) must agree.
         return (value.strip() or DEFAULT_STATE_DIR) if isinstance(value, str) else value
 
-    @field_validator("image_budget", "disk_limit", mode="before")
+    @field_validator("image_budget", "disk_limit", "memory", mode="before")
     @classmethod
     def _size(cls, value: Any) -> Any:
         return parse_size(value) if isinstance(value, str) else value
@@ -248,6 +253,11 @@ class Settings(BaseSettings):
             if not field:  # a rule between settings: its message names them
                 raise SettingsError(message) from None
             raise SettingsError(f"{ENV_PREFIX}{field.upper()}: {message}") from None
+
+    @property
+    def capacity(self) -> Request:
+        """This host's capacity: `cpus` and `memory` when set, else detected less the reserve."""
+        return host_capacity(self.cpus, self.memory)
 
     @property
     def backend_url(self) -> str:

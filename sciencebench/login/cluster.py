@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sciencebench.coordination.protocol import Coordinator, HostKit, HostStatus
+from sciencebench.core.capacity import NOTHING, Request, fits
 from sciencebench.core.errors import ProfileError
 from sciencebench.core.gateways import Gateway, allowed_by, parse_gateway, refusal_reason
 from sciencebench.core.settings import Settings
@@ -48,7 +49,10 @@ class Cluster:
     @classmethod
     def this_host(cls, settings: Settings) -> Cluster:
         """`--local`: this host, as its settings say (it serves every path, as its user can read them)."""
+        capacity = settings.capacity
         kit = HostKit(
+            cpus=capacity.cpus,
+            memory_mb=capacity.memory_mb,
             agent_install=settings.agent_install,
             proxy_image=settings.proxy_image,
             gateways=tuple(gateway.origin for gateway in settings.gateways),
@@ -78,6 +82,7 @@ class Needs:
     online_install: str | None  # the harness Pier must install where no baked image exists, or None
     paths: tuple[tuple[str, Path, str], ...] = ()  # (option, path, the HostKit roots field serving it)
     gateways: tuple[Gateway, ...] = ()  # where its harness sends inference: a host's operator allows each
+    requests: tuple[tuple[str, Request], ...] = ()  # (task id, what a trial of it holds: `core.capacity`)
 
 
 def check_cluster(cluster: Cluster, needs: Needs, missing_baked: Callable[[], str]) -> None:
@@ -99,6 +104,7 @@ def check_cluster(cluster: Cluster, needs: Needs, missing_baked: Callable[[], st
                 f"no live worker host: this job needs one with {wanted}; start the workers, then submit"
             )
         return
+    _check_capacity(cluster, needs, kits)
     for option, path, field in needs.paths:
         if cluster.local:
             break
@@ -132,6 +138,21 @@ def check_cluster(cluster: Cluster, needs: Needs, missing_baked: Callable[[], st
             f"{missing_baked()}, and no live worker host installs agents online; bake them, or run a "
             "worker that does (`sciencebench worker --agent-install online`, a host with internet)"
         )
+
+
+def _check_capacity(cluster: Cluster, needs: Needs, kits: dict[str, HostKit]) -> None:
+    """Refuse a task whose trials no host's whole capacity could hold (hosts that said none: not judged)."""
+    capacities = {host: capacity for host, kit in kits.items() if (capacity := kit.capacity) is not None}
+    if not capacities:
+        return
+    largest = max(capacities, key=lambda host: (capacities[host].cpus, capacities[host].memory_mb, host))
+    for task_id, request in needs.requests:
+        if not any(fits(NOTHING, request, capacity) for capacity in capacities.values()):
+            where = "this host's capacity" if cluster.local else f"the largest live host, {largest}, has"
+            raise ProfileError(
+                f"task {task_id} asks {request} per trial; {where} {capacities[largest]} "
+                "(worker --cpus, --memory)"
+            )
 
 
 def proxy_refusal(local: bool) -> str:

@@ -16,6 +16,7 @@ from sciencebench.coordination.history import ordering_estimates
 from sciencebench.coordination.protocol import Coordinator, Held
 from sciencebench.coordination.shares import Share, cluster_slots, fill
 from sciencebench.coordination.watchdog import send_again
+from sciencebench.core.capacity import DEFAULT_CPUS, DEFAULT_MEMORY_MB
 from sciencebench.core.models import JobSpec, Redispatch, TrialSpec, TrialState
 from sciencebench.core.settings import Settings
 from sciencebench.core.wire import FINALIZE_JOB, finalize_shadow, run_trial_message
@@ -64,8 +65,11 @@ def dispatch(
     )  # fmt: skip
     measured = ordering_estimates(coord, job)
     lease = lease_seconds if lease_seconds is not None else Settings.from_env().lease_seconds
+    # Fair share counts each of its trials as holding the largest request among them (`core.capacity`).
     share = Share(user=job.user or "unknown", weight=job.weight, cap=job.n_concurrent, name=job.job_name,
-                  at=coord.now(), placement=job.placement)  # fmt: skip
+                  at=coord.now(), placement=job.placement,
+                  cpus=max((t.cpus for t in trials), default=DEFAULT_CPUS),
+                  memory_mb=max((t.memory_mb for t in trials), default=DEFAULT_MEMORY_MB))  # fmt: skip
     coord.register_share(job.job_key, share)
     shared = cluster_slots(coord, lease) > 0
     plan = (

@@ -63,6 +63,8 @@ def expand(selection: Selection, job: JobSpec, toml_hashes: dict[str, str]) -> l
                     image_refs=trial_image_refs(task.image_refs, job.agent_images.get(task_id)),
                     expected_sec=expected,
                     model=job.trial_model(attempt),
+                    cpus=task.request.cpus,
+                    memory_mb=task.request.memory_mb,
                 )
             )
     return order(trials, {})

@@ -210,6 +210,7 @@ def prepare(
         online_install=agent_plan.harness if baked.missing else None,
         paths=_served_paths(opts, selection, env_file),
         gateways=tuple(agent_plan.gateways),
+        requests=tuple({trial.task_id: trial.request for trial in trials}.items()),
     )
     cluster = hosts()
     check_cluster(cluster, needs, baked.missing_line)

@@ -18,6 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from sciencebench.core.capacity import DEFAULT_CPUS, DEFAULT_MEMORY_MB, Request, trial_request
 from sciencebench.core.errors import TaskSpecError
 from sciencebench.core.images import ImageRef
 from sciencebench.core.taskdir import (
@@ -88,6 +89,8 @@ class TaskSpec(BaseModel):
     build_timeout_sec: float
     cpus: int | None
     memory_mb: int | None
+    # What a trial of it holds of a host while it runs (agent and separate verifier: `core.capacity`).
+    request: Request = Request(cpus=DEFAULT_CPUS, memory_mb=DEFAULT_MEMORY_MB)
     allow_internet: bool
     # Variables the task's files take from the worker's environment: `${VAR}`
     # templates of its env tables, and compose variables beyond Pier's own.
@@ -223,6 +226,10 @@ def load_task(task_dir: Path, task_id: str, resolved: Path | None = None) -> Tas
         build_timeout_sec=parsed.environment.build_timeout_sec,
         cpus=parsed.environment.cpus,
         memory_mb=parsed.environment.memory_mb,
+        request=trial_request(
+            (parsed.environment.cpus, parsed.environment.memory_mb),
+            (verifier_env.cpus, verifier_env.memory_mb) if verifier_env and mode == "separate" else None,
+        ),
         allow_internet=allow_internet,
         template_variables=review.template_variables,
         compose_variables=review.compose_variables,

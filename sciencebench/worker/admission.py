@@ -22,6 +22,7 @@ from importlib.machinery import PathFinder
 from pathlib import Path
 
 from sciencebench.core.agent_kwargs import agent_kwargs_problem
+from sciencebench.core.capacity import NOTHING, fits
 from sciencebench.core.errors import RefusedError, UnfitError, WorkspaceError
 from sciencebench.core.gateways import allowed_by, refusal_reason
 from sciencebench.core.models import JobSpec, TrialSpec, agent_env_file_name, check_job_name
@@ -60,14 +61,18 @@ def admit(spec: TrialSpec, settings: Settings) -> Admitted:
     that same account's (`worker.secrets`): knowing another user's env file's
     path and SHA-256 is not enough to run with it.
 
-    - `UnfitError`: this host cannot serve the job (its jobs directory, selection
-      or env file is outside what it serves or not visible here). Another host
-      may; the trial is handed back.
+    - `UnfitError`: this host cannot serve the job (the trial's request exceeds
+      its whole capacity, or its jobs directory, selection or env file is
+      outside what it serves or not visible here). Another host may; the trial
+      is handed back.
     - `RefusedError`: the job asks for what no worker does (a task directory
       outside its selection, an agent that is not importable here, a secrets file
       elsewhere, a gateway this worker's operator does not allow). The trial gets
       a refused record and nothing runs.
     """
+    capacity = settings.capacity
+    if not fits(NOTHING, spec.request, capacity):
+        raise UnfitError(f"it asks {spec.request}, more than this host's capacity ({capacity})")
     jobs_dir = spec.jobs_dir
     if not jobs_dir.is_absolute() or not under(jobs_dir, settings.jobs_roots):
         raise UnfitError(

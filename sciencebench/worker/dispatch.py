@@ -14,10 +14,12 @@ from __future__ import annotations
 import logging
 import random
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
 from sciencebench.coordination.heartbeat import Heartbeat
+from sciencebench.coordination.models import Room
 from sciencebench.coordination.protocol import parking_token
 from sciencebench.core.models import Redispatch, TrialRecord, TrialSpec, TrialState
 from sciencebench.worker.context import WorkerContext
@@ -78,10 +80,21 @@ class Embedded:
     def wait_for_slot(self, ctx: WorkerContext, spec: TrialSpec, cap: int) -> HandBack | None:
         """Wait here (polling) until one of the job's `cap` slots is this trial's."""
         lease = ctx.settings.lease_seconds
+        return self._wait(ctx, lambda: ctx.coord.acquire_slot(spec.job_key, spec.key, cap, lease))
+
+    def wait_for_room(self, ctx: WorkerContext, spec: TrialSpec, room: Room) -> HandBack | None:
+        """Wait here (polling) until the trial's request fits beside this host's running trials."""
+        lease = ctx.settings.lease_seconds
+        return self._wait(
+            ctx, lambda: ctx.coord.take_room(room.host, room.member, room.request, room.capacity, lease)
+        )
+
+    @staticmethod
+    def _wait(ctx: WorkerContext, take: Callable[[], bool]) -> None:
         while True:
-            ctx.sleep(min(1.0, lease / 4))
-            if ctx.coord.acquire_slot(spec.job_key, spec.key, cap, lease):
-                return None
+            ctx.sleep(min(1.0, ctx.settings.lease_seconds / 4))
+            if take():
+                return
 
     def answered(self, ctx: WorkerContext, spec: TrialSpec, heartbeat: Heartbeat | None) -> None:
         """No chord counts the answer: the trial ends now."""
@@ -110,13 +123,22 @@ class Clustered:
 
     def wait_for_slot(self, ctx: WorkerContext, spec: TrialSpec, cap: int) -> HandBack | None:
         """Waiting would hold a worker process: give the lease (and the running entry) up, come back later."""
+        return self._back(ctx, spec, "waiting for a slot of the job's --n-concurrent")
+
+    def wait_for_room(self, ctx: WorkerContext, spec: TrialSpec, room: Room) -> HandBack | None:
+        """As for a slot: the trial goes back to its job's waiting trials, sent again when a trial ends.
+
+        A full host takes no message (its worker processes are busy, `-O fair`):
+        a host whose capacity is taken is full alike, and another host, or this
+        one once a trial ends, runs the trial.
+        """
+        return self._back(ctx, spec, f"waiting for room on {room.host}: it asks {room.request}")
+
+    @staticmethod
+    def _back(ctx: WorkerContext, spec: TrialSpec, reason: str) -> HandBack:
         ctx.coord.finish(spec.job_key, spec.key, ctx.owner)
         ctx.coord.set_state(spec.job_key, spec.key, TrialState.WAITING, ctx.settings.hostname)
-        return HandBack(
-            "waiting for a slot of the job's --n-concurrent",
-            park_sec=ctx.settings.lease_seconds,
-            for_slot=True,
-        )
+        return HandBack(reason, park_sec=ctx.settings.lease_seconds, for_slot=True)
 
     def answered(self, ctx: WorkerContext, spec: TrialSpec, heartbeat: Heartbeat | None) -> None:
         """Give back the slot (its run is over); keep the lease (renewed) and running entry to `counted`."""

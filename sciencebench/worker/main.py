@@ -80,6 +80,8 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     # Live before its first trial: a host that cannot serve a job hands trials back only while
     # another live host may (`worker.trial._unfit`), and the keeper's first beat is a quarter lease away.
     coord.describe_host(nodename, host_kit(settings, concurrency))
+    log.info("capacity: %s for its running trials' requests; at most %d at once", settings.capacity,
+             concurrency)  # fmt: skip
     holdings = HoldingsReporter(nodename, settings.state_dir, RedisPlacementStore(coord))
     holdings.tick(force=True)  # what it holds, before fill places its first trial
     _report_images(coord, settings, holdings.line)
@@ -163,12 +165,15 @@ def limits_line(settings: Settings) -> str:
 
 
 def host_kit(settings: Settings, slots: int = 0) -> HostKit:
-    """What this host brings to a job, for submit to check: agent install, proxy, roots, gateways, slots.
+    """What this host brings to a job, for submit to check: agent install, proxy, roots, gateways, room.
 
     Its limits (pids, disk) are reported too, for `status` and the operator.
     """
+    capacity = settings.capacity
     return HostKit(
         slots=slots,
+        cpus=capacity.cpus,
+        memory_mb=capacity.memory_mb,
         agent_install=settings.agent_install,
         proxy_image=settings.proxy_image,
         jobs_roots=tuple(str(root) for root in settings.jobs_roots),

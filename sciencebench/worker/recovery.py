@@ -16,6 +16,7 @@ import logging
 from typing import NamedTuple
 
 from sciencebench.coordination.heartbeat import Heartbeat
+from sciencebench.coordination.models import Room
 from sciencebench.core.errors import (
     BrokerUnavailableError,
     CollectError,
@@ -204,8 +205,12 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _free_slot(theirs: WorkerContext, spec: TrialSpec) -> None:
-    """Give back the dead run's slot of its job (its run is over); a failure is logged, the slot lapses."""
+    """Give back the dead run's slot of its job and its part of this host's capacity (its run is over).
+
+    A failure is logged: both lapse with the dead run's lease.
+    """
     try:
         theirs.coord.free_slot(spec.job_key, spec.key, theirs.owner)
+        theirs.coord.free_room(theirs.settings.hostname, Room.member_of(spec.job_key, spec.key))
     except Exception:
         log.warning("%s: could not give back its slot", spec.label, exc_info=True)

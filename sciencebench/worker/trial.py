@@ -19,6 +19,7 @@ from functools import partial
 
 from sciencebench.coordination.budget import BUDGET
 from sciencebench.coordination.heartbeat import Heartbeat
+from sciencebench.coordination.models import Room
 from sciencebench.coordination.protocol import Claim
 from sciencebench.core.errors import (
     Cancelled,
@@ -54,6 +55,8 @@ def handle(spec: TrialSpec, ctx: WorkerContext, dispatch: Dispatch) -> Outcome:
         budget   once the job's --max-cost/--max-tokens is reached, a record that
                  it never started instead (`coordination.budget`)
         slot     one of the job's --n-concurrent slots, or back to the queue
+        room     its request (CPUs, memory) beside this host's running trials'
+                 within its capacity (`core.capacity`), or back to the queue
         tries    the stages (`worker.stages`), again while the failure is worth
                  another try and --max-retries allows (`worker.tries`), in the
                  run's scratch and journal (`worker.journal`): should this process
@@ -130,7 +133,12 @@ def _handle(spec: TrialSpec, ctx: WorkerContext, dispatch: Dispatch, started: da
             return back
         if not coord.start_within_budget(job, key):  # the budget may have run out meanwhile
             return _not_started(spec, ctx, admitted, dispatch, started)
-    return _run_claimed(spec, ctx, admitted, dispatch, started)
+    room = Room(host=ctx.settings.hostname, member=Room.member_of(job, key), request=spec.request,
+                capacity=ctx.settings.capacity)  # fmt: skip
+    taken = coord.take_room(room.host, room.member, room.request, room.capacity, ctx.settings.lease_seconds)
+    if not taken and (back := dispatch.wait_for_room(ctx, spec, room)) is not None:
+        return back
+    return _run_claimed(spec, ctx, admitted, dispatch, started, room)
 
 
 def _stored_answer(
@@ -219,15 +227,18 @@ def _not_started(
 
 
 def _run_claimed(
-    spec: TrialSpec, ctx: WorkerContext, admitted: Admitted, dispatch: Dispatch, started: datetime
+    spec: TrialSpec, ctx: WorkerContext, admitted: Admitted, dispatch: Dispatch, started: datetime, room: Room
 ) -> Outcome:
-    heartbeat = Heartbeat(ctx.coord, spec.job_key, spec.key, ctx.owner, ctx.settings.lease_seconds)
+    """Run the trial holding its lease, slot and part of the host's capacity; give them back after."""
+    heartbeat = Heartbeat(ctx.coord, spec.job_key, spec.key, ctx.owner, ctx.settings.lease_seconds, room=room)
     heartbeat.start()
     outcome: Outcome = Duplicate()
     try:
         outcome = _run_leased(spec, ctx, admitted, dispatch, started, heartbeat)
     finally:
         _settle(spec, ctx, dispatch, outcome, heartbeat)
+        _after_commit(spec, "its part of the host's capacity could not be given back (it lapses)",
+                      lambda: ctx.coord.free_room(room.host, room.member))  # fmt: skip
     return outcome
 
 

@@ -42,6 +42,10 @@ class Cluster:
             SCIENCEBENCH_STATE_DIR=str(self.state_dir),
             FAKE_PIER_LOG=str(self.root / "fake-pier.jsonl"),
             SCIENCEBENCH_PIER_ENV="FAKE_PIER_LOG",
+            # The fake Pier holds none of what its tasks ask: a worker's capacity bounds nothing here
+            # unless a test says so (`worker --cpus`, `--memory`: tests/integration/test_capacity.py).
+            SCIENCEBENCH_CPUS="64",
+            SCIENCEBENCH_MEMORY="1T",
             LITELLM_LOCAL_MODEL_COST_MAP="True",
             PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
         )

@@ -97,6 +97,9 @@ def real(
     env.update(SCIENCEBENCH_BROKER_URL=redis_server.url, SCIENCEBENCH_STATE_DIR=str(state_dir),
                SCIENCEBENCH_LEASE_SECONDS="10", LITELLM_LOCAL_MODEL_COST_MAP="True",
                PATH=f"{VENV_BIN}{os.pathsep}{env['PATH']}")  # fmt: skip
+    # The demo tasks name no cpus (each counts as 1) and idle in their shells: the soak declares room
+    # for its six at once whatever the machine's cores (`worker --cpus`).
+    env.update(SCIENCEBENCH_CPUS=str(SOAK_CONCURRENCY))
     flower = Flower.start(env, root, FLOWER_USER, FLOWER_PASSWORD)
     # It serves the session's temp dir: the demo selection lives beside this module's jobs.
     worker = Worker("rel", env, root, concurrency=SOAK_CONCURRENCY, serves=tmp_path_factory.getbasetemp())

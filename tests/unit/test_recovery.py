@@ -203,7 +203,10 @@ def make_world(tmp_path: Path, redis_server: RedisServer) -> Callable[..., World
         opts = SubmitOptions(path=selection, jobs_dir=tmp_path / "jobs", job_name="j", **options)
         prepared = prepare(opts)
         done = persist(prepared, build_run_record(prepared.job, prepared.trials[0], "redis://x", []))
-        settings = Settings.from_env({"SCIENCEBENCH_STATE_DIR": str(tmp_path / "state")}).model_copy(
+        # Its owners die holding part of the host's capacity until their leases lapse, and every test
+        # here runs on one host name of one store: no capacity binds here.
+        env = {"SCIENCEBENCH_STATE_DIR": str(tmp_path / "state"), "SCIENCEBENCH_CPUS": "1000"}
+        settings = Settings.from_env(env).model_copy(
             update={"hostname": DEAD_HOST, "lease_seconds": LEASE, "warm_pier": False,
                     "jobs_roots": (tmp_path / "jobs",), "selection_roots": (selection,)}
         )  # fmt: skip

@@ -41,6 +41,6 @@ def test_the_key_table_lists_exactly_the_keys_that_are_built() -> None:
 
 
 def test_every_key_a_script_takes_is_built_by_them() -> None:
-    named = scripts.store_keys("J", "K", "<authority>")
+    named = scripts.store_keys("J", "K", "<authority>", "<host>")
     assert set(named.values()) <= _built()
     assert JobKeys("J").pattern() == "sciencebench:J:*" and ClusterKeys.job_prefix == "sciencebench:"

@@ -20,6 +20,7 @@ from sciencebench.coordination.protocol import (
 )
 from sciencebench.coordination.redis.base import OUTAGE_SEC, RedisBase
 from sciencebench.coordination.shares import Shares
+from sciencebench.core.capacity import Request
 from sciencebench.core.models import TrialState, TrialStatus
 
 
@@ -67,9 +68,11 @@ class RedisBoard(RedisBase, Board, Shares):
         return shares.Load(running=int(running), sent=int(sent), waiting=int(held) + int(waiting))
 
     @override
-    def choose_share(self, capacity: int) -> str | None:
+    def choose_share(self, capacity: int, total: Request | None = None) -> str | None:
         """`shares.choose` in one script (`lua/share_choose.lua`)."""
-        value = self.patiently(lambda: self._choose_share_script("", "", [capacity, ClusterKeys.job_prefix]))
+        cpus, memory = (repr(float(total.cpus)), total.memory_mb) if total is not None else ("0", 0)
+        args: list[str | int] = [capacity, ClusterKeys.job_prefix, cpus, memory]
+        value = self.patiently(lambda: self._choose_share_script("", "", args))
         return str(value) if value else None
 
     @override

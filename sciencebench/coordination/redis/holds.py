@@ -8,9 +8,10 @@ from typing import Any, override
 from redis.typing import EncodableT
 
 from sciencebench.coordination import scripts
-from sciencebench.coordination.keys import JobKeys
+from sciencebench.coordination.keys import ClusterKeys, JobKeys
 from sciencebench.coordination.protocol import JOBS_KEY, Held, Slots
 from sciencebench.coordination.redis.base import OUTAGE_SEC, RedisBase, chunks
+from sciencebench.core.capacity import Request
 from sciencebench.core.keys import TrialKey
 from sciencebench.core.models import Redispatch
 
@@ -26,6 +27,7 @@ class RedisSlots(RedisBase, Slots):
     def __init__(self, url: str, outage_sec: float = OUTAGE_SEC) -> None:
         super().__init__(url, outage_sec)
         self._slot = self._script(scripts.SLOT)
+        self._room = self._script(scripts.ROOM)
         self._wait = self._script(scripts.WAIT)
         self._next_waiting = self._script(scripts.NEXT_WAITING)
         self._release_held = self._script(scripts.RELEASE_HELD)
@@ -35,6 +37,52 @@ class RedisSlots(RedisBase, Slots):
         """Take (or refresh) one of the job's `cap` slots for `ttl_sec` (the server's clock)."""
         args: list[int | str] = [key, cap, int(ttl_sec * 1000)]
         return bool(self.patiently(lambda: self._slot(job, key, args)))
+
+    @override
+    def take_room(self, host: str, member: str, request: Request, capacity: Request, ttl_sec: float) -> bool:
+        """Take (or refresh) `member`'s part of the host's capacity if it fits (one script)."""
+        cpus, cap = repr(float(request.cpus)), repr(float(capacity.cpus))
+        ttl = int(ttl_sec * 1000)
+        args: list[str | int] = [member, cpus, request.memory_mb, cap, capacity.memory_mb, ttl]
+        return bool(self.patiently(lambda: self._room("", "", args, host=host)))
+
+    @override
+    def free_room(self, host: str, member: str) -> None:
+        """Drop `member`'s part of the host's capacity (one transaction)."""
+
+        def free() -> None:
+            with self._redis.pipeline(transaction=True) as pipe:
+                pipe.zrem(ClusterKeys.room(host), member)
+                pipe.hdel(ClusterKeys.room_requests(host), member)
+                pipe.execute()
+
+        self.patiently(free)
+
+    @override
+    def room_used(self, hosts: list[str]) -> dict[str, tuple[Request, int]]:
+        """Each host's parts whose lease has not lapsed, summed (one pipeline)."""
+        if not hosts:
+            return {}
+
+        def look() -> list[Any]:
+            with self._redis.pipeline(transaction=False) as pipe:
+                pipe.time()
+                for host in hosts:
+                    pipe.zrange(ClusterKeys.room(host), 0, -1, withscores=True)
+                    pipe.hgetall(ClusterKeys.room_requests(host))
+                return list(pipe.execute())
+
+        found = self.patiently(look)
+        seconds, micros = found[0]
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        used: dict[str, tuple[Request, int]] = {}
+        for i, host in enumerate(hosts):
+            members, requests = found[1 + 2 * i], found[2 + 2 * i]
+            parts = [str(requests[m]).split() for m, expiry in members if expiry > now_ms and m in requests]
+            cpus = sum(float(part[0]) for part in parts)
+            memory = sum(int(float(part[1])) for part in parts)
+            used[host] = (Request(cpus=cpus, memory_mb=memory), len(parts))
+        return used
 
     @override
     def wait_for_slot(self, job: str, payload: Redispatch) -> None:
@@ -52,19 +100,22 @@ class RedisSlots(RedisBase, Slots):
 
     @override
     def hold(self, job: str, held: list[Held], sent: list[str], window: int) -> None:
-        """Store the held trials, their tasks and the probes in one transaction."""
+        """Store the held trials, their tasks, their requests and the probes in one transaction."""
         if not held:
             return
         named = scripts.store_keys(job)
         zset, payloads, tasks, probe, meta = (named[name] for name in scripts.HELD)
         scores: dict[str, float] = {}
         bodies: dict[str, str] = {}
+        requests: dict[EncodableT, EncodableT] = {}
         by_task: dict[str, list[str]] = {}
         for rank, item in enumerate(held):
             member = f"{rank:08d}/{item.payload.trial.key}"
             scores[member] = -item.expected_sec
             bodies[member] = item.payload.model_dump_json()
             by_task.setdefault(item.payload.trial.task_id, []).append(member)
+            trial = item.payload.trial
+            requests[trial.key] = f"{float(trial.cpus)!r} {trial.memory_mb}"
         probes = [key for key in sent if TrialKey.parse(key).task_id in by_task]
 
         def store() -> None:
@@ -75,6 +126,7 @@ class RedisSlots(RedisBase, Slots):
                     pipe.hset(payloads, mapping=mapping)
                 listed: dict[EncodableT, EncodableT] = {t: json.dumps(m) for t, m in by_task.items()}
                 pipe.hset(tasks, mapping=listed)
+                pipe.hset(JobKeys(job).requests, mapping=requests)  # fair share counts what each asks
                 if probes:
                     pipe.sadd(probe, *probes)
                 pipe.hset(meta, mapping={"window": window, "at": self.now()})
