@@ -167,8 +167,9 @@ class IsolatedDockerEnvironment(VerifierHandoffEnvironment):
         owner = self._owner or owner_id()
         offline_build = self._builds
         compose = policy_compose(
-            plan.mode, proxy, owner, offline_build=offline_build, pids_limit=self._checked_pids_limit()
-        )
+            plan.mode, proxy, owner, offline_build=offline_build, pids_limit=self._checked_pids_limit(),
+            memory_mb=self.task_env_config.memory_mb,
+        )  # fmt: skip
         compose_path.write_text(json.dumps(compose, indent=2))
         self._policy_compose_path = compose_path
         if plan.mode == "isolated-allowlist":

@@ -249,7 +249,8 @@ def test_no_allowlist_environment_is_network_none(tmp_path: Path) -> None:
                 },
                 "network_mode": "none",
                 "pids_limit": DEFAULT_PIDS_LIMIT,
-                "deploy": {"resources": {"limits": {"pids": DEFAULT_PIDS_LIMIT}}},
+                "deploy": {"resources": {"limits": {"pids": DEFAULT_PIDS_LIMIT, "memory": "2048M"}}},
+                "memswap_limit": "2048M",  # the task names no memory_mb: the default request
             }
         }
     }
