@@ -27,7 +27,7 @@ from pier.environments.agent_setup import new_proxy_token, proxy_environment
 from sciencebench.core.errors import PolicyViolation, TransferRefused
 from sciencebench.core.settings import raw_setting
 from sciencebench.dockerhost.hostlocks import owner_id
-from sciencebench.dockerhost.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
+from sciencebench.dockerhost.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL, OWNER_LABEL
 from sciencebench.network.compose import PROXY_SERVICE, ProxyFiles, pids_limit_of, policy_compose
 from sciencebench.network.egress import EgressPlan, plan_egress
 from sciencebench.network.extract import extract_file
@@ -133,6 +133,10 @@ class IsolatedDockerEnvironment(VerifierHandoffEnvironment):
             proxy_image=self._proxy_image,
             gateway_pins=self._gateway_pins,
         )
+
+    def _install_labels(self) -> dict[str, str]:
+        """The online install's labels, with this host state's owner (a sweep after a crash removes them)."""
+        return super()._install_labels() | {OWNER_LABEL: self._owner or owner_id()}
 
     def _checked_pids_limit(self) -> int:
         """The pids limit of the trial's containers: the worker's `pids_limit` keyword, else the default."""
