@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Mapping
 
 import docker
 import docker.errors
@@ -67,14 +68,22 @@ def ensure_image(client: docker.DockerClient, ref: str) -> None:
 
 
 def run_offline(
-    client: docker.DockerClient, image: str, command: list[str], timeout_sec: int = 120
+    client: docker.DockerClient,
+    image: str,
+    command: list[str],
+    timeout_sec: int = 120,
+    labels: Mapping[str, str] | None = None,
 ) -> tuple[int, str]:
-    """Run `command` in a network-less, throw-away container of `image`; `(exit code, output)`."""
+    """Run `command` in a network-less, throw-away container of `image`; `(exit code, output)`.
+
+    `labels`: the container's (a trial's install carries its trial's, so that
+    the trial's disk watch measures it and its cleanup removes it).
+    """
     try:
         container = client.containers.run(
             image, command, detach=True, network_mode="none", user="root",
             pids_limit=INSTALL_PIDS_LIMIT, mem_limit=INSTALL_MEMORY, memswap_limit=INSTALL_MEMORY,
-            log_config=_bounded_logs(),
+            log_config=_bounded_logs(), labels=dict(labels or {}),
         )  # fmt: skip
     except ENGINE_ERRORS as exc:
         raise BakeError(f"running {image}: {flat(str(exc))}") from None
@@ -89,10 +98,15 @@ def run_offline(
             container.remove(force=True)
 
 
-def image_python(client: docker.DockerClient, ref: str) -> str | None:
-    """`X.Y` of the image's `python3` (3.10 or newer), None without one."""
+def image_python(
+    client: docker.DockerClient, ref: str, labels: Mapping[str, str] | None = None
+) -> str | None:
+    """`X.Y` of the image's `python3` (3.10 or newer), None without one (`labels`: `run_offline`'s)."""
     code, output = run_offline(
-        client, ref, ["sh", "-c", "python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])'"]
+        client,
+        ref,
+        ["sh", "-c", "python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])'"],
+        labels=labels,
     )
     version = output.strip().splitlines()[-1] if output.strip() else ""
     if code != 0 or version.count(".") != 1:
@@ -101,12 +115,21 @@ def image_python(client: docker.DockerClient, ref: str) -> str | None:
     return version if (major, minor) >= (3, 10) else None
 
 
-def build(client: docker.DockerClient, recipe: Recipe, base: str, repository: str, tag: str) -> None:
+def build(
+    client: docker.DockerClient,
+    recipe: Recipe,
+    base: str,
+    repository: str,
+    tag: str,
+    labels: Mapping[str, str] | None = None,
+) -> None:
     """Run `recipe` on `base` with no network and its artifacts mounted read-only; commit as `repository:tag`.
 
     The committed image keeps the base image's configuration (entrypoint,
     command, user, working directory, environment) plus the recipe's
-    environment and labels. Raises BakeError with the script's last output.
+    environment and labels. `labels` are the container's only (`run_offline`):
+    the commit blanks them, so no container of the image passes for the
+    trial that built it. Raises BakeError with the script's last output.
     """
     try:
         config = client.images.get(base).attrs.get("Config") or {}
@@ -122,7 +145,7 @@ def build(client: docker.DockerClient, recipe: Recipe, base: str, repository: st
         command = [recipe.script] if entrypoint else ["/bin/sh", "-c", recipe.script]
         container = client.containers.create(
             base, command=command, entrypoint=["/bin/sh", "-c"] if entrypoint else None, user="root",
-            network_mode="none", mounts=mounts, log_config=_bounded_logs(),
+            network_mode="none", mounts=mounts, log_config=_bounded_logs(), labels=dict(labels or {}),
             pids_limit=INSTALL_PIDS_LIMIT, mem_limit=INSTALL_MEMORY, memswap_limit=INSTALL_MEMORY,
         )  # fmt: skip
     except ENGINE_ERRORS as exc:
@@ -136,7 +159,9 @@ def build(client: docker.DockerClient, recipe: Recipe, base: str, repository: st
                 f"installing {recipe.agent} {recipe.version} on {base} failed "
                 f"(exit {status.get('StatusCode')}): {flat(output[-600:])}"
             )
-        changes = [f"LABEL {key}={json.dumps(value)}" for key, value in recipe.labels.items()]
+        # A commit keeps the container's labels: an empty value is the nearest to none it can say.
+        kept = {key: "" for key in labels or {}} | dict(recipe.labels)
+        changes = [f"LABEL {key}={json.dumps(value)}" for key, value in kept.items()]
         changes += [f"ENV {key}={json.dumps(value)}" for key, value in recipe.env.items()]
         changes += [f"ENTRYPOINT {json.dumps(entrypoint)}"] if entrypoint else []
         changes += [f"CMD {json.dumps(config.get('Cmd') or [])}", f"USER {config.get('User') or 'root'}"]

@@ -24,6 +24,7 @@ from sciencebench.core.compose_policy import AGENT_SERVICE
 from sciencebench.core.errors import AgentImageMismatch, PolicyRefused
 from sciencebench.core.harnesses import bake_of
 from sciencebench.core.settings import DEFAULT_AGENT_ARTIFACTS, raw_setting
+from sciencebench.dockerhost.labels import COMPOSE_PROJECT_LABEL, MANAGED_LABEL
 from sciencebench.network.containerfiles import ContainerFilesEnvironment
 from sciencebench.network.offlineinstall import install_offline
 
@@ -128,6 +129,14 @@ class AgentInstallEnvironment(ContainerFilesEnvironment):
                 "image is built for the trial); bake the agent image instead"
             )
 
+    def _install_labels(self) -> dict[str, str]:
+        """The labels of the online install's containers: the trial's compose project, and the role `install`.
+
+        The task image's code runs there: the trial's disk watch and cleanup find
+        its containers by the compose project (`dockerhost.labels`).
+        """
+        return {COMPOSE_PROJECT_LABEL: self.compose_project, MANAGED_LABEL: "install"}
+
     async def _install_offline(self) -> str:
         """The task image with the agent installed with no network (`network.offlineinstall`); its local name.
 
@@ -147,7 +156,8 @@ class AgentInstallEnvironment(ContainerFilesEnvironment):
             ) from None
         try:
             return await asyncio.to_thread(
-                install_offline, image, install.agent_name, version, self._agent_artifacts, self._npm_registry
-            )
+                install_offline, image, install.agent_name, version, self._agent_artifacts,
+                self._npm_registry, self._install_labels(),
+            )  # fmt: skip
         except (RecipeError, BakeError) as exc:
             raise RuntimeError(f"Agent install failed: {exc}") from None

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from sciencebench.core.capacity import DEFAULT_MEMORY_MB
 from sciencebench.core.compose_policy import POLICY_LOGGING
 from sciencebench.core.errors import PolicyRefused
 from sciencebench.core.settings import DEFAULT_PIDS_LIMIT, MAX_PIDS_LIMIT, MIN_PIDS_LIMIT
@@ -71,15 +72,19 @@ def _literal(value: str) -> str:
     return value.replace("$", "$$")
 
 
-def _hardening(role: str, owner: str, pids_limit: int) -> dict[str, Any]:
+def _hardening(role: str, owner: str, pids_limit: int, memory_mb: int) -> dict[str, Any]:
     labels = {ROLE_LABEL: role} | ({OWNER_LABEL: owner} if owner else {})
+    memory = f"{memory_mb}M"
     return {
         "cap_drop": list(DROPPED_CAPS),
         "privileged": False,
         # Both spellings, equal: compose refuses distinct values, and a task with cpus or memory gets
         # Pier's `deploy.resources.limits`, where an unset pids differs from `pids_limit`.
         "pids_limit": pids_limit,
-        "deploy": {"resources": {"limits": {"pids": pids_limit}}},
+        # The memory Pier writes for a task that names it (the same spelling), and the capacity
+        # code's default for one that does not; swap no further than that.
+        "deploy": {"resources": {"limits": {"pids": pids_limit, "memory": memory}}},
+        "memswap_limit": memory,
         "stop_signal": "SIGKILL",
         "logging": copy.deepcopy(POLICY_LOGGING),  # bounded output on the host's disk
         "labels": labels,
@@ -93,6 +98,7 @@ def policy_compose(
     *,
     offline_build: bool = False,
     pids_limit: int = DEFAULT_PIDS_LIMIT,
+    memory_mb: int | None = None,
 ) -> dict[str, Any]:
     """The compose override for `mode`; `proxy` is required exactly in egress mode.
 
@@ -101,6 +107,9 @@ def policy_compose(
     `offline_build`: `main` is built for this trial, with no network.
     `pids_limit` bounds the processes of `main` and the proxy (it comes last
     in the merge, so a task's own `pids_limit` on `main` does not win).
+    `memory_mb` (the task's; None: `DEFAULT_MEMORY_MB`, what the capacity
+    code counts such a trial to hold) is the memory limit of `main` and the
+    proxy, with no swap beyond it.
 
     Raises ValueError when `proxy` and `mode` disagree (a programming error,
     not a policy decision).
@@ -118,7 +127,8 @@ def policy_compose(
     since a `build` key would turn a service that only names its image into a
     built one.
     """
-    main: dict[str, Any] = _hardening("agent", owner, pids_limit)
+    memory = memory_mb or DEFAULT_MEMORY_MB
+    main: dict[str, Any] = _hardening("agent", owner, pids_limit, memory)
     if offline_build:
         main["build"] = dict(NO_BUILD_NETWORK)
     if mode == "none":
@@ -132,7 +142,7 @@ def policy_compose(
     main["networks"] = [INTERNAL_NETWORK]
     main["depends_on"] = {PROXY_SERVICE: {"condition": "service_healthy"}}
     proxy_service: dict[str, Any] = {
-        **_hardening("proxy", owner, pids_limit),
+        **_hardening("proxy", owner, pids_limit, memory),
         "image": _literal(proxy.image),
         # The image is pinned and distributed ahead of time; never build it here.
         "pull_policy": "missing",

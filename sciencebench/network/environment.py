@@ -27,7 +27,7 @@ from pier.environments.agent_setup import new_proxy_token, proxy_environment
 from sciencebench.core.errors import PolicyViolation, TransferRefused
 from sciencebench.core.settings import raw_setting
 from sciencebench.dockerhost.hostlocks import owner_id
-from sciencebench.dockerhost.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
+from sciencebench.dockerhost.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL, OWNER_LABEL
 from sciencebench.network.compose import PROXY_SERVICE, ProxyFiles, pids_limit_of, policy_compose
 from sciencebench.network.egress import EgressPlan, plan_egress
 from sciencebench.network.extract import extract_file
@@ -134,6 +134,10 @@ class IsolatedDockerEnvironment(VerifierHandoffEnvironment):
             gateway_pins=self._gateway_pins,
         )
 
+    def _install_labels(self) -> dict[str, str]:
+        """The online install's labels, with this host state's owner (a sweep after a crash removes them)."""
+        return super()._install_labels() | {OWNER_LABEL: self._owner or owner_id()}
+
     def _checked_pids_limit(self) -> int:
         """The pids limit of the trial's containers: the worker's `pids_limit` keyword, else the default."""
         return pids_limit_of(self._pids_limit)
@@ -167,8 +171,9 @@ class IsolatedDockerEnvironment(VerifierHandoffEnvironment):
         owner = self._owner or owner_id()
         offline_build = self._builds
         compose = policy_compose(
-            plan.mode, proxy, owner, offline_build=offline_build, pids_limit=self._checked_pids_limit()
-        )
+            plan.mode, proxy, owner, offline_build=offline_build, pids_limit=self._checked_pids_limit(),
+            memory_mb=self.task_env_config.memory_mb,
+        )  # fmt: skip
         compose_path.write_text(json.dumps(compose, indent=2))
         self._policy_compose_path = compose_path
         if plan.mode == "isolated-allowlist":

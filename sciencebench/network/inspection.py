@@ -16,6 +16,7 @@ from typing import Any
 
 import docker
 
+from sciencebench.core.capacity import DEFAULT_MEMORY_MB
 from sciencebench.core.compose_policy import POLICY_LOGGING
 from sciencebench.core.harness import POLICY_NAME
 from sciencebench.core.settings import DEFAULT_PIDS_LIMIT
@@ -155,30 +156,36 @@ def _pids_checks(container: Json, pids_limit: int) -> list[str]:
     return []
 
 
-def _resource_checks(container: Json, cpus: int | None, memory_mb: int | None) -> list[str]:
-    """The task's cpus and memory_mb are the container's limits (NanoCpus, Memory), swap bounded.
+def _cpu_checks(container: Json, cpus: int | None) -> list[str]:
+    """The task's cpus are the agent's limit (NanoCpus, no quota beside it); none required when unset.
 
     Pier writes them into compose (`deploy.resources.limits`); a task's own
     compose file could set others, and compose merges them: what the Engine
-    applied is what counts. Without a value in the task, nothing is required.
+    applied is what counts.
     """
+    host = container.get("HostConfig") or {}
+    nano = host.get("NanoCpus")
+    quota = host.get("CpuQuota") or host.get("CpuPeriod")
+    if cpus is None or (nano == cpus * 1_000_000_000 and not quota):
+        return []
+    return [
+        f"{_name(container)}: HostConfig.NanoCpus is {nano!r} (quota {host.get('CpuQuota')!r}), "
+        f"expected the task's {cpus} cpus"
+    ]
+
+
+def _memory_checks(container: Json, memory_mb: int) -> list[str]:
+    """The container's memory limit is `memory_mb` and its memory plus swap no more (no swap beyond it)."""
     name = _name(container)
     host = container.get("HostConfig") or {}
+    memory, swap = host.get("Memory"), host.get("MemorySwap")
     failures: list[str] = []
-    if cpus is not None:
-        nano = host.get("NanoCpus")
-        if nano != cpus * 1_000_000_000 or host.get("CpuQuota") or host.get("CpuPeriod"):
-            failures.append(
-                f"{name}: HostConfig.NanoCpus is {nano!r} (quota {host.get('CpuQuota')!r}), "
-                f"expected the task's {cpus} cpus"
-            )
-    if memory_mb is not None:
-        memory = host.get("Memory")
-        if memory != memory_mb << 20:
-            failures.append(f"{name}: HostConfig.Memory is {memory!r}, expected the task's {memory_mb} MB")
-        swap = host.get("MemorySwap")
-        if isinstance(swap, int) and swap < 0:
-            failures.append(f"{name}: HostConfig.MemorySwap is {swap} (unlimited swap)")
+    if memory != memory_mb << 20:
+        failures.append(f"{name}: HostConfig.Memory is {memory!r}, expected {memory_mb} MB")
+    if isinstance(swap, int) and swap < 0:
+        failures.append(f"{name}: HostConfig.MemorySwap is {swap} (unlimited swap)")
+    elif swap != memory_mb << 20:
+        failures.append(f"{name}: HostConfig.MemorySwap is {swap!r}, expected {memory_mb} MB (no swap)")
     return failures
 
 
@@ -252,8 +259,9 @@ def inspect_policy(
     only with the proxy). `mount_roots` are the host directories bind mounts
     may come from (the trial's and the task's). The agent and the proxy must
     have a `HostConfig.PidsLimit` in 1..`pids_limit` and bounded logs
-    (`POLICY_LOGGING`); the agent has the task's
-    `cpus` and `memory_mb` as its limits when the task sets them. Never raises
+    (`POLICY_LOGGING`) and `memory_mb` (the task's; None: `DEFAULT_MEMORY_MB`)
+    as their memory limit with no swap beyond it; the agent has the task's
+    `cpus` as its limit when the task sets them. Never raises
     on malformed input: a missing field is a failed check.
     """
     failures: list[str] = []
@@ -269,6 +277,7 @@ def inspect_policy(
         if labels.get(SERVICE_LABEL) in (agent_service, proxy_service):
             failures.extend(_pids_checks(container, pids_limit))
             failures.extend(_log_checks(container))
+            failures.extend(_memory_checks(container, memory_mb or DEFAULT_MEMORY_MB))
 
     expected = {agent_service} | ({proxy_service} if mode == "isolated-allowlist" else set())
     for service, members in sorted(by_service.items()):
@@ -283,7 +292,7 @@ def inspect_policy(
     if len(agents) != 1:
         return failures
     agent = agents[0]
-    failures.extend(_resource_checks(agent, cpus, memory_mb))
+    failures.extend(_cpu_checks(agent, cpus))
     agent_mode = (agent.get("HostConfig") or {}).get("NetworkMode")
 
     if mode == "none":

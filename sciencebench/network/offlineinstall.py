@@ -11,6 +11,7 @@ id>-<inputs>`, which the trial runs as a baked one.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import docker
@@ -36,13 +37,23 @@ def _artifacts_for(
     # Otherwise `render` names what is missing and how to fetch it.
 
 
-def install_offline(image: str, agent: str, version: str, artifacts: Path, npm_registry: str | None) -> str:
+def install_offline(
+    image: str,
+    agent: str,
+    version: str,
+    artifacts: Path,
+    npm_registry: str | None,
+    labels: Mapping[str, str] | None = None,
+) -> str:
     """`image` with `agent` `version` installed with no network, as a local image; its reference.
 
     Built once per task image, harness and inputs (an existing tag is
-    reused). Raises RecipeError (the harness cannot be installed so: no
-    recipe, missing or bad artifacts, no suitable Python) and BakeError (the
-    engine, or the install script, failed).
+    reused). `labels` go on every container that runs the task image's code
+    here (the trial's compose project and sciencebench's labels: the trial's
+    disk watch measures them, its cleanup removes them). Raises RecipeError
+    (the harness cannot be installed so: no recipe, missing or bad
+    artifacts, no suitable Python) and BakeError (the engine, or the install
+    script, failed).
     """
     spec = bake_spec(agent, version)
     try:
@@ -51,7 +62,7 @@ def install_offline(image: str, agent: str, version: str, artifacts: Path, npm_r
         raise BakeError(f"the Docker Engine: {exc.__class__.__name__}") from None
     try:
         offline.ensure_image(client, image)
-        python = offline.image_python(client, image) if spec.wheels else None
+        python = offline.image_python(client, image, labels) if spec.wheels else None
         if spec.wheels and python is None:
             raise RecipeError(f"{agent} needs python3 (3.10 or newer) in the task image")
         _artifacts_for(agent, version, artifacts, python, npm_registry)
@@ -65,7 +76,7 @@ def install_offline(image: str, agent: str, version: str, artifacts: Path, npm_r
         try:
             client.images.get(f"{repository}:{tag}")
         except docker.errors.ImageNotFound:
-            offline.build(client, recipe, image, repository, tag)
+            offline.build(client, recipe, image, repository, tag, labels)
         except ENGINE_ERRORS as exc:
             raise BakeError(f"inspecting {repository}:{tag}: {exc.__class__.__name__}") from None
         return f"{repository}:{tag}"

@@ -27,7 +27,7 @@ from sciencebench.network.compose import DROPPED_CAPS
 from sciencebench.network.inspection import collect_snapshot, inspect_policy
 from sciencebench.worker.pier.layout import TRANSFER_REFUSED, read_trial_outcome
 from tests.docker.test_network_pier_run import Task, pier_run
-from tests.docker.test_trust_docker import BOUNDED_LOGS
+from tests.docker.test_trust_docker import BOUNDED_LOGS, BOUNDED_MEMORY
 
 pytestmark = pytest.mark.docker
 
@@ -274,7 +274,7 @@ def test_a_real_container_with_a_writable_trial_mount_is_a_violation(
         base_image, ["sleep", "30"], detach=True, network_mode="none", cap_drop=list(DROPPED_CAPS),
         labels={COMPOSE_PROJECT_LABEL: project, COMPOSE_SERVICE_LABEL: "main"},
         volumes={str(trial_dir / "artifacts"): {"bind": "/logs/artifacts", "mode": "rw"}}, pids_limit=256,
-        log_config=BOUNDED_LOGS,
+        log_config=BOUNDED_LOGS, **BOUNDED_MEMORY,
     )  # fmt: skip
     try:
         snapshot = collect_snapshot(project)

@@ -26,6 +26,8 @@ from pier.environments.base import BaseEnvironment
 from pier.models.agent.context import AgentContext
 from pier.models.agent.network import NetworkAllowlist
 
+from sciencebench.core.capacity import DEFAULT_MEMORY_MB
+
 pytestmark = pytest.mark.docker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -166,6 +168,14 @@ def test_nop_trial_and_its_separate_verifier_run_without_network(task: Task, tmp
         assert record["network_mode"] == "none"
         assert record["internal_network"] is None
         assert record["host_gateway"] is None and record["proxy_forwarding"] is False
+    # The task names no memory_mb: both environments got the default request as their memory limit,
+    # swap none, and passed the inspection that requires exactly that of the Engine's HostConfig.
+    overrides = sorted((trial_dir / "network-policy").glob("*/docker-compose-policy.json"))
+    assert len(overrides) == 2, overrides
+    for path in overrides:
+        main = json.loads(path.read_text())["services"]["main"]
+        limit = f"{DEFAULT_MEMORY_MB}M"
+        assert (main["deploy"]["resources"]["limits"]["memory"], main["memswap_limit"]) == (limit, limit)
     # stop_signal SIGKILL: the agent environment's `compose down` (between the
     # agent and the separate verifier) no longer waits out a 10 s grace period.
     assert seconds(result["agent_execution"]["finished_at"], result["verifier"]["started_at"]) < 6

@@ -24,6 +24,7 @@ import pytest
 from pier.models.task.config import EnvironmentConfig
 from pier.models.trial.paths import TrialPaths
 
+from sciencebench.core.capacity import DEFAULT_MEMORY_MB
 from sciencebench.core.compose_policy import POLICY_LOGGING
 from sciencebench.core.errors import PolicyRefused
 from sciencebench.dockerhost.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
@@ -79,13 +80,16 @@ def project(docker_client: docker.DockerClient) -> Iterator[str]:
 
 # The policy's logging (`core.compose_policy.POLICY_LOGGING`), as the SDK spells it.
 BOUNDED_LOGS = docker.types.LogConfig(type=POLICY_LOGGING["driver"], config=dict(POLICY_LOGGING["options"]))
+# The policy's memory limit for a task that names none, with no swap beyond it.
+BOUNDED_MEMORY = {"mem_limit": f"{DEFAULT_MEMORY_MB}m", "memswap_limit": f"{DEFAULT_MEMORY_MB}m"}
 
 
 def _agent(client: docker.DockerClient, base_image: str, project: str, **host: object) -> None:
     client.containers.run(
         base_image, ["sleep", "30"], detach=True, network_mode="none", cap_drop=list(DROPPED_CAPS),
         labels={COMPOSE_PROJECT_LABEL: project, COMPOSE_SERVICE_LABEL: "main"},
-        pids_limit=host.pop("pids_limit", 256), log_config=host.pop("log_config", BOUNDED_LOGS), **host,
+        pids_limit=host.pop("pids_limit", 256), log_config=host.pop("log_config", BOUNDED_LOGS),
+        **(BOUNDED_MEMORY | host),
     )  # fmt: skip
 
 
@@ -252,6 +256,16 @@ def test_a_container_without_a_pids_limit_is_a_violation(
     snapshot = collect_snapshot(project)
     violations = inspect_policy(snapshot.engine_version, snapshot.containers, snapshot.networks, mode="none")
     assert len(violations) == 1 and "PidsLimit" in violations[0], violations
+
+
+def test_a_container_without_a_memory_limit_is_a_violation(
+    docker_client: docker.DockerClient, base_image: str, project: str
+) -> None:
+    # Docker's default is no limit: a memory hog would reach every trial of the host.
+    _agent(docker_client, base_image, project, mem_limit=None, memswap_limit=None)
+    snapshot = collect_snapshot(project)
+    violations = inspect_policy(snapshot.engine_version, snapshot.containers, snapshot.networks, mode="none")
+    assert len(violations) == 2 and all("Memory" in v for v in violations), violations
 
 
 def test_a_container_with_unbounded_logs_is_a_violation(

@@ -21,6 +21,7 @@ from pier.models.trial.paths import TrialPaths
 from sciencebench.core.errors import PolicyRefused, PolicyViolation
 from sciencebench.core.settings import DEFAULT_PIDS_LIMIT
 from sciencebench.dockerhost import hostlocks
+from sciencebench.dockerhost.labels import COMPOSE_PROJECT_LABEL, MANAGED_LABEL, OWNER_LABEL
 from sciencebench.network.egress import parse_inference_urls, plan_egress
 from sciencebench.network.environment import IsolatedDockerEnvironment
 
@@ -249,7 +250,8 @@ def test_no_allowlist_environment_is_network_none(tmp_path: Path) -> None:
                 },
                 "network_mode": "none",
                 "pids_limit": DEFAULT_PIDS_LIMIT,
-                "deploy": {"resources": {"limits": {"pids": DEFAULT_PIDS_LIMIT}}},
+                "deploy": {"resources": {"limits": {"pids": DEFAULT_PIDS_LIMIT, "memory": "2048M"}}},
+                "memswap_limit": "2048M",  # the task names no memory_mb: the default request
             }
         }
     }
@@ -390,6 +392,14 @@ def test_an_online_install_the_engine_cannot_make_fails_as_pier_s_install_would(
     with pytest.raises(RuntimeError, match=r"^Agent install failed: "):
         asyncio.run(env.start(force_build=False))
     assert not (tmp_path / "trial" / "agent-build-context").exists()  # Pier's start never ran
+
+
+def test_the_online_install_carries_the_trials_labels(tmp_path: Path) -> None:
+    # The task image's code runs there: the trial's disk watch and cleanup find it by these.
+    env = build_env(tmp_path, docker_image=BASE_IMAGE, install=INSTALL)
+    assert env._install_labels() == {
+        COMPOSE_PROJECT_LABEL: "task_002__abc1234", MANAGED_LABEL: "install", OWNER_LABEL: "owner-1"
+    }  # fmt: skip
 
 
 def test_a_symlinked_task_directory_is_refused(tmp_path: Path) -> None:

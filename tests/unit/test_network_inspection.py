@@ -42,6 +42,8 @@ EGRESS: dict[str, Any] = json.loads(
    },
    "HostConfig": {
     "PidsLimit": 4096,
+    "Memory": 2147483648,
+    "MemorySwap": 2147483648,
     "LogConfig": {"Type": "json-file", "Config": {"max-size": "10m", "max-file": "2"}},
     "NetworkMode": "task_002__fixtureegress_sb-internal",
     "CapDrop": [
@@ -77,6 +79,8 @@ EGRESS: dict[str, Any] = json.loads(
    },
    "HostConfig": {
     "PidsLimit": 4096,
+    "Memory": 2147483648,
+    "MemorySwap": 2147483648,
     "LogConfig": {"Type": "json-file", "Config": {"max-size": "10m", "max-file": "2"}},
     "NetworkMode": "task_002__fixtureegress_sb-egress",
     "CapDrop": [
@@ -203,6 +207,8 @@ NONE: dict[str, Any] = json.loads(
    },
    "HostConfig": {
     "PidsLimit": 4096,
+    "Memory": 2147483648,
+    "MemorySwap": 2147483648,
     "LogConfig": {"Type": "json-file", "Config": {"max-size": "10m", "max-file": "2"}},
     "NetworkMode": "none",
     "CapDrop": [

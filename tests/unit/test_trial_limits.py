@@ -19,11 +19,12 @@ import pytest
 from click.testing import CliRunner
 
 from sciencebench import cli
+from sciencebench.core.capacity import DEFAULT_MEMORY_MB, trial_request
 from sciencebench.core.errors import PolicyRefused, ResourceLimitError, SettingsError, Stage, failure_class
 from sciencebench.core.failures import recorded_failure
 from sciencebench.core.settings import DEFAULT_DISK_LIMIT, DEFAULT_PIDS_LIMIT, Settings
 from sciencebench.dockerhost.labels import COMPOSE_PROJECT_LABEL
-from sciencebench.network.compose import pids_limit_of, policy_compose
+from sciencebench.network.compose import ProxyFiles, pids_limit_of, policy_compose
 from sciencebench.network.inspection import inspect_policy
 from sciencebench.worker.docker.diskwatch import DiskWatch, watching
 from sciencebench.worker.main import host_kit, limits_line
@@ -131,6 +132,8 @@ def _agent(**host: Any) -> dict[str, Any]:
             "NetworkMode": "none",
             "PidsLimit": 64,
             "LogConfig": {"Type": "json-file", "Config": {"max-size": "10m", "max-file": "2"}},
+            "Memory": DEFAULT_MEMORY_MB << 20,
+            "MemorySwap": DEFAULT_MEMORY_MB << 20,
             **host,
         },
     }
@@ -141,17 +144,37 @@ def _checks(container: dict[str, Any], **kwargs: Any) -> list[str]:
 
 
 def test_inspection_proves_the_tasks_cpus_and_memory_are_the_agents_limits() -> None:
-    applied = _agent(NanoCpus=2_000_000_000, Memory=1 << 30, MemorySwap=2 << 30)
+    applied = _agent(NanoCpus=2_000_000_000, Memory=1 << 30, MemorySwap=1 << 30)
     assert _checks(applied, cpus=2, memory_mb=1024) == []
-    assert _checks(_agent(), cpus=None, memory_mb=None) == []  # the task asks for none: none required
     failures = _checks(_agent(NanoCpus=0, Memory=0), cpus=2, memory_mb=1024)
     assert any("NanoCpus is 0" in f and "the task's 2 cpus" in f for f in failures), failures
-    assert any("Memory is 0, expected the task's 1024 MB" in f for f in failures), failures
+    assert any("Memory is 0, expected 1024 MB" in f for f in failures), failures
     # A task's own compose file raising them, or swapping without bound, or a quota beside them.
     assert _checks(_agent(NanoCpus=8_000_000_000, Memory=1 << 30), cpus=2, memory_mb=1024)
     assert _checks(_agent(NanoCpus=2_000_000_000, Memory=4 << 30), cpus=2, memory_mb=1024)
     assert "unlimited swap" in " ".join(_checks(_agent(Memory=1 << 30, MemorySwap=-1), memory_mb=1024))
+    assert "(no swap)" in " ".join(_checks(_agent(Memory=1 << 30, MemorySwap=2 << 30), memory_mb=1024))
     assert _checks(_agent(NanoCpus=2_000_000_000, CpuQuota=800000), cpus=2)
+
+
+def test_a_task_naming_no_memory_is_held_to_the_default_request_in_every_container() -> None:
+    assert trial_request((None, None), None).memory_mb == DEFAULT_MEMORY_MB  # what capacity counts
+    assert _checks(_agent(), cpus=None, memory_mb=None) == []  # the default applied: no cpus asked
+    unlimited = _checks(_agent(Memory=0, MemorySwap=0), memory_mb=None)
+    assert any(f"Memory is 0, expected {DEFAULT_MEMORY_MB} MB" in f for f in unlimited), unlimited
+    proxy = _agent(Memory=0, MemorySwap=0)
+    proxy["Name"], proxy["Config"]["Labels"]["com.docker.compose.service"] = "/p", "sb-egress-proxy"
+    failures = inspect_policy("28.5.2", [_agent(), proxy], [], mode="none", pids_limit=64)
+    assert any("(p): HostConfig.Memory is 0" in f for f in failures), failures
+    # The override gives main and the proxy that limit, or the task's, and no swap beyond it.
+    proxy_files = ProxyFiles(image=PROXY_IMAGE, squid_conf="/c", passwd="/p")
+    for memory_mb, expected in ((None, f"{DEFAULT_MEMORY_MB}M"), (512, "512M")):
+        for mode, files in (("none", None), ("isolated-allowlist", proxy_files)):
+            services = policy_compose(mode, files, "o", memory_mb=memory_mb)["services"]  # type: ignore[arg-type]
+            assert services
+            for service in services.values():
+                assert service["deploy"]["resources"]["limits"]["memory"] == expected
+                assert service["memswap_limit"] == expected
 
 
 def test_inspection_refuses_a_pids_limit_above_the_workers() -> None:

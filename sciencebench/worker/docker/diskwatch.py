@@ -4,8 +4,9 @@ overlay2 bounds a writable layer only on a filesystem with project quotas,
 which worker hosts lack; unbounded, one agent filling its disk fills the
 host's for every trial. So every `DISK_POLL_SEC` the worker asks the Engine
 for the writable-layer size (`SizeRw`) of each container of the try's compose
-projects, plus the volumes it mounts (an image's `VOLUME` is no part of
-`SizeRw`). One past the limit is killed at once and `exceeded` says which:
+projects (the online agent install's carry its project label too:
+`network.offlineinstall`), plus the volumes it mounts (an image's `VOLUME`
+is no part of `SizeRw`). One past the limit is killed at once and `exceeded` says which:
 the try stops Pier and ends with a ResourceLimitError (`worker.stages`).
 """
 
