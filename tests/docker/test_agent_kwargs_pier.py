@@ -4,7 +4,9 @@
 real Engine (agent nop: Pier builds the agent from the job's keywords like
 any other). While the trial runs, every process's command line on the host is
 sampled, and Pier's own job and trial `config.json` in the private scratch
-directory are read: Pier was given the values. Afterwards no file of the job
+directory are read: Pier was given the values. Pier is found by its working
+directory: forked warm from the zygote, its command line is a title cut to
+the zygote's own; exec'd cold, it is whole. Both starts are tried. Afterwards no file of the job
 or of the selection holds them, and the run record shows `KEY=<redacted>`.
 """
 
@@ -52,8 +54,15 @@ class Watch:
                 continue
             if CANARY in cmdline or "max_thinking_tokens" in cmdline:
                 self.hits.append(cmdline[:300])
-            if " run " in cmdline and str(self.scratch) in cmdline and "--config" in cmdline:
+            if " run " in cmdline and self._in_scratch(proc):
                 self.pier_cmdlines.append(cmdline)
+
+    def _in_scratch(self, proc: Path) -> bool:
+        """Whether the process works in the scratch directory, as Pier does."""
+        try:
+            return Path(os.readlink(proc / "cwd")).is_relative_to(self.scratch)
+        except OSError:
+            return False
 
     def _sample_configs(self) -> None:
         for config in self.scratch.glob("*/*/try-*/job/**/config.json"):
@@ -93,14 +102,16 @@ def _files_holding(root: Path, needles: tuple[str, ...]) -> list[str]:
     return found
 
 
+@pytest.mark.parametrize("warm", ["1", "0"], ids=["warm", "cold"])
 def test_a_credential_looking_kwarg_reaches_pier_on_no_command_line(
-    demo_selection: Path, tmp_path: Path, state_dir: Path
+    warm: str, demo_selection: Path, tmp_path: Path, state_dir: Path
 ) -> None:
     jobs = tmp_path / "jobs"
     env = {
         **os.environ,
         "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
         "SCIENCEBENCH_STATE_DIR": str(state_dir),
+        "SCIENCEBENCH_WARM_PIER": warm,  # forked from the zygote (its title, cut short) or exec'd
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
     }
     argv = [
@@ -128,6 +139,8 @@ def test_a_credential_looking_kwarg_reaches_pier_on_no_command_line(
     assert watch.hits == []
     pier_argv = shlex.split(watch.pier_cmdlines[0])
     assert not {"--ak", "--agent-kwarg", "--agent", "--model"} & set(pier_argv)
+    if warm == "0":  # an exec'd Pier's command line is whole
+        assert pier_argv[-2] == "--config" and Path(pier_argv[-1]).is_relative_to(state_dir / "scratch")
 
     # The job and the selection keep no trace of them; Pier's files show the keys redacted.
     job_dir = jobs / "kwargs"
