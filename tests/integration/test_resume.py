@@ -40,11 +40,17 @@ def _records(cluster: Cluster, job: str) -> dict[str, bytes]:
     return {p.stem: p.read_bytes() for p in sorted(trials.glob("*.json"))}
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_an_interrupted_local_job_continues_with_the_same_command(cluster: Cluster) -> None:
     path = cluster.selection(TASKS)
     argv = _local_argv(cluster, path, "local-resume")
+    # As a terminal's foreground job: Ctrl-C's default action, whatever this run inherited (a shell's
+    # background job ignores SIGINT, and Python then installs no KeyboardInterrupt for it).
     first = subprocess.Popen(argv, env=_no_broker(cluster), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True, start_new_session=True)  # fmt: skip
+                             text=True, start_new_session=True, preexec_fn=_default_sigint)  # fmt: skip
     wait_for(lambda: len(_records(cluster, "local-resume")) >= 2, 60, "two trials recorded")
     os.killpg(first.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole foreground group
     output, _ = first.communicate(timeout=60)
