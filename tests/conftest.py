@@ -6,6 +6,7 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,6 +37,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             f"every test needs exactly one of the tier markers {', '.join(TIERS)}:\n  " + "\n  ".join(wrong)
         )
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile`, a module to a worker, but `tiers.TOGETHER`'s modules to one worker."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ModulesTogether(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return tiers.group(nodeid)
+
+    return ModulesTogether(config, log)
 
 
 # Tests that may skip in CI, each with why. Everything else that skips there fails instead: a real tier

@@ -2,8 +2,10 @@
 
 The second phase runs integration, reliability and docker tests on four
 pytest-xdist workers, a module to a worker (`--dist loadfile`: its
-module-scoped fixtures, workers and images are made once), the longest
-modules first (`LONGEST_FIRST`), so that none of them starts last. The third
+module-scoped fixtures, workers and images are made once; `TOGETHER`'s
+modules, which share a worker session's costly fixtures, go to one worker,
+tests/conftest.py's scheduler), the longest modules first (`LONGEST_FIRST`), so
+that none of them starts last. The third
 phase runs `ALONE` one at a time, with nothing beside them: tests that
 measure time against a bound, or look at the whole host (its network
 devices), where a neighbour would change the answer.
@@ -14,8 +16,8 @@ from __future__ import annotations
 # The modules that take longest beside others (seconds in a full run of the second phase), longest
 # first: handed out before the rest.
 LONGEST_FIRST = (
-    "tests/docker/test_provider_errors.py",  # 17 real-agent trials with faults: ~450
-    "tests/docker/test_real_agents.py",  # the agents baked, 9 real-agent tests: ~300
+    "tests/docker/test_real_agents.py",  # the agents baked, 9 real-agent tests: ~400
+    "tests/docker/test_provider_errors.py",  # 17 real-agent trials with faults, on the same bake: ~350
     "tests/docker/test_cluster.py",  # worker containers from compose/: ~400
     "tests/reliability/test_worker_kills.py",  # ~130
     "tests/docker/test_build_network.py",  # ~160
@@ -25,6 +27,14 @@ LONGEST_FIRST = (
     "tests/docker/test_trial_limits.py",  # a disk fill on a real worker, two tasks raising memory: ~90
     "tests/integration/test_registry_pushback.py",  # two hosts' Engines, a 20-s registry wait: ~60
 )
+
+# Modules that run on one xdist worker, one after the other: the provider-error jobs run on the agent
+# images the real-agent module baked into that worker's demo selection (on another worker they baked
+# all three agents again, beside the first bake: the phase's largest CPU cost twice).
+TOGETHER = {
+    "tests/docker/test_real_agents.py": "real-agents",
+    "tests/docker/test_provider_errors.py": "real-agents",
+}
 
 # Modules (or single tests) that run in the last phase, one at a time, with nothing beside them.
 _FAULTS = "tests/integration/test_fault_isolation.py::"
@@ -57,3 +67,9 @@ def is_alone(nodeid: str) -> bool:
     """Whether a test runs in the last phase, alone."""
     test = nodeid.partition("[")[0]  # every parametrization of a test named there
     return test in ALONE or test.split("::", 1)[0] in ALONE
+
+
+def group(nodeid: str) -> str:
+    """The unit a worker takes in the second phase: the test's module, or its `TOGETHER` group."""
+    module = nodeid.split("::", 1)[0]
+    return TOGETHER.get(module, module)

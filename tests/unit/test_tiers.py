@@ -24,7 +24,9 @@ def _exists(nodeid: str) -> bool:
 
 
 def test_every_named_module_and_test_exists() -> None:
-    missing = [nodeid for nodeid in [*tiers.LONGEST_FIRST, *tiers.ALONE] if not _exists(nodeid)]
+    missing = [
+        nodeid for nodeid in [*tiers.LONGEST_FIRST, *tiers.ALONE, *tiers.TOGETHER] if not _exists(nodeid)
+    ]
     assert missing == []
 
 
@@ -40,3 +42,9 @@ def test_alone_by_module_or_by_test() -> None:
     capped = "tests/integration/test_fault_isolation.py::test_a_capped_job_does_not_hold_workers"
     assert tiers.is_alone(capped) and tiers.is_alone(f"{capped}[param]")
     assert not tiers.is_alone("tests/integration/test_fault_isolation.py::test_other")
+
+
+def test_each_module_is_its_own_group_but_those_run_together() -> None:
+    assert tiers.group("tests/integration/test_chord.py::a[x]") == "tests/integration/test_chord.py"
+    together = [module for module, name in tiers.TOGETHER.items() if name == "real-agents"]
+    assert len(together) == 2 and len({tiers.group(f"{module}::t") for module in together}) == 1
