@@ -108,3 +108,6 @@ QUICK = Params(
     real_scaling_trials=4,
     real_scaling_repeats=1,
 )
+
+# The items `--quick` runs: those on fake Pier or single real trials (bench/run.py says why not 8-10).
+QUICK_ITEMS = (1, 2, 3, 4, 5, 6, 7)

@@ -1,7 +1,7 @@
 """sciencebench performance benchmark: every figure measured side by side, in one run.
 
     .venv/bin/python -m bench.run            full run -> bench/results.json + docs/performance.md
-    .venv/bin/python -m bench.run --quick    about 2 minutes -> bench/results-quick.json
+    .venv/bin/python -m bench.run --quick    items 1-7, about 4 minutes -> bench/results-quick.json
 
 It needs what the test tiers need (scripts/host-setup.sh, scripts/fixture-images.sh):
 redis-server, the Docker Engine 28 of /var/tmp/sciencebench-host, its loopback
@@ -52,6 +52,12 @@ Figures (names as in results.json):
    (`submit --placement`) and unplaced (without it) in one run
    (bench/campaign.py). Full run only (about 3 minutes), or `--only 10`.
 
+`--quick` (a smoke that fails only on a crash; scripts/test.sh runs it beside
+the second test phase) runs items 1-7. Items 8-10 deploy a compose cluster,
+bake an agent or start four Engines: the full run's, or `--only`; in CI the
+docker tier deploys and bakes the same way (tests/docker/test_cluster.py,
+test_real_agents.py), and the smoke's CPU went to the tests beside it.
+
 Makespans and walls start when the submit starts (`prepare`, as `sciencebench
 submit` runs it, in this process) and end when the chord's finalizer has
 written the summary; the interpreter start-up of the CLI is not part of them
@@ -80,7 +86,7 @@ from typing import Any
 from bench import campaign
 from bench.figures import agents, overhead, pulls, real, scale, scaling, scaling_real, schedule, warm_start
 from bench.harness import BENCH_DIR, REPO, Harness, load_host_env
-from bench.params import FULL, QUICK
+from bench.params import FULL, QUICK, QUICK_ITEMS
 from bench.report import DOC, ItemCrash, Outcome, Report, banner, loadavg, write_doc, write_json
 
 
@@ -100,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args(argv)
     p = QUICK if args.quick else FULL
-    only = {int(x) for x in args.only.split(",")} if args.only else set(range(1, 10 if p.quick else 11))
+    everything = QUICK_ITEMS if p.quick else range(1, 11)
+    only = {int(x) for x in args.only.split(",")} if args.only else set(everything)
 
     load_host_env()
     sys.path.insert(0, str(REPO))
