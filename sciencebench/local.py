@@ -138,8 +138,17 @@ def _stop(coord: Coordinator, job: JobSpec, pool: ThreadPoolExecutor, futures: l
     wait(running)
 
 
-def running_here(coord: RedisCoordinator, job: JobSpec) -> bool:
-    """Whether a run of the local job holds a trial's lease in the store (a killed run's lapse)."""
-    keys = JobKeys(job.job_key)
-    leases = [keys.lease(key) for key in job.trial_keys()]
-    return bool(coord.patiently(lambda: coord.client.exists(*leases)))
+def running_here(job: JobSpec, settings: Settings) -> bool:
+    """Whether a run of the local job holds a trial's lease in the store (a killed run's lapse).
+
+    False where the embedded store is not running (no run of the job is
+    alive then): nothing is started to find out.
+    """
+    if not embedded.is_running(settings.state_dir):
+        return False
+    coord = embedded.coordinator(settings.state_dir)
+    try:
+        leases = [JobKeys(job.job_key).lease(key) for key in job.trial_keys()]
+        return bool(coord.patiently(lambda: coord.client.exists(*leases)))
+    finally:
+        coord.close()
