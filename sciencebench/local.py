@@ -20,6 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sciencebench.coordination import embedded
 from sciencebench.coordination.keys import JobKeys
+from sciencebench.coordination.models import Room
 from sciencebench.coordination.protocol import Coordinator
 from sciencebench.coordination.records import FinalizerAnswer, finish_job
 from sciencebench.coordination.redis import RedisCoordinator
@@ -75,7 +76,7 @@ def _run(job: JobSpec, trials: list[TrialSpec], settings: Settings, console: Con
         coord.uncancel(job.job_key)  # an interrupted run, or `cancel`, cancelled it
         if note := continue_budget(coord, job, *limits):
             console.print(note, markup=False, highlight=False)
-        _run_afresh(coord, job, [trial.key for trial in trials])
+        _run_afresh(coord, job, [trial.key for trial in trials], settings.hostname)
     elif job.max_cost_usd is not None or job.max_tokens is not None:
         coord.set_budget(job.job_key, job.max_cost_usd, job.max_tokens)
     ctx = WorkerContext(coord=coord, runtime=docker_runtime(settings, coord), settings=settings)
@@ -107,19 +108,23 @@ def _run(job: JobSpec, trials: list[TrialSpec], settings: Settings, console: Con
     return finish_job(coord, JobPaths(job.jobs_dir, job.job_name), job.job_name, job.job_id)
 
 
-def _run_afresh(coord: RedisCoordinator, job: JobSpec, keys: list[str]) -> None:
+def _run_afresh(coord: RedisCoordinator, job: JobSpec, keys: list[str], host: str) -> None:
     """The trials to run again start afresh: the embedded store outlives an interrupted run.
 
-    Its records of them go (a cancelled trial's, say), and so do the leases and
-    slots a killed run left, which would hold them until they lapse: this
-    process is the job's only worker.
+    Its records of them go (a cancelled trial's, say). What a killed run held
+    of any trial of the job goes too, which would stay until it lapses: the
+    leases, the slots and the parts of this host's capacity (`Slots.free_room`).
+    A run killed between a trial's record and its end leaves them to a trial
+    that does not run again. This process is the job's only worker.
     """
     job_keys = JobKeys(job.job_key)
     for key in keys:
         coord.clear_result(job.job_key, key)
-    if keys:
-        coord.patiently(lambda: coord.client.delete(*map(job_keys.lease, keys)))
-        coord.patiently(lambda: coord.client.zrem(job_keys.slots, *keys))
+    every = job.trial_keys()
+    coord.patiently(lambda: coord.client.delete(*map(job_keys.lease, every)))
+    coord.patiently(lambda: coord.client.zrem(job_keys.slots, *every))
+    for key in every:
+        coord.free_room(host, Room.member_of(job.job_key, key))
 
 
 def _stop(coord: Coordinator, job: JobSpec, pool: ThreadPoolExecutor, futures: list[Future[Any]],
@@ -138,8 +143,17 @@ def _stop(coord: Coordinator, job: JobSpec, pool: ThreadPoolExecutor, futures: l
     wait(running)
 
 
-def running_here(coord: RedisCoordinator, job: JobSpec) -> bool:
-    """Whether a run of the local job holds a trial's lease in the store (a killed run's lapse)."""
-    keys = JobKeys(job.job_key)
-    leases = [keys.lease(key) for key in job.trial_keys()]
-    return bool(coord.patiently(lambda: coord.client.exists(*leases)))
+def running_here(job: JobSpec, settings: Settings) -> bool:
+    """Whether a run of the local job holds a trial's lease in the store (a killed run's lapse).
+
+    False where the embedded store is not running (no run of the job is
+    alive then): nothing is started to find out.
+    """
+    if not embedded.is_running(settings.state_dir):
+        return False
+    coord = embedded.coordinator(settings.state_dir)
+    try:
+        leases = [JobKeys(job.job_key).lease(key) for key in job.trial_keys()]
+        return bool(coord.patiently(lambda: coord.client.exists(*leases)))
+    finally:
+        coord.close()

@@ -16,10 +16,10 @@ from rich.console import Console
 from sciencebench import __version__
 from sciencebench.cli.exitcodes import ExitCode
 from sciencebench.coordination.protocol import Coordinator
-from sciencebench.core.errors import BrokerUnavailableError, InputError, SciencebenchError
+from sciencebench.core.errors import BrokerUnavailableError, EmbeddedStoreError, InputError, SciencebenchError
 from sciencebench.core.models import JobSpec
 from sciencebench.core.paths import DEFAULT_JOBS_DIR, JobPaths
-from sciencebench.core.settings import DEFAULT_BROKER_URL, Settings, env_name
+from sciencebench.core.settings import DEFAULT_BROKER_URL, STATE_DIR_ENV, Settings, env_name
 
 BROKER_URL_ENV = env_name("broker_url")
 err = Console(stderr=True, highlight=False)
@@ -36,8 +36,8 @@ def _fail(message: str, code: int) -> NoReturn:
 def handle_errors[**P, R](fn: Callable[P, R]) -> Callable[P, R]:
     """A command whose known errors end it in one line: exit 2 for bad input, 1 for the rest, 130 on ^C.
 
-    The codes are `cli.exitcodes`'; a broker error names the broker's URL
-    (password masked) and the variable that sets it.
+    The codes are `cli.exitcodes`'; a store's error names that store and what
+    sets it (`broker_problem`).
     """
 
     @functools.wraps(fn)
@@ -47,7 +47,7 @@ def handle_errors[**P, R](fn: Callable[P, R]) -> Callable[P, R]:
         except InputError as exc:
             _fail(str(exc), ExitCode.BAD_INPUT)
         except BrokerUnavailableError as exc:
-            _fail(broker_problem(str(exc)), ExitCode.FAILED)
+            _fail(broker_problem(exc), ExitCode.FAILED)
         except SciencebenchError as exc:
             _fail(str(exc), ExitCode.FAILED)
         except OSError as exc:  # a full disk, a vanished mount: what and where, not a traceback
@@ -59,14 +59,20 @@ def handle_errors[**P, R](fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def broker_problem(problem: str) -> str:
-    """`problem` (the broker's, e.g. "broker unreachable: ConnectionError") with where and how to fix it.
+def broker_problem(exc: BrokerUnavailableError) -> str:
+    """The store's problem (e.g. "broker unreachable: ConnectionError") with where and how to fix it.
 
-    The URL is the one this process was given, its password masked
-    (`core.gateways.masked_url`); the line names the variable that sets it.
+    The broker's: its URL as this process was given it, password masked
+    (`core.gateways.masked_url`), and the variable that sets it. A `--local`
+    job's embedded store's (EmbeddedStoreError): its directory, and what a
+    start there needs; no broker is involved.
     """
     from sciencebench.core.gateways import masked_url
 
+    problem = str(exc)
+    if isinstance(exc, EmbeddedStoreError):
+        return (f"{problem} (in {exc.directory}, its log redis.log there): check that {STATE_DIR_ENV} names "
+                "a writable directory of this host and that redis-server can start in it")  # fmt: skip
     url = os.environ.get(BROKER_URL_ENV, "") or DEFAULT_BROKER_URL
     given = "" if os.environ.get(BROKER_URL_ENV) else " (the default)"
     return f"{problem} at {masked_url(url)}{given}; set {BROKER_URL_ENV} to the cluster's Redis"
@@ -118,17 +124,6 @@ def load_job(jobs_dir: Path, job_name: str) -> JobSpec:
     if not paths.job_spec.is_file():
         raise SelectionError(f"no job {job_name!r} in {jobs_dir}")
     return JobSpec.model_validate_json(paths.job_spec.read_bytes())
-
-
-def job_on_broker(jobs_dir: Path, job_name: str) -> tuple[JobSpec, Settings, Coordinator]:
-    """A job by name, the settings and its store, reachable: what commands on a job start from.
-
-    The job's own record says which store: a `--local` job's is this host's
-    embedded one (no broker needed), any other job's the cluster's.
-    """
-    job = load_job(jobs_dir, job_name)
-    settings = Settings.from_env()
-    return job, settings, store_of(job, settings)
 
 
 def store_of(job: JobSpec, settings: Settings) -> Coordinator:

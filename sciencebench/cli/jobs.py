@@ -13,7 +13,6 @@ from sciencebench.cli.common import (
     broker_problem,
     err,
     handle_errors,
-    job_on_broker,
     job_option,
     load_job,
     main,
@@ -51,10 +50,13 @@ def status(job_name: str, jobs_dir: Path) -> None:
     job = load_job(jobs_dir, job_name)
     paths = JobPaths(jobs_dir.resolve(), job_name)  # where it was found, as `summarize` reads it
     settings = Settings.from_env()
+    if _ended_here(job, paths, settings):
+        status_from_files(job, paths, "it has ended and this host's embedded store is not running")
+        return
     try:
         coord = store_of(job, settings)
     except BrokerUnavailableError as exc:  # a job that has ended answers from its files without one
-        if not status_from_files(job, paths, broker_problem(str(exc))):
+        if not status_from_files(job, paths, broker_problem(exc)):
             raise
         return
     states = coord.states(job.job_key)
@@ -118,6 +120,21 @@ def status(job_name: str, jobs_dir: Path) -> None:
             out.print(f"host {host}: {health.images}", markup=False, soft_wrap=True)
 
 
+def _ended_here(job: JobSpec, paths: JobPaths, settings: Settings) -> bool:
+    """Whether `job` ran `--local` and has ended, and its embedded store is not running.
+
+    Then its files say all there is (its summary, or every trial's record) and
+    no run of it is alive (a run keeps the store up): `status` and `cancel`
+    answer without starting a redis-server. A job not ended starts it.
+    """
+    from sciencebench.coordination import embedded
+    from sciencebench.coordination.records import missing_trials
+
+    if not job.local or embedded.is_running(settings.state_dir):
+        return False
+    return paths.summary_json.is_file() or not missing_trials(job, paths)
+
+
 def _print_live(job: JobSpec, coord: Coordinator, lease_seconds: float) -> None:
     """`status`: the job's trials by where they are, their spend so far and an ETA (`login.progress`)."""
     from sciencebench.login.progress import Watcher, live_slots, status_lines
@@ -173,7 +190,11 @@ def cancel(job_name: str, jobs_dir: Path) -> None:
     from sciencebench.coordination.records import forget_agent_env
     from sciencebench.login.dispatch import release_held
 
-    job, settings, coord = job_on_broker(jobs_dir, job_name)
+    job, settings = load_job(jobs_dir, job_name), Settings.from_env()
+    if _ended_here(job, JobPaths(jobs_dir.resolve(), job_name), settings):
+        out.print(f"job {job.job_name} has ended: nothing to cancel")
+        return
+    coord = store_of(job, settings)
     coord.cancel(job.job_key)
     if job.local:  # its `submit --local` sees the flag at its trials' next heartbeat and ends them
         out.print(f"job {job.job_name} cancelled; its local run stops its trials and writes the summary")
@@ -211,9 +232,10 @@ def retry(job_name: str, jobs_dir: Path, failed: bool, wait: bool, force: bool,
     from sciencebench.login.retry import retry_failed
 
     limits = options.budget_limits(max_cost_usd, max_tokens)
-    job, settings, coord = job_on_broker(jobs_dir, job_name)
+    job, settings = load_job(jobs_dir, job_name), Settings.from_env()
     if job.local:
-        _retry_here(job, settings, coord, limits, force)
+        _retry_here(job, settings, limits, force)
+    coord = store_of(job, settings)
     sent = retry_failed(settings, coord, job, *limits, force=force)
     if sent is None:
         out.print(f"job {job.job_name}: no errored or missing trials")
@@ -226,18 +248,17 @@ def retry(job_name: str, jobs_dir: Path, failed: bool, wait: bool, force: bool,
         sys.exit(conclude(job, answer, coord))
 
 
-def _retry_here(job: JobSpec, settings: Settings, coord: Coordinator, limits: tuple[float | None, int | None],
+def _retry_here(job: JobSpec, settings: Settings, limits: tuple[float | None, int | None],
                 force: bool) -> NoReturn:  # fmt: skip
     """`retry --failed` of a `--local` job: its trials run again here, as `submit --local` runs them.
 
-    Exits with the job's exit code (0 at once when nothing needs a retry).
+    Exits with the job's exit code (0 at once when nothing needs a retry: no
+    redis-server is started for that).
     """
-    from sciencebench.coordination.redis import RedisCoordinator
     from sciencebench.local import run_local, running_here
     from sciencebench.login.retry import failed_trials
 
-    assert isinstance(coord, RedisCoordinator)  # an embedded store
-    if not force and running_here(coord, job):
+    if not force and running_here(job, settings):
         raise JobConflictError(
             f"job {job.job_name} is still running here (a trial holds its lease): wait for it or cancel it "
             "first; --force runs its errored and missing trials anyway"

@@ -5,7 +5,9 @@ on it. The server listens on `<state dir>/store/redis.sock` only (no TCP
 port, socket and directory 0700), keeps its data there (append-only file),
 and runs on after the command that started it, so a local job's state
 outlives its process; the next command finds it (under a file lock) or
-starts it again. `coordinator` is the one way to it.
+starts it again. `coordinator` is the one way to it (`is_running` asks
+without starting it). Its failures are EmbeddedStoreError, which names its
+directory, not a broker.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import override
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from sciencebench.coordination.redis import RedisCoordinator
-from sciencebench.core.errors import BrokerUnavailableError, SettingsError
+from sciencebench.core.errors import BrokerUnavailableError, EmbeddedStoreError, SettingsError
 
 STORE_DIR = "store"
 SOCKET = "redis.sock"
@@ -60,27 +63,52 @@ def check_embedded(state_dir: Path) -> None:
         )
 
 
-def coordinator(state_dir: Path) -> RedisCoordinator:
+class EmbeddedCoordinator(RedisCoordinator):
+    """A coordinator of the state dir's embedded server: its failures name the server, not a broker."""
+
+    def __init__(self, state_dir: Path) -> None:
+        super().__init__(f"unix://{socket_path(state_dir)}")
+        self.directory = store_dir(state_dir)
+
+    @override
+    def unavailable(self, problem: str) -> BrokerUnavailableError:
+        """The embedded store's `problem`, with where it keeps its socket, data and log."""
+        return EmbeddedStoreError(f"the embedded store {problem}", self.directory)
+
+
+def coordinator(state_dir: Path) -> EmbeddedCoordinator:
     """A coordinator connected to the state dir's embedded server, which is started when not running."""
-    coord = RedisCoordinator(f"unix://{ensure(state_dir)}")
+    ensure(state_dir)
+    coord = EmbeddedCoordinator(state_dir)
     coord.ping()
     return coord
+
+
+def is_running(state_dir: Path) -> bool:
+    """Whether the state dir's server runs and answers now; nothing is started to find out."""
+    return _answers(socket_path(state_dir))
 
 
 def ensure(state_dir: Path) -> Path:
     """The socket of the state dir's running server: found, or started (one command at a time)."""
     check_embedded(state_dir)
     directory = store_dir(state_dir)
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    directory.chmod(0o700)
     sock = socket_path(state_dir)
-    with _locked(directory):
-        if _answers(sock):
-            return sock
-        if _server_pid(directory) is None:  # none runs (else it is still loading its data: wait)
-            sock.unlink(missing_ok=True)
-            _start(directory)
-        _wait_ready(sock, directory)
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        directory.chmod(0o700)
+        with _locked(directory):
+            if _answers(sock):
+                return sock
+            if _server_pid(directory) is None:  # none runs (else it is still loading its data: wait)
+                sock.unlink(missing_ok=True)
+                _start(directory)
+            _wait_ready(sock, directory)
+    except OSError as exc:  # its directory cannot be made, locked or written: where, not a traceback
+        where = f": {exc.filename}" if exc.filename else ""
+        raise EmbeddedStoreError(
+            f"the embedded store did not start: {exc.strerror or exc.__class__.__name__}{where}", directory
+        ) from None
     return sock
 
 
@@ -139,8 +167,8 @@ def _start(directory: Path) -> None:
     )  # fmt: skip
     if started.returncode != 0:
         why = started.stderr.decode(errors="replace").strip().splitlines()
-        raise BrokerUnavailableError(
-            f"the embedded store did not start: {why[-1] if why else started.returncode}"
+        raise EmbeddedStoreError(
+            f"the embedded store did not start: {why[-1] if why else started.returncode}", directory
         )
 
 
@@ -148,5 +176,7 @@ def _wait_ready(sock: Path, directory: Path) -> None:
     deadline = time.monotonic() + READY_SEC
     while not _answers(sock):
         if time.monotonic() > deadline:
-            raise BrokerUnavailableError(f"the embedded store did not start: see {directory / 'redis.log'}")
+            raise EmbeddedStoreError(
+                f"the embedded store did not start: see {directory / 'redis.log'}", directory
+            )
         time.sleep(0.02)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from enum import StrEnum
+from pathlib import Path
 from typing import ClassVar
 
 
@@ -46,6 +47,7 @@ class SciencebenchError(Exception):
         │   ├── JobConflictError        --job-name already used by another selection
         │   └── SettingsError           a SCIENCEBENCH_* environment variable is invalid
         ├── BrokerUnavailableError      Redis cannot be reached
+        │   └── EmbeddedStoreError      this host's embedded store (`submit --local`) did not start or answer
         ├── PreflightError              a worker host cannot run trials now (one line why)
         ├── UnfitError                  a worker host cannot serve one job (cannot see its files)
         └── TrialError                  one trial failed in a named stage
@@ -103,6 +105,17 @@ class BrokerUnavailableError(SciencebenchError):
     """The broker cannot be reached."""
 
     deterministic = False
+
+
+class EmbeddedStoreError(BrokerUnavailableError):
+    """This host's embedded store (a `--local` job's, no broker) did not start or does not answer.
+
+    `directory`: where it keeps its socket, data and log (`<state dir>/store`).
+    """
+
+    def __init__(self, problem: str, directory: Path) -> None:
+        super().__init__(problem)
+        self.directory = directory
 
 
 class PreflightError(SciencebenchError):

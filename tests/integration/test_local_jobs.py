@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from sciencebench.coordination import embedded
 from tests.fixtures.services import FAKE_PIER, VENV_BIN, free_port
 from tests.integration.conftest import Cluster
 from tests.reliability.support import wait_for
@@ -93,6 +94,42 @@ def test_a_local_job_answers_status_cancel_and_retry_from_another_shell(cluster:
     assert _cli(cluster, "summarize", "--job-name", JOB).returncode == 0
     nothing = _cli(cluster, "retry", JOB, "--failed")
     assert nothing.returncode == 0 and "no errored or missing trials" in nothing.stdout
+
+    # The job has ended: with its store stopped (a reboot), its files answer and no redis-server starts.
+    embedded.stop(cluster.state_dir)
+    ended = _cli(cluster, "status", JOB)
+    assert ended.returncode == 0 and "embedded store is not running" in ended.stdout, (
+        ended.stdout + ended.stderr
+    )
+    assert "results: " in ended.stdout, ended.stdout  # its summary
+    cancel = _cli(cluster, "cancel", JOB)
+    assert cancel.returncode == 0 and "has ended: nothing to cancel" in cancel.stdout, (
+        cancel.stdout + cancel.stderr
+    )
+    nothing = _cli(cluster, "retry", JOB, "--failed")
+    assert nothing.returncode == 0 and "no errored or missing trials" in nothing.stdout, nothing.stderr
+    assert not embedded.is_running(cluster.state_dir)
+    assert embedded._server_pid(embedded.store_dir(cluster.state_dir)) is None
+
+
+def test_a_local_job_whose_store_cannot_start_names_that_store_not_the_broker(cluster: Cluster) -> None:
+    """Every command of a local job says which store failed and what to check: no broker is involved."""
+    path = cluster.selection({"001": {"reward": 1.0}})
+    state = cluster.root / "state"
+    (state / embedded.STORE_DIR / "redis.log").mkdir(parents=True)  # its server cannot open its log
+    env = {**_env(cluster), "SCIENCEBENCH_STATE_DIR": str(state)}
+    submit = ["submit", "--local", "--path", str(path), "--agent", "nop", "--job-name", JOB, "--pier-bin",
+              str(FAKE_PIER)]  # fmt: skip
+    for args in (submit, ["status", JOB], ["cancel", JOB], ["retry", JOB, "--failed"]):
+        done = subprocess.run([str(VENV_BIN / "sciencebench"), *args, "--jobs-dir", str(cluster.jobs_dir)],
+                              env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+        lines = done.stderr.splitlines()
+        assert done.returncode == 1 and len(lines) == 1, (args, done.stdout + done.stderr)
+        assert "the embedded store did not start: Can't open the log file" in lines[0], lines[0]
+        assert f"in {state / embedded.STORE_DIR}" in lines[0] and "SCIENCEBENCH_STATE_DIR" in lines[0], lines[
+            0
+        ]
+        assert "broker" not in lines[0].lower(), lines[0]
 
 
 def test_a_local_job_submitted_again_on_the_cluster_is_refused(cluster: Cluster) -> None:

@@ -10,11 +10,18 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
+from sciencebench.coordination import embedded
+from sciencebench.coordination.keys import JobKeys
+from sciencebench.coordination.models import Room
+from sciencebench.core.capacity import Request
+from sciencebench.core.models import JobSpec
 from tests.fixtures.services import FAKE_PIER, VENV_BIN
 from tests.integration.conftest import Cluster
 from tests.reliability.support import wait_for
@@ -94,6 +101,47 @@ def test_a_killed_local_job_continues_at_once_its_dead_leases_and_slots_freed(cl
     after = _records(cluster, "local-killed")
     assert sorted(after) == [f"{t}-1" for t in TASKS]
     assert all(json.loads(data)["rewards"] == {"reward": 1.0} for data in after.values())
+
+
+def test_a_killed_local_job_gives_back_the_capacity_its_run_held(cluster: Cluster) -> None:
+    """The host's capacity fits one trial of the job at a time; its run is killed mid-trial. The same command
+    again starts its trials at once, and once it ends none of the host's capacity or the job's slots is
+    held, also where a run was killed between a trial's record and its end (that trial runs no more)."""
+    path = cluster.selection({f"{i:03d}": {"sleep_sec": 1.5, "reward": 1.0} for i in (1, 2, 3)}, cpus=2)
+    state = cluster.root / "state"  # its own embedded store: its ledger is this test's alone
+    env = {**_no_broker(cluster), "SCIENCEBENCH_LEASE_SECONDS": "120", "SCIENCEBENCH_STATE_DIR": str(state),
+           "SCIENCEBENCH_CPUS": "3"}  # fmt: skip
+    argv = _local_argv(cluster, path, "local-room", "--n-concurrent", "2")  # its capacity bounds it
+    first = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)  # fmt: skip
+    wait_for(lambda: len(cluster.pier_runs_started()) >= 1, 60, "a trial started")
+    os.killpg(first.pid, signal.SIGKILL)  # mid-trial: its part of the capacity is held, no cleanup
+    first.wait(timeout=30)
+    spec = cluster.jobs_dir / "local-room" / ".sciencebench" / "job.json"
+    job = JobSpec.model_validate_json(spec.read_text())
+    host, nothing = socket.gethostname(), (Request(cpus=0, memory_mb=0), 0)
+    coord = embedded.coordinator(state)
+    try:
+        assert coord.room_used([host])[host][1] == 1  # the dead run's trial holds its part
+        begun = time.monotonic()
+        again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert time.monotonic() - begun < 60, "a trial waited for the dead run's part to lapse"  # 120 s
+        assert sorted(_records(cluster, "local-room")) == ["001-1", "002-1", "003-1"]
+        assert coord.room_used([host])[host] == nothing
+
+        # Killed between 003's record and its end, a run leaves its slot and part held; 003 runs no more.
+        member = Room.member_of(job.job_key, "003#1")
+        assert coord.acquire_slot(job.job_key, "003#1", 2, 120)
+        ask, capacity = Request(cpus=2, memory_mb=2048), Request(cpus=3, memory_mb=1 << 20)
+        assert coord.take_room(host, member, ask, capacity, 120)
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "3 trial(s) with a final record kept, 0 to run" in done.stdout
+        assert coord.room_used([host])[host] == nothing
+        assert coord.client.zcard(JobKeys(job.job_key).slots) == 0
+    finally:
+        coord.close()
 
 
 def test_the_same_name_with_other_inputs_is_refused_naming_what_differs(cluster: Cluster) -> None:

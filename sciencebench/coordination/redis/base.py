@@ -78,8 +78,8 @@ class RedisBase:
             except _OUTAGE_ERRORS as exc:
                 failed = True
                 if time.monotonic() - started > self.outage_sec:
-                    raise BrokerUnavailableError(
-                        f"broker unreachable for {self.outage_sec:.0f}s: {exc.__class__.__name__}"
+                    raise self.unavailable(
+                        f"unreachable for {self.outage_sec:.0f}s: {exc.__class__.__name__}"
                     ) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -93,7 +93,11 @@ class RedisBase:
         try:
             self._redis.ping()
         except redis.RedisError as exc:
-            raise BrokerUnavailableError(f"broker unreachable: {exc.__class__.__name__}") from None
+            raise self.unavailable(f"unreachable: {exc.__class__.__name__}") from None
+
+    def unavailable(self, problem: str) -> BrokerUnavailableError:
+        """The error of this store's `problem` ("unreachable: ConnectionError"): the broker's, here."""
+        return BrokerUnavailableError(f"broker {problem}")
 
     def _mget(self, names: list[str]) -> list[str | None]:
         values = self.patiently(lambda: self._redis.mget(names))
