@@ -3,8 +3,8 @@
 Once an installed agent has run, Pier parses its logs in its own process on
 the host, outside every container's cgroup. The agent here
 (`tests/fixtures/log_flood.py`: Pier's Codex with no model and no network)
-leaves a Codex session log of 64 MiB of `{}` lines, which grew an unbounded
-Pier to about 1.8 GiB (48 MiB: 1.33 GiB). A real worker bounded at 1 GiB
+leaves a Codex session log of 64 MiB of `{}` lines (48 MiB grew an unbounded
+Pier to 1.33 GiB resident). A real worker bounded at 1 GiB
 (`SCIENCEBENCH_PIER_MEMORY`) runs it on real Pier and the real Engine: Pier
 stops at its bound, the trial's record is an `OutputLimitError`, its scratch
 and containers are gone, and the worker's next trial, a calm session parsed
@@ -119,14 +119,16 @@ def _selection(root: Path, image: str, instructions: dict[str, str]) -> Path:
     return root
 
 
-def _submit(host: Host, selection: Path, job: str, *extra: str, env: dict[str, str] | None = None) -> None:
-    """`submit` of the selection with the flooding agent, which must succeed."""
+def _submit(
+    host: Host, selection: Path, job: str, *extra: str, env: dict[str, str] | None = None, code: int = 0
+) -> None:
+    """`submit` of the selection with the flooding agent, which must exit `code` (1: a trial failed)."""
     done = subprocess.run(
         [str(VENV_BIN / "sciencebench"), "submit", "--path", str(selection), "--agent-import-path", AGENT,
          "--jobs-dir", str(host.root / "jobs"), "--job-name", job, *extra],
         env=env or host.env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.returncode == code, done.stdout[-2000:] + done.stderr[-2000:]
 
 
 def test_a_log_flood_stops_pier_at_its_bound_and_the_worker_takes_the_next(
@@ -138,7 +140,7 @@ def test_a_log_flood_stops_pier_at_its_bound_and_the_worker_takes_the_next(
     worker.start().wait_ready(timeout=120)
     try:
         with Watch(state_dir / "scratch") as watch:
-            _submit(host, flood, "flood", "--wait")
+            _submit(host, flood, "flood", "--wait", code=1)
             _submit(host, calm, "calm", "--wait")
     finally:
         worker.stop()
