@@ -1,22 +1,12 @@
 """Pier's memory bound: what its own process on a worker host may take, and its end past it.
 
 Pier parses what a trial's containers left (an agent's logs, its
-trajectory) in its own process, on the host, outside every cgroup a trial
-has; without a bound a Codex session log of 48 MiB of `{}` lines took it
-to 1.33 GiB resident (tests/docker/test_pier_memory.py). Each Pier process
-a worker starts is therefore held to the worker's `--pier-memory`
-(`SCIENCEBENCH_PIER_MEMORY`):
-
-- its data (heap and private writable mappings) is limited by
-  `RLIMIT_DATA`, soft and hard; the docker CLI and compose it runs inherit
-  the same limit, each its own;
-- this environment's own Pier (warm from the zygote, or cold through
-  `python -m sciencebench.worker.pier.bounded`) also ends at its first
-  `MemoryError`, wherever it is raised: Pier catches `Exception` around
-  its log parsers and would go on with the trial otherwise. It writes one
-  line to its log and exits with `OUT_OF_MEMORY`, which `worker.stages`
-  turns into the trial's `OutputLimitError`. Another installation of Pier
-  gets the limit alone (`process.start_pier`).
+trajectory) in its own process on the host, outside every cgroup a trial
+has: a Codex session log of 48 MiB of `{}` lines took an unbounded Pier to
+1.33 GiB resident (tests/docker/test_pier_memory.py). Each Pier a worker
+starts is held to its `--pier-memory` (`bound_memory`); past it, this
+environment's Pier exits `OUT_OF_MEMORY`, which `worker.stages` turns into
+the trial's `OutputLimitError`.
 """
 
 from __future__ import annotations
@@ -36,7 +26,13 @@ _TOOL_NAME = "sciencebench-pier-memory"
 def bound_memory(limit: int) -> None:
     """In a process about to become Pier: hold its data to `limit` bytes and end it at a MemoryError.
 
-    A lower hard limit the process already has stays (no process may raise its own).
+    Its data (heap and private writable mappings) is limited by
+    `RLIMIT_DATA`, soft and hard, which the docker CLI and compose it runs
+    inherit, each its own. It also ends at its first `MemoryError`,
+    wherever raised: Pier catches `Exception` around its log parsers and
+    would go on with the trial half-parsed otherwise. Another installation
+    of Pier gets the limit alone (`process.start_pier`). A lower hard limit
+    the process already has stays (no process may raise its own).
     """
     held = data_limit(limit)
     resource.setrlimit(resource.RLIMIT_DATA, (held, held))

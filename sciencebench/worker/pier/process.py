@@ -7,8 +7,7 @@ through its process environment (`pier_environment`); the argv
 `pier` is the console script of this very environment, it starts warm:
 forked from a zygote that imported it once (`zygote.py`), which saves about
 7 s of CPU per trial. Anything else (another installation, a test double)
-is executed cold, as is every run when the zygote is unavailable. Either
-way Pier runs under the worker's memory bound (`bounded`).
+is executed cold, as is every run when the zygote is unavailable.
 """
 
 from __future__ import annotations
