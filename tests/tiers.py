@@ -26,6 +26,7 @@ LONGEST_FIRST = (
     "tests/docker/test_hostile_outputs.py",  # ~110
     "tests/docker/test_trial_limits.py",  # a disk fill on a real worker, two tasks raising memory: ~90
     "tests/integration/test_registry_pushback.py",  # two hosts' Engines, a 20-s registry wait: ~60
+    "tests/docker/test_pier_memory.py",  # a real worker's two jobs, two submit --local trials: ~65
 )
 
 # Modules that run on one xdist worker, one after the other: the provider-error jobs run on the agent

@@ -19,6 +19,7 @@ from sciencebench.core.settings import (
     MAX_PIDS_LIMIT,
     MIN_PIDS_LIMIT,
     Settings,
+    pier_memory_problem,
 )
 from sciencebench.core.sizes import parse_size
 
@@ -71,13 +72,17 @@ from sciencebench.core.sizes import parse_size
               help="What each trial container may write to its writable layer, e.g. 20G: past it the "
               "trial ends with a ResourceLimitError; 0: not watched [env: SCIENCEBENCH_DISK_LIMIT; "
               "default: 20G].")  # fmt: skip
+@click.option("--pier-memory", metavar="SIZE",
+              help="Data each Pier process, and each docker CLI it runs, may take, e.g. 4G: Pier reads a "
+              "trial's logs on this host; past it Pier stops and the trial ends with an OutputLimitError; "
+              "at least 1G, 0: unbounded [env: SCIENCEBENCH_PIER_MEMORY; default: 4G].")  # fmt: skip
 @handle_errors
 def worker(concurrency: int, cpus: float | None, memory: str | None, hostname: str | None,
            queues: str | None, loglevel: str, platform: str,
            pier_bin: str | None, jobs_roots: tuple[Path, ...], selection_roots: tuple[Path, ...],
            env_file_roots: tuple[Path, ...], image_budget: str | None,
            agent_install: str | None, gateways: tuple[str, ...], pids_limit: int | None,
-           disk_limit: str | None) -> None:  # fmt: skip
+           disk_limit: str | None, pier_memory: str | None) -> None:  # fmt: skip
     """Run a Celery worker that executes trials on this host.
 
     The worker runs its own Pier and serves only the jobs directories,
@@ -87,7 +92,8 @@ def worker(concurrency: int, cpus: float | None, memory: str | None, hostname: s
     what it brings (agent install, proxy image, roots, gateways, limits), which
     submit checks. Its trials reach only the gateways its operator allows
     (--gateway); each trial container runs at most --pids-limit processes and
-    writes at most --disk-limit to its writable layer.
+    writes at most --disk-limit to its writable layer; Pier itself takes at
+    most --pier-memory.
     It starts a trial only while the requests of its running trials plus the
     trial's (its task's cpus and memory_mb) fit its capacity (--cpus, --memory).
     Late acks, prefetch 1, task events on, a watchdog that re-dispatches
@@ -110,6 +116,7 @@ def worker(concurrency: int, cpus: float | None, memory: str | None, hostname: s
         gateways=parse_gateway_list(gateways, "--gateway"),
         pids_limit=_pids_option(pids_limit),
         disk_limit=_size_option("--disk-limit", disk_limit),
+        pier_memory=_pier_memory_option(pier_memory),
     )
     run_worker(concurrency=concurrency, hostname=hostname, queues=queues, loglevel=loglevel,
                platform=platform, settings=settings)  # fmt: skip
@@ -120,6 +127,14 @@ def _pids_option(value: int | None) -> int | None:
     if value is not None and not MIN_PIDS_LIMIT <= value <= MAX_PIDS_LIMIT:
         raise InputError(f"--pids-limit: {value} is not in {MIN_PIDS_LIMIT}..{MAX_PIDS_LIMIT}")
     return value
+
+
+def _pier_memory_option(value: str | None) -> int | None:
+    """The --pier-memory given in bytes, None when not given; InputError for a bad or too small one."""
+    size = _size_option("--pier-memory", value)
+    if size is not None and (problem := pier_memory_problem(size)):
+        raise InputError(f"--pier-memory: {problem}")
+    return size
 
 
 def _size_option(name: str, value: str | None) -> int | None:

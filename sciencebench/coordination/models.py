@@ -56,6 +56,8 @@ class HostKit(BaseModel):
     # for pids, not watched for disk).
     pids_limit: int = 0
     disk_limit: int = 0
+    # The data each of its Pier processes may take (`worker --pier-memory`, bytes; 0: unbounded or not said).
+    pier_memory: int = 0
     # Its capacity (`worker --cpus`, `--memory`; `core.capacity`): its running trials' requests fit
     # within it (0: not said, e.g. an older worker: no bound but its slots).
     cpus: float = 0.0

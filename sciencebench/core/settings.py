@@ -26,7 +26,7 @@ from sciencebench.core.capacity import Request, host_capacity
 from sciencebench.core.errors import ProfileError, SettingsError
 from sciencebench.core.gateways import Gateway, parse_gateway_list, public_url
 from sciencebench.core.paths import ScratchPaths
-from sciencebench.core.sizes import parse_size
+from sciencebench.core.sizes import format_size, parse_size
 
 ENV_PREFIX = "SCIENCEBENCH_"
 DEFAULT_BROKER_URL = "redis://localhost:6379/0"
@@ -47,6 +47,12 @@ MIN_PIDS_LIMIT, MAX_PIDS_LIMIT = 16, 1 << 22
 # The most a trial container's writable layer may hold (`worker --disk-limit`): the released
 # tasks' storage_mb is 20480.
 DEFAULT_DISK_LIMIT = 20 << 30
+# The most data (heap) each Pier process of a worker, and each docker CLI it runs, may take
+# (`worker --pier-memory`; worker/pier/bounded.py): Pier parses a trial's logs in its own process on
+# the host. Below the floor the real Pier's own start and a trial's compose commands are not proven
+# to fit (tests/docker/test_pier_memory.py runs a trial at the floor).
+DEFAULT_PIER_MEMORY = 4 << 30
+MIN_PIER_MEMORY = 1 << 30
 
 
 class Settings(BaseSettings):
@@ -99,6 +105,9 @@ class Settings(BaseSettings):
     # Bytes a trial container's writable layer may hold (`worker --disk-limit`, `20G`; 0: no watch);
     # past it the trial ends with a ResourceLimitError (worker/diskwatch.py).
     disk_limit: int = Field(default=DEFAULT_DISK_LIMIT, ge=0)
+    # Bytes of data each Pier process (and each docker CLI it runs) may take (`worker --pier-memory`,
+    # `4G`; 0: unbounded); past it Pier stops and the trial ends with an OutputLimitError.
+    pier_memory: int = Field(default=DEFAULT_PIER_MEMORY, ge=0)
     # A worker host's capacity: the CPUs and memory (bytes, `64G`) its running trials' requests may
     # take together (0: detected, less a reserve; `core.capacity`).
     cpus: float = Field(default=0.0, ge=0, le=1 << 16)
@@ -220,10 +229,17 @@ class Settings(BaseSettings):
         # " " is as unset as "": the worker and Pier's plugin (state_dir_from_env) must agree.
         return (value.strip() or DEFAULT_STATE_DIR) if isinstance(value, str) else value
 
-    @field_validator("image_budget", "disk_limit", "memory", mode="before")
+    @field_validator("image_budget", "disk_limit", "memory", "pier_memory", mode="before")
     @classmethod
     def _size(cls, value: Any) -> Any:
         return parse_size(value) if isinstance(value, str) else value
+
+    @field_validator("pier_memory")
+    @classmethod
+    def _pier_memory(cls, value: int) -> int:
+        if problem := pier_memory_problem(value):
+            raise ValueError(problem)
+        return value
 
     @field_validator("warm_pier", mode="before")
     @classmethod
@@ -273,6 +289,13 @@ class Settings(BaseSettings):
     def public_broker_url(self) -> str:
         """The broker URL without its password, fit to print or record."""
         return public_url(self.broker_url)
+
+
+def pier_memory_problem(size: int) -> str | None:
+    """Why `size` bytes cannot be Pier's memory bound (below the floor), else None; 0 is unbounded."""
+    if 0 < size < MIN_PIER_MEMORY:
+        return f"{format_size(size)} is below {format_size(MIN_PIER_MEMORY)}, what Pier needs (0: unbounded)"
+    return None
 
 
 def env_name(field: str) -> str:

@@ -83,8 +83,9 @@ class PierRunner(Protocol):
         should_stop: Callable[[], bool] = ...,
         poll_sec: float = ...,
         zygote_env: dict[str, str] | None = None,
+        memory_limit: int = 0,
     ) -> PierRun:
-        """Run Pier's `argv` in `cwd`, its output in `log_path`; how it ended."""
+        """Run Pier's `argv` in `cwd`, its output in `log_path`, its data within `memory_limit`; its end."""
         ...
 
 

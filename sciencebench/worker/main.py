@@ -67,6 +67,7 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     prepare_host(platform, settings)
     log.info(preflight.ensure_proxy_image(settings.proxy_image))
     log.info(limits_line(settings))
+    log.info(pier_memory_line(settings))
     # One name for this worker everywhere: Celery's node name (`w1@host`) is
     # what heartbeats, pauses, unfit marks and records say.
     nodename = host_format(default_nodename(hostname or ""))
@@ -164,10 +165,16 @@ def limits_line(settings: Settings) -> str:
     return f"each trial container: at most {settings.pids_limit} processes; writable layer {disk}"
 
 
+def pier_memory_line(settings: Settings) -> str:
+    """The worker log's line of what each Pier process may take (`--pier-memory`)."""
+    bound = f"at most {format_size(settings.pier_memory)}" if settings.pier_memory else "unbounded"
+    return f"each Pier process (and each docker CLI it runs): data {bound}"
+
+
 def host_kit(settings: Settings, slots: int = 0) -> HostKit:
     """What this host brings to a job, for submit to check: agent install, proxy, roots, gateways, room.
 
-    Its limits (pids, disk) are reported too, for `status` and the operator.
+    Its limits (pids, disk, Pier's memory) are reported too, for `status` and the operator.
     """
     capacity = settings.capacity
     return HostKit(
@@ -182,6 +189,7 @@ def host_kit(settings: Settings, slots: int = 0) -> HostKit:
         gateways=tuple(gateway.origin for gateway in settings.gateways),
         pids_limit=settings.pids_limit,
         disk_limit=settings.disk_limit,
+        pier_memory=settings.pier_memory,
     )
 
 

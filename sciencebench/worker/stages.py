@@ -28,10 +28,12 @@ from sciencebench.core.errors import (
     CollectError,
     HarnessError,
     HarnessTimeoutError,
+    OutputLimitError,
     RefusedError,
     RegistryError,
     ResourceLimitError,
     Stage,
+    TrialError,
     WorkspaceError,
 )
 from sciencebench.core.failures import failure_record, recorded_failure, trial_record
@@ -39,9 +41,10 @@ from sciencebench.core.gateways import PINS_KEYWORD
 from sciencebench.core.models import JobSpec, TrialRecord, TrialSpec
 from sciencebench.core.paths import JobPaths, ScratchPaths, open_job_dir
 from sciencebench.core.pier_argv import render_argv
+from sciencebench.core.sizes import format_size
 from sciencebench.worker.context import HostRuntime, WorkerContext
 from sciencebench.worker.gatewaypins import gateway_pins
-from sciencebench.worker.pier import process
+from sciencebench.worker.pier import bounded, process
 from sciencebench.worker.pier.agentconfig import redact_pier_files, write_agent_config
 from sciencebench.worker.pier.layout import (
     find_trial_dirs,
@@ -144,7 +147,9 @@ def run_try(
     harness    one Pier process in a private scratch job directory, with a
                clean environment (`process.pier_environment`); its containers'
                writable layers watched (`docker.diskwatch`): one past the
-               host's --disk-limit ends the try (ResourceLimitError)
+               host's --disk-limit ends the try (ResourceLimitError); Pier
+               past its --pier-memory (`pier.bounded`) ends it too
+               (OutputLimitError)
     collect    Pier's result read, patch boundary checked (also for a try whose
                process died after Pier ended: `ended_try`, `worker.recovery`)
     """
@@ -189,6 +194,7 @@ def run_try(
         run = timed("harness", lambda: ctx.pier(
             argv, env, cwd=scratch, log_path=scratch / "pier.log", timeout_sec=timeout_sec,
             should_stop=lambda: heartbeat.should_stop or over_disk() is not None, zygote_env=zygote_env,
+            memory_limit=ctx.settings.pier_memory,
         ))  # fmt: skip
         exceeded = over_disk()
     trial_dirs = find_trial_dirs(scratch / PIER_JOB)
@@ -207,6 +213,8 @@ def run_try(
             return Try(record=record, pier_dir=pier_dir, retryable=False, leftovers=leftovers)
         if run.timed_out:
             raise HarnessTimeoutError(f"Pier exceeded {timeout_sec:.0f}s and was stopped")
+        if ctx.settings.pier_memory and run.exit_code == bounded.OUT_OF_MEMORY:
+            raise _past_memory_bound(ctx.settings.pier_memory, started_trial=bool(trial_dirs))
         if not trial_dirs:
             tail = run.log_tail.strip().splitlines()[-1:] or ["no output"]
             raise HarnessError(
@@ -269,6 +277,20 @@ def _check_declared(spec: TrialSpec, snapshot: TaskSnapshot, secrets: dict[str, 
         raise RefusedError(
             f"the task asks for ${{{undeclared[0]}}}, which the job's env files do not provide"
         )
+
+
+def _past_memory_bound(limit: int, started_trial: bool) -> TrialError:
+    """Why Pier ended at its memory bound (`bounded.OUT_OF_MEMORY`).
+
+    Once it has started the trial, what it was reading is the trial's (the
+    agent's logs and trajectory, what the containers wrote): an
+    OutputLimitError, as for any other bound of a trial's outputs. Before,
+    nothing of the trial was there yet: the bound is too small for Pier.
+    """
+    bound = f"its memory bound of {format_size(limit)} (worker --pier-memory)"
+    if started_trial:
+        return OutputLimitError(f"Pier went past {bound} on what the trial left, and was stopped")
+    return HarnessError(f"Pier went past {bound} before it started the trial: the bound is too small")
 
 
 def _disk_full(paths: JobPaths) -> str:

@@ -115,7 +115,7 @@ class FakePier:
 
     def __call__(self, argv: list[str], env: dict[str, str], cwd: Path, log_path: Path, timeout_sec: float,
                  should_stop: Callable[[], bool] = lambda: False, poll_sec: float = 0.5,
-                 zygote_env: dict[str, str] | None = None) -> PierRun:  # fmt: skip
+                 zygote_env: dict[str, str] | None = None, memory_limit: int = 0) -> PierRun:  # fmt: skip
         outcome = self.outcomes[min(self.runs, len(self.outcomes) - 1)]
         self.runs += 1
         if callable(outcome):

@@ -18,6 +18,7 @@ import functools
 import importlib.metadata
 import logging
 import os
+import resource
 import select
 import shutil
 import signal
@@ -32,7 +33,7 @@ from typing import BinaryIO, Protocol
 
 from sciencebench.core.errors import PreflightError
 from sciencebench.core.versions import parse_version
-from sciencebench.worker.pier import zygote
+from sciencebench.worker.pier import bounded, zygote
 
 logger = logging.getLogger(__name__)
 
@@ -117,17 +118,20 @@ def run_pier(
     should_stop: Callable[[], bool] = lambda: False,
     poll_sec: float = 0.5,
     zygote_env: dict[str, str] | None = None,
+    memory_limit: int = 0,
 ) -> PierRun:
     """Run Pier in its own process group; stop the group on timeout or cancel.
 
     Output goes to `log_path` (inside the private scratch directory). A stop
     sends SIGTERM to the group, then SIGKILL after a grace period.
     `zygote_env` (Pier's environment without secrets) allows a warm start.
+    `memory_limit` bytes bound Pier's data (`bounded`; 0: unbounded): past
+    them it exits `bounded.OUT_OF_MEMORY`.
     """
     started = time.monotonic()
     with log_path.open("wb") as log, contextlib.ExitStack() as stack:
         try:
-            proc = start_pier(argv, env, cwd, log, zygote_env)
+            proc = start_pier(argv, env, cwd, log, zygote_env, memory_limit)
         except OSError as exc:
             log.write(f"cannot start {argv[0]}: {exc.strerror}\n".encode())
             return PierRun(127, 0.0, False, False, f"cannot start {argv[0]}: {exc.strerror}")
@@ -180,26 +184,51 @@ def _exit_waiter(proc: PierProcess, stack: contextlib.ExitStack) -> Callable[[fl
 
 
 def start_pier(
-    argv: list[str], env: dict[str, str], cwd: Path, log: BinaryIO, zygote_env: dict[str, str] | None
-) -> PierProcess:
-    """Start Pier warm when `zygote_env` is given and argv[0] is ours, else cold."""
+    argv: list[str], env: dict[str, str], cwd: Path, log: BinaryIO, zygote_env: dict[str, str] | None,
+    memory_limit: int = 0,
+) -> PierProcess:  # fmt: skip
+    """Start Pier warm when `zygote_env` is given and argv[0] is ours, else cold; bounded by `memory_limit`.
+
+    This environment's own Pier is bounded in its own process before it
+    imports Pier (`bounded.bound_memory`: the data limit, and its end at a
+    MemoryError), warm or cold. Another installation's gets the data limit
+    alone, set before it is executed (util-linux's prlimit, else the child
+    between fork and exec).
+    """
     warm = _zygote_for(argv[0], zygote_env) if zygote_env is not None else None
     if warm is not None:
         try:
-            return warm.spawn(argv, env, cwd, log)
+            return warm.spawn(argv, env, cwd, log, memory_limit)
         except zygote.ZygoteError as exc:
             _warn_once(f"starting Pier cold: {exc.strerror}")
             _forget(warm)
     if shutil.which(argv[0], path=env.get("PATH")) is None:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
+    limit = bounded.data_limit(memory_limit) if memory_limit else 0
+    own = warm_entry(argv[0]) if limit else None
+    preexec: Callable[[], None] | None = None
+    if own is not None:
+        argv = [sys.executable, "-m", bounded.__name__, str(limit), own, *argv]
+    elif limit and _PRLIMIT is not None:
+        argv = [_PRLIMIT, f"--data={limit}:{limit}", "--", *argv]
+    elif limit:
+        preexec = functools.partial(_limited_child, limit)
     if _SETPRIV is not None:
-        # setpriv sets the death signal and execs Pier: without a preexec_fn the
-        # worker is not fully forked for every trial.
+        # setpriv sets the death signal and execs Pier (prlimit its limit): without a
+        # preexec_fn the worker is not fully forked for every trial.
         argv = [_SETPRIV, "--pdeathsig", "TERM", "--", *argv]
+    elif preexec is None:
+        preexec = zygote.die_with_parent
     return subprocess.Popen(
         argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        start_new_session=True, preexec_fn=None if _SETPRIV is not None else zygote.die_with_parent,
+        start_new_session=True, preexec_fn=preexec,
     )  # fmt: skip
+
+
+def _limited_child(limit: int) -> None:
+    """In a fresh child (no util-linux): the death signal, and the data limit of another Pier."""
+    zygote.die_with_parent()
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 
 def prewarm(pier_bin: str, zygote_env: dict[str, str]) -> int | None:
@@ -258,8 +287,9 @@ def _warn_once(message: str) -> None:
         logger.warning(message)
 
 
-# util-linux's setpriv (Debian: essential) can set the death signal itself.
+# util-linux's setpriv (Debian: essential) can set the death signal itself, its prlimit a limit.
 _SETPRIV = shutil.which("setpriv")
+_PRLIMIT = shutil.which("prlimit")
 
 
 def stop_process_group(proc: PierProcess, grace_sec: float = 20.0) -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from sciencebench.core.errors import SciencebenchError
+from sciencebench.worker.pier import bounded
 
 try:
     import setproctitle
@@ -119,11 +120,12 @@ class Zygote:
     """The requester's handle on one zygote process (shared by forked children).
 
         requester (worker)                 zygote (imported pier.cli.main)
-          spawn(argv, env, cwd, log) ──────▶ fork ─▶ child: own session,
+          spawn(argv, env, cwd, log, memory) ▶ fork ─▶ child: own session,
           ◀── pid ─────────────────────────            stdin /dev/null, stdout and
           ◀── exit code (as Popen's) ──────  reap       stderr the log, cwd, exactly
-                                                        `env`, title = argv; runs the
-                                                        entry point; exits normally
+                                                        `env`, title = argv, its memory
+                                                        bound; runs the entry point;
+                                                        exits normally
 
     - The zygote's own environment is the worker's without any trial secret;
       a run's environment (secrets included) exists only in its own child.
@@ -153,9 +155,14 @@ class Zygote:
         """The zygote's own pid."""
         return self._proc.pid
 
-    def spawn(self, argv: list[str], env: dict[str, str], cwd: Path, log: BinaryIO) -> Run:
-        """Start one run; raises ZygoteError when the zygote cannot (nothing started then)."""
-        request = json.dumps({"argv": argv, "env": env, "cwd": str(cwd)}).encode()
+    def spawn(
+        self, argv: list[str], env: dict[str, str], cwd: Path, log: BinaryIO, memory_limit: int = 0
+    ) -> Run:
+        """Start one run; raises ZygoteError when the zygote cannot (nothing started then).
+
+        `memory_limit` bytes bound the run's data (`bounded.bound_memory`); 0: unbounded.
+        """
+        request = json.dumps({"argv": argv, "env": env, "cwd": str(cwd), "memory": memory_limit}).encode()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             with theirs, self._lock:
@@ -307,6 +314,8 @@ def _become(child: _Child, zygote_pid: int) -> None:
     if os.getppid() != zygote_pid:
         os._exit(LOST)  # the zygote died between fork and prctl
     request = child.request
+    if request.get("memory"):  # before anything else of the run
+        bounded.bound_memory(int(request["memory"]))
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.dup2(child.log_fd, 1)
