@@ -8,13 +8,19 @@
 #                         Python 3.11 and Pier needs >= 3.12.
 #   sciencebench/redis    Debian 12 minbase + redis-server (7.0): the broker
 #                         image for compose/control-plane.yml (SCIENCEBENCH_REDIS_IMAGE)
+#   sciencebench/mirror   the redis image's Debian 12 + Debian's docker-registry
+#                         package (the Distribution registry 2.8), configured as a
+#                         pull-through cache: compose/control-plane.yml's optional
+#                         mirror (SCIENCEBENCH_MIRROR_IMAGE); one small layer
 #   sciencebench/worker   workers/Dockerfile         } built by compose/build.yml
 #   sciencebench/flower   compose/flower.Dockerfile  } with no network inside
 #   sciencebench/proxy    workers/proxy/Dockerfile   } any build
 #
 # Only this script reaches out, and only to package registries, on the host:
 # debootstrap to the Debian mirror, `pip download` to PyPI for the wheelhouse
-# (every wheel uv.lock pins for the worker and monitor extras, hash-checked).
+# (every wheel uv.lock pins for the worker and monitor extras, hash-checked),
+# `apt-get download docker-registry` when apt's cache no longer holds the .deb
+# scripts/host-setup.sh installed.
 # The docker CLI and compose plugin binaries come from the engine packages
 # scripts/host-setup.sh already unpacked.
 #
@@ -54,6 +60,28 @@ REDIS_CHANGES='WORKDIR /data
 USER redis
 EXPOSE 6379
 CMD ["redis-server"]'
+# The mirror: the package's files over the redis base (Debian 12, the package's suite), its stock config
+# (htpasswd auth, no proxy) replaced by a pull-through cache of Docker Hub. compose/control-plane.yml sets
+# the upstream, address and storage again (REGISTRY_* variables), so any Distribution image serves there.
+MIRROR_CONFIG='version: 0.1
+log:
+  level: info
+storage:
+  filesystem:
+    rootdirectory: /var/lib/registry
+http:
+  addr: :5000
+proxy:
+  remoteurl: https://registry-1.docker.io'
+MIRROR_DOCKERFILE='ARG BASE
+FROM $BASE
+COPY rootfs/ /
+COPY --chown=65534:65534 storage/ /var/lib/registry/
+USER 65534:65534
+WORKDIR /var/lib/registry
+EXPOSE 5000
+ENTRYPOINT ["/usr/bin/docker-registry", "serve"]
+CMD ["/etc/docker/registry/config.yml"]'
 # Wheelhouse extras: pip runs from its own wheel inside the build, and builds
 # sciencebench with its backend (pyproject's build-system) from the wheelhouse.
 PIP_PIN=pip==26.3
@@ -226,6 +254,48 @@ done
 publish_base python
 publish_base redis
 
+# Debian's docker-registry .deb, kept in the cache: apt's copy from host-setup, else downloaded.
+registry_deb() {
+    local found
+    found=$(compgen -G "$CACHE/docker-registry_*.deb" | head -n1 || true)
+    if [[ -z $found ]]; then
+        found=$(compgen -G "/var/cache/apt/archives/docker-registry_*.deb" | head -n1 || true)
+        if [[ -n $found ]]; then
+            cp "$found" "$CACHE/"
+        else
+            (cd "$CACHE" && apt-get download -qq docker-registry) >&2
+        fi
+        found=$(compgen -G "$CACHE/docker-registry_*.deb" | head -n1 || true)
+    fi
+    [[ -n $found ]] || die "no docker-registry .deb (apt-get download docker-registry failed)"
+    echo "$found"
+}
+
+publish_mirror() {
+    local deb repo=$REG/sciencebench/mirror tag context=$CACHE/work-mirror
+    deb=$(registry_deb)
+    tag=$(printf '%s\n' "${REF[redis]}" "$(sha256sum <"$deb")" "$MIRROR_CONFIG" "$MIRROR_DOCKERFILE" | sha16)
+    if ! registry_has sciencebench/mirror "$tag"; then
+        log "mirror: $(basename "$deb") over ${REF[redis]##*/}"
+        rm -rf "$context"
+        mkdir -p "$context/rootfs" "$context/storage"
+        dpkg-deb -x "$deb" "$context/rootfs"
+        rm -rf "$context/rootfs/usr/share" "$context/rootfs/etc/init.d" "$context/rootfs/lib" \
+            "$context/rootfs/var"
+        printf '%s\n' "$MIRROR_CONFIG" >"$context/rootfs/etc/docker/registry/config.yml"
+        printf '%s\n' "$MIRROR_DOCKERFILE" >"$context/Dockerfile"
+        # The legacy builder (no buildx plugin here) warns about itself on stderr: kept in a log.
+        docker build -q --network none --build-arg "BASE=${REF[redis]}" -t "$repo:$tag" "$context" \
+            >"$CACHE/mirror-build.log" 2>&1 || { cat "$CACHE/mirror-build.log" >&2; die "mirror build failed"; }
+        docker push -q "$repo:$tag" >/dev/null
+        rm -rf "$context"
+    fi
+    docker pull -q "$repo:$tag" >/dev/null
+    REF[mirror]=$(pinned "$repo" "$tag")
+    log "mirror: ${REF[mirror]}"
+}
+publish_mirror
+
 # The wheelhouse matches the base's Python (minor version and glibc).
 PY_VERSION=$(docker run --rm --network none "${REF[python]}" \
     python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
@@ -272,6 +342,7 @@ log "worker $worker ($(size "$worker")); flower ($(size "$flower")); proxy ($(si
 cat >"$OUT/images.env.tmp" <<EOF
 SB_CLUSTER_PYTHON_IMAGE=${REF[python]}
 SB_CLUSTER_REDIS_IMAGE=${REF[redis]}
+SB_CLUSTER_MIRROR_IMAGE=${REF[mirror]}
 SB_CLUSTER_WORKER_IMAGE=$worker
 SB_CLUSTER_FLOWER_IMAGE=$flower
 SB_CLUSTER_PROXY_IMAGE=$proxy

@@ -58,7 +58,7 @@ source "${SB_STATE:-/var/tmp/sciencebench-host}/images.env"
 source build/cluster/images.env
 export SB_BASE_IMAGE SB_SQUID_IMAGE LITELLM_LOCAL_MODEL_COST_MAP=True
 export SB_CLUSTER_PYTHON_IMAGE SB_CLUSTER_REDIS_IMAGE SB_CLUSTER_WORKER_IMAGE SB_CLUSTER_FLOWER_IMAGE \
-    SB_CLUSTER_PROXY_IMAGE SB_CLUSTER_BUILD_INPUTS
+    SB_CLUSTER_PROXY_IMAGE SB_CLUSTER_MIRROR_IMAGE SB_CLUSTER_BUILD_INPUTS
 echo "== setup done in $(since "$started")"
 
 # --durations: the slowest tests in the log, to see where the time goes (the goal is 25 minutes in all).

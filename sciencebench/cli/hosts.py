@@ -12,6 +12,7 @@ from sciencebench.core.errors import InputError
 from sciencebench.core.gateways import parse_gateway_list
 from sciencebench.core.harnesses import bakeable
 from sciencebench.core.images import DEFAULT_PLATFORM
+from sciencebench.core.mirrors import parse_mirrors
 from sciencebench.core.paths import SelectionPaths
 from sciencebench.core.settings import (
     AGENT_ARTIFACTS_ENV,
@@ -76,13 +77,19 @@ from sciencebench.core.sizes import parse_size
               help="Data each Pier process, and each docker CLI it runs, may take, e.g. 4G: Pier reads a "
               "trial's logs on this host; past it Pier stops and the trial ends with an OutputLimitError; "
               "at least 1G, 0: unbounded [env: SCIENCEBENCH_PIER_MEMORY; default: 4G].")  # fmt: skip
+@click.option("--registry-mirror", "registry_mirrors", multiple=True, metavar="[UPSTREAM=]HOST:PORT",
+              help="A pull-through cache (a registry in proxy mode) this host pulls the task images of "
+              "UPSTREAM through, by the same digest (default UPSTREAM: docker.io); repeatable, one per "
+              "upstream registry [env: SCIENCEBENCH_REGISTRY_MIRROR, comma- or space-separated]."
+              )  # fmt: skip
 @handle_errors
 def worker(concurrency: int, cpus: float | None, memory: str | None, hostname: str | None,
            queues: str | None, loglevel: str, platform: str,
            pier_bin: str | None, jobs_roots: tuple[Path, ...], selection_roots: tuple[Path, ...],
            env_file_roots: tuple[Path, ...], image_budget: str | None,
            agent_install: str | None, gateways: tuple[str, ...], pids_limit: int | None,
-           disk_limit: str | None, pier_memory: str | None) -> None:  # fmt: skip
+           disk_limit: str | None, pier_memory: str | None, registry_mirrors: tuple[str, ...],
+           ) -> None:  # fmt: skip
     """Run a Celery worker that executes trials on this host.
 
     The worker runs its own Pier and serves only the jobs directories,
@@ -93,7 +100,9 @@ def worker(concurrency: int, cpus: float | None, memory: str | None, hostname: s
     submit checks. Its trials reach only the gateways its operator allows
     (--gateway); each trial container runs at most --pids-limit processes and
     writes at most --disk-limit to its writable layer; Pier itself takes at
-    most --pier-memory.
+    most --pier-memory. With --registry-mirror, task images of a mirrored
+    registry are pulled through the mirror and run under its name, by the
+    same digest (the Engine checks it).
     It starts a trial only while the requests of its running trials plus the
     trial's (its task's cpus and memory_mb) fit its capacity (--cpus, --memory).
     Late acks, prefetch 1, task events on, a watchdog that re-dispatches
@@ -117,6 +126,7 @@ def worker(concurrency: int, cpus: float | None, memory: str | None, hostname: s
         pids_limit=_pids_option(pids_limit),
         disk_limit=_size_option("--disk-limit", disk_limit),
         pier_memory=_pier_memory_option(pier_memory),
+        registry_mirror=_mirrors_option(registry_mirrors),
     )
     run_worker(concurrency=concurrency, hostname=hostname, queues=queues, loglevel=loglevel,
                platform=platform, settings=settings)  # fmt: skip
@@ -135,6 +145,14 @@ def _pier_memory_option(value: str | None) -> int | None:
     if size is not None and (problem := pier_memory_problem(size)):
         raise InputError(f"--pier-memory: {problem}")
     return size
+
+
+def _mirrors_option(values: tuple[str, ...]) -> tuple[str, ...]:
+    """The --registry-mirror values given, as `UPSTREAM=HOST`; InputError for a bad one."""
+    try:
+        return tuple(str(mirror) for mirror in parse_mirrors(values))
+    except ValueError as exc:
+        raise InputError(f"--registry-mirror: {exc}") from None
 
 
 def _size_option(name: str, value: str | None) -> int | None:

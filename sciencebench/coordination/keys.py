@@ -49,6 +49,8 @@ from __future__ import annotations
 #   sciencebench:gateway:<authority>  hash: limit, ceiling, status, reason, at
 #   sciencebench:gateway:<authority>:slots  zset member -> lease expiry (ms, the server's clock)
 #   sciencebench:registry:<host>      hash: not_before, status, reason, failures, at (`registries`)
+#   sciencebench:mirror-pull:<digest> redis-py lock: a host's first pull of an image through a
+#                                     registry mirror (`registries.first_pull`)
 
 PREFIX = "sciencebench"
 
@@ -95,6 +97,11 @@ class ClusterKeys:
     def registry(host: str) -> str:
         """An image registry that pushed back (`coordination.registries`)."""
         return f"{PREFIX}:registry:{host}"
+
+    @staticmethod
+    def mirror_pull(digest: str) -> str:
+        """The lock of a first pull of the image `digest` through a mirror (`registries.first_pull`)."""
+        return f"{PREFIX}:mirror-pull:{digest}"
 
     @staticmethod
     def gateway_slots(authority: str) -> str:

@@ -11,16 +11,23 @@ named one, else doubling with jitter, capped (`backoff_sec`); a mark lapses
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
 from sciencebench.coordination.keys import ClusterKeys
 from sciencebench.coordination.protocol import Coordinator
 
+log = logging.getLogger(__name__)
+
 REGISTRY_PREFIX = ClusterKeys.registry("")
+# The longest one host's first pull of an image through a mirror holds the others' back (a holder
+# that died holds it no longer): then they pull anyway.
+FIRST_PULL_HOLD_SEC = 900.0
 # How long a mark outlives its `not_before`: refusals within it count as in a row.
 KEEP_SEC = 3600.0
 
@@ -169,3 +176,29 @@ class RedisRegistryMarks(RegistryMarks):
         client = self._coord.client
         keys = self._coord.patiently(lambda: list(client.scan_iter(match=f"{REGISTRY_PREFIX}*", count=100)))
         return [str(key).removeprefix(REGISTRY_PREFIX) for key in keys]
+
+
+@contextlib.contextmanager
+def first_pull(coord: Coordinator, digest: str, hold_sec: float = FIRST_PULL_HOLD_SEC) -> Iterator[None]:
+    """Hold while this host pulls the image `digest` through a registry mirror: one host at a time.
+
+    A pull-through cache asks its upstream for an image's manifest on every
+    pull its cache misses, so hosts pulling a new image at once would each
+    reach the upstream registry. Through this lock (`ClusterKeys.mirror_pull`)
+    the first host pulls alone; the others wait for it, then find the image in
+    the mirror's cache. It is advice: a wait past `hold_sec`, or a store that
+    fails, lets the pull go.
+    """
+    lock = coord.client.lock(ClusterKeys.mirror_pull(digest), timeout=hold_sec, sleep=0.1,
+                             blocking_timeout=hold_sec)  # fmt: skip
+    try:
+        held = bool(lock.acquire())
+    except Exception:  # the lock is advice: a store blip lets the pull go
+        log.warning("the cluster's first pull of %s could not be awaited", digest, exc_info=True)
+        held = False
+    try:
+        yield
+    finally:
+        if held:
+            with contextlib.suppress(Exception):  # it lapses by itself
+                lock.release()

@@ -25,6 +25,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from sciencebench.core.capacity import Request, host_capacity
 from sciencebench.core.errors import ProfileError, SettingsError
 from sciencebench.core.gateways import Gateway, parse_gateway_list, public_url
+from sciencebench.core.mirrors import Mirror, parse_mirrors
 from sciencebench.core.paths import ScratchPaths
 from sciencebench.core.sizes import format_size, parse_size
 
@@ -127,6 +128,10 @@ class Settings(BaseSettings):
     agent_artifacts: Path = DEFAULT_AGENT_ARTIFACTS
     # The npm registry a worker's online install fetches a missing harness tarball from (empty: npm's own).
     npm_registry: str = ""
+    # Pull-through caches the task images of their registries are pulled through (`worker
+    # --registry-mirror`; comma- or space-separated `[UPSTREAM=]HOST:PORT`, upstream docker.io when
+    # not named): one mirror per upstream registry (`core.mirrors`).
+    registry_mirror: Annotated[tuple[str, ...], NoDecode] = ()
     # `sciencebench demo --base-image` and `--registry` (click reads these two as the options' values).
     demo_base_image: str = ""
     demo_registry: str = ""
@@ -147,6 +152,17 @@ class Settings(BaseSettings):
             except ProfileError as exc:
                 raise ValueError(str(exc)) from None
         return value
+
+    @field_validator("registry_mirror", mode="before")
+    @classmethod
+    def _mirror_list(cls, value: Any) -> Any:
+        values = [value] if isinstance(value, str) else list(value)
+        return tuple(str(mirror) for mirror in parse_mirrors(str(item) for item in values))
+
+    @property
+    def mirrors(self) -> tuple[Mirror, ...]:
+        """The registry mirrors this host pulls through (`registry_mirror`, parsed)."""
+        return parse_mirrors(self.registry_mirror)
 
     @field_validator("pier_env")
     @classmethod

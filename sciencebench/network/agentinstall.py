@@ -23,10 +23,20 @@ from sciencebench.core.agentimages import parse_agent_image_keyword
 from sciencebench.core.compose_policy import AGENT_SERVICE
 from sciencebench.core.errors import AgentImageMismatch, PolicyRefused
 from sciencebench.core.harnesses import bake_of
+from sciencebench.core.mirrors import Mirror, parse_mirrors_keyword, through_mirror
 from sciencebench.core.settings import DEFAULT_AGENT_ARTIFACTS, raw_setting
 from sciencebench.dockerhost.labels import COMPOSE_PROJECT_LABEL, MANAGED_LABEL
 from sciencebench.network.containerfiles import ContainerFilesEnvironment
 from sciencebench.network.offlineinstall import install_offline
+
+
+def _mirrors_of(value: object) -> tuple[tuple[Mirror, ...], str]:
+    """The `registry_mirrors` keyword's mirrors, and why it is refused ("" when it is not)."""
+    try:
+        return parse_mirrors_keyword(value), ""
+    except ValueError as exc:
+        return (), str(exc)
+
 
 # The `agent_install` keyword: whether this worker installs agents online (with no network in any build).
 AGENT_INSTALL_MODES = ("online", "baked")
@@ -42,8 +52,15 @@ class AgentInstallEnvironment(ContainerFilesEnvironment):
         agent_install: object = None,
         agent_artifacts: object = None,
         npm_registry: object = None,
+        registry_mirrors: object = None,
         **kwargs: Any,
     ) -> None:
+        self._mirrors, self._mirrors_problem = _mirrors_of(registry_mirrors)
+        config = kwargs.get("task_env_config")
+        if self._mirrors and config is not None and config.docker_image:
+            # Before Pier's own setup, which names the prebuilt image from it (`PREBUILT_IMAGE_NAME`).
+            image = self._local_image(config.docker_image)
+            kwargs["task_env_config"] = config.model_copy(update={"docker_image": image})
         self._agent_image = agent_image
         self._agent_install = agent_install
         self._agent_artifacts = Path(
@@ -53,8 +70,23 @@ class AgentInstallEnvironment(ContainerFilesEnvironment):
         self._force_build = False
         super().__init__(*args, **kwargs)
 
+    def _local_image(self, image: str) -> str:
+        """The name the worker pulled `image` by: through its registry's mirror when the worker has one.
+
+        The worker pulls every pinned task image through the mirror of its
+        registry (`core.mirrors`), so the trial runs the image by that name:
+        the same digest, no pull from the upstream registry. An unpinned name
+        (a local image, a build) is left as it is.
+        """
+        try:
+            return through_mirror(image, self._mirrors)
+        except ValueError:
+            return image
+
     async def _start_with_agent(self, force_build: bool) -> None:
         """Pier's start, on the baked image when there is one, else on the online install's image."""
+        if self._mirrors_problem:
+            raise PolicyRefused(self._mirrors_problem)
         self._force_build = force_build
         baked = self._baked_image()
         if baked is None:
@@ -91,7 +123,16 @@ class AgentInstallEnvironment(ContainerFilesEnvironment):
                 f"agent_image was baked for {agent} {version}; this trial's agent is "
                 f"{install.agent_name} {install.version or '(any version)'}"
             )
-        return image
+        return self._local_image(image)
+
+    def _task_compose_image(self) -> str | None:
+        """The image the task's own compose file (as written, already reviewed) names for `main`, if any."""
+        try:
+            main = self._task_compose_main()
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            return None  # compose refuses what cannot be read
+        image = main.get("image") if main is not None else None
+        return image if isinstance(image, str) else None
 
     @property
     def _online_install(self) -> bool:
@@ -112,12 +153,19 @@ class AgentInstallEnvironment(ContainerFilesEnvironment):
         if not self._uses_compose:
             return False
         try:
-            compose = yaml.safe_load(self._environment_docker_compose_path.read_text(encoding="utf-8"))
+            main = self._task_compose_main()
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
             return True  # compose refuses what cannot be read; offline if it builds anyway
+        return main is not None and "build" in main
+
+    def _task_compose_main(self) -> dict[str, Any] | None:
+        """The `main` service of the task's own compose file, None without one; the reader's errors raise."""
+        if not self._uses_compose:
+            return None
+        compose = yaml.safe_load(self._environment_docker_compose_path.read_text(encoding="utf-8"))
         services = compose.get("services") if isinstance(compose, dict) else None
         main = services.get(AGENT_SERVICE) if isinstance(services, dict) else None
-        return isinstance(main, dict) and "build" in main
+        return main if isinstance(main, dict) else None
 
     def _check_online_install(self) -> None:
         """Refuse (PolicyRefused) a bad `agent_install` keyword, or an online install into no pinned image."""

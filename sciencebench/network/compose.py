@@ -99,6 +99,7 @@ def policy_compose(
     offline_build: bool = False,
     pids_limit: int = DEFAULT_PIDS_LIMIT,
     memory_mb: int | None = None,
+    main_image: str | None = None,
 ) -> dict[str, Any]:
     """The compose override for `mode`; `proxy` is required exactly in egress mode.
 
@@ -109,7 +110,9 @@ def policy_compose(
     in the merge, so a task's own `pids_limit` on `main` does not win).
     `memory_mb` (the task's; None: `DEFAULT_MEMORY_MB`, what the capacity
     code counts such a trial to hold) is the memory limit of `main` and the
-    proxy, with no swap beyond it.
+    proxy, with no swap beyond it. `main_image`: the name `main` runs its
+    image by, where the task's own compose file names one the worker pulled
+    through a registry mirror (`core.mirrors`: the same digest).
 
     Raises ValueError when `proxy` and `mode` disagree (a programming error,
     not a policy decision).
@@ -131,6 +134,8 @@ def policy_compose(
     main: dict[str, Any] = _hardening("agent", owner, pids_limit, memory)
     if offline_build:
         main["build"] = dict(NO_BUILD_NETWORK)
+    if main_image:
+        main["image"] = _literal(main_image)
     if mode == "none":
         if proxy is not None:
             raise ValueError("network_mode none takes no proxy")

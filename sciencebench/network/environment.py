@@ -62,7 +62,9 @@ class IsolatedDockerEnvironment(VerifierHandoffEnvironment):
     the agent itself with no network (`network.offlineinstall`), `baked` when
     only Pier's install build (offline too) is left; `agent_artifacts` and
     `npm_registry`, where that install finds or fetches the harness's
-    artifacts. A worker passes these, so Pier's process environment holds
+    artifacts; `registry_mirrors`, the worker's registry mirrors (JSON,
+    `core.mirrors`): the task's images run by the names the worker pulled them
+    by, through a mirror, with the same digest. A worker passes these, so Pier's process environment holds
     none of its settings. `start` raises PolicyRefused or
     PolicyViolation (both PolicyError), and AgentImageMismatch for an image
     baked for another agent or version. `pids_limit` (the worker's `--pids-limit`;
@@ -170,9 +172,12 @@ class IsolatedDockerEnvironment(VerifierHandoffEnvironment):
         compose_path = directory / "docker-compose-policy.json"
         owner = self._owner or owner_id()
         offline_build = self._builds
+        # A task compose file's own image for `main`, by the name the worker pulled it (its mirror's).
+        task_image = self._task_compose_image()
+        mirrored = self._local_image(task_image) if task_image else None
         compose = policy_compose(
             plan.mode, proxy, owner, offline_build=offline_build, pids_limit=self._checked_pids_limit(),
-            memory_mb=self.task_env_config.memory_mb,
+            memory_mb=self.task_env_config.memory_mb, main_image=mirrored if mirrored != task_image else None,
         )  # fmt: skip
         compose_path.write_text(json.dumps(compose, indent=2))
         self._policy_compose_path = compose_path

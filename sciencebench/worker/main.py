@@ -68,6 +68,8 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     log.info(preflight.ensure_proxy_image(settings.proxy_image))
     log.info(limits_line(settings))
     log.info(pier_memory_line(settings))
+    for mirror in settings.mirrors:
+        log.info("task images of %s are pulled through the mirror %s", mirror.upstream, mirror.host)
     # One name for this worker everywhere: Celery's node name (`w1@host`) is
     # what heartbeats, pauses, unfit marks and records say.
     nodename = host_format(default_nodename(hostname or ""))
@@ -83,7 +85,7 @@ def run_worker(*, concurrency: int, hostname: str | None, queues: str | None, lo
     coord.describe_host(nodename, host_kit(settings, concurrency))
     log.info("capacity: %s for its running trials' requests; at most %d at once", settings.capacity,
              concurrency)  # fmt: skip
-    holdings = HoldingsReporter(nodename, settings.state_dir, RedisPlacementStore(coord))
+    holdings = HoldingsReporter(nodename, settings.state_dir, RedisPlacementStore(coord), settings.mirrors)
     holdings.tick(force=True)  # what it holds, before fill places its first trial
     _report_images(coord, settings, holdings.line)
     coord.beat(nodename)

@@ -8,6 +8,7 @@ volumes and derived images afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -17,8 +18,10 @@ from pathlib import Path
 
 from sciencebench import coordination
 from sciencebench.coordination.protocol import Coordinator
-from sciencebench.coordination.registries import RedisRegistryMarks
+from sciencebench.coordination.registries import RedisRegistryMarks, first_pull
 from sciencebench.core.errors import BrokerUnavailableError, PreflightError, PullError, RefusedError
+from sciencebench.core.images import image_digest, image_repository, normalize_repository
+from sciencebench.core.mirrors import MIRRORS_KEYWORD, mirrors_keyword, through_mirror
 from sciencebench.core.models import JobSpec
 from sciencebench.core.settings import Settings
 from sciencebench.dockerhost.hostlocks import hold_live_trial, owner_id
@@ -46,8 +49,9 @@ class DockerRuntime:
         self.settings = settings
         self._coord = coord
         gate = self._registry_wait if coord is not None else None
+        hold = self._mirror_hold if coord is not None and settings.mirrors else None
         self.puller = ImagePuller(
-            state=settings.state_dir, image_budget=settings.image_budget, registry_gate=gate
+            state=settings.state_dir, image_budget=settings.image_budget, registry_gate=gate, pull_hold=hold
         )
         self._report: preflight.HostReport | None = None
         self._checked_at = -PREFLIGHT_TTL_SEC
@@ -66,6 +70,13 @@ class DockerRuntime:
             log.warning("registry %s: the cluster's back-off could not be read", registry, exc_info=True)
             return None
         return (wait, state.status) if state is not None and wait > 0 else None
+
+    def _mirror_hold(self, ref: str) -> AbstractContextManager[None]:
+        """Held while `ref` is pulled: through a mirror, one host of the cluster at a time (`first_pull`)."""
+        registry = normalize_repository(image_repository(ref)).partition("/")[0]
+        if self._coord is None or registry not in {mirror.host for mirror in self.settings.mirrors}:
+            return contextlib.nullcontext()
+        return first_pull(self._coord, image_digest(ref))
 
     def check_host(self, fresh: bool = False) -> preflight.HostReport:
         """Raise PreflightError when this host cannot run trials now.
@@ -106,15 +117,26 @@ class DockerRuntime:
             kwargs["npm_registry"] = self.settings.npm_registry
         if self.settings.proxy_image:
             kwargs["proxy_image"] = self.settings.proxy_image
+        if self.settings.registry_mirror:
+            kwargs[MIRRORS_KEYWORD] = mirrors_keyword(self.settings.mirrors)
         return kwargs
 
+    def local_refs(self, refs: list[str]) -> list[str]:
+        """The names `refs` have on this host: through a registry mirror where one serves their registry.
+
+        The pull, the pull log, the image budget and the trial's holds all use
+        these names, as the trial's environment does (`core.mirrors`).
+        """
+        mirrors = self.settings.mirrors
+        return [through_mirror(ref, mirrors) for ref in refs] if mirrors else list(refs)
+
     def ensure_images(self, refs: list[str], platform: str, skip_pull: bool) -> None:
-        """Make every pinned image present for `platform` (pulled at most once per host)."""
-        self.puller.ensure(refs, platform, skip_pull)
+        """Make every pinned image present for `platform` (at most once per host; through a mirror)."""
+        self.puller.ensure(self.local_refs(refs), platform, skip_pull)
 
     def images_held(self, refs: list[str]) -> AbstractContextManager[None]:
         """Hold from before the pull to after the cleanup: no eviction on this host removes these images."""
-        return self.puller.hold(refs)
+        return self.puller.hold(self.local_refs(refs))
 
     def live_trial(self, task_dir_name: str) -> AbstractContextManager[None]:
         """Hold while Pier runs: a sweep by any worker of this host spares the trial."""

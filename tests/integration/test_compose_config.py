@@ -240,3 +240,19 @@ def test_the_tls_overrides_speak_tls_only_and_log_each_role_in() -> None:
         "/run/sciencebench/tls/client.crt", "/run/sciencebench/tls/client.key")  # fmt: skip
     tls = next(v for v in worker["volumes"] if v["target"] == "/run/sciencebench/tls")
     assert tls["read_only"] is True and tls["source"] == "/etc/sciencebench/worker-tls"
+
+
+def test_the_mirror_is_an_optional_loopback_pull_through_cache() -> None:
+    assert "mirror" not in _rendered("control-plane.yml")["services"]  # only with its profile
+    done = _compose("control-plane.yml", "--profile", "mirror", "config", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    mirror = json.loads(done.stdout)["services"]["mirror"]
+    assert mirror["profiles"] == ["mirror"] and mirror["image"] == "registry:2"
+    assert [port["host_ip"] for port in mirror["ports"]] == ["127.0.0.1"]
+    assert mirror["environment"] == {
+        "REGISTRY_PROXY_REMOTEURL": "https://registry-1.docker.io",
+        "REGISTRY_HTTP_ADDR": ":5000",
+        "REGISTRY_STORAGE_FILESYSTEM_ROOTDIRECTORY": "/var/lib/registry",
+    }
+    (volume,) = mirror["volumes"]
+    assert volume["type"] == "volume" and volume["target"] == "/var/lib/registry"

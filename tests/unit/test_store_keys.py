@@ -16,7 +16,8 @@ pytestmark = pytest.mark.unit
 # A table row: `#   sciencebench:...  what it holds`.
 ROW = re.compile(r"^#\s+(sciencebench:\S+)\s", re.MULTILINE)
 # What the table writes for a job, a trial key and the other names a key is built from.
-NAMES = {"job": "J", "key": "K", "name": "<name>", "authority": "<authority>", "host": "<host>"}
+NAMES = {"job": "J", "key": "K", "name": "<name>", "authority": "<authority>", "host": "<host>",
+         "digest": "<digest>"}  # fmt: skip
 
 
 def _built() -> set[str]:

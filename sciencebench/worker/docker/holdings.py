@@ -21,6 +21,7 @@ import docker
 from sciencebench.coordination.placement import HostImages, PlacementStore
 from sciencebench.core.errors import PreflightError, PullError
 from sciencebench.core.images import image_digest, normalize_repository
+from sciencebench.core.mirrors import Mirror, upstream_name
 from sciencebench.core.sizes import format_size
 from sciencebench.worker.docker.engine import ENGINE_ERRORS, connect, one_line
 from sciencebench.worker.docker.imageholds import IMAGES_DIR
@@ -32,8 +33,14 @@ log = logging.getLogger(__name__)
 THROUGHPUT_PULLS = 20
 
 
-def host_images(state: Path, client: docker.DockerClient, at: float = 0.0) -> HostImages:
-    """The task images trials used here that the Engine still has (`repository@digest`); pulls' bytes/s."""
+def host_images(
+    state: Path, client: docker.DockerClient, at: float = 0.0, mirrors: tuple[Mirror, ...] = ()
+) -> HostImages:
+    """The task images trials used here that the Engine still has (`repository@digest`); pulls' bytes/s.
+
+    An image pulled through a registry mirror is reported under its upstream
+    name (the name trials ask for: `core.mirrors.upstream_name`).
+    """
     records = read_pull_log(state)
     used = {image_digest(record.ref) for record in records}
     used |= {f"sha256:{lock.stem}" for lock in (state / IMAGES_DIR).glob("*.lock")}
@@ -46,7 +53,8 @@ def host_images(state: Path, client: docker.DockerClient, at: float = 0.0) -> Ho
         for entry in attrs.get("RepoDigests") or []:
             name, sep, digest = str(entry).rpartition("@")
             if sep and digest in used:
-                images[f"{normalize_repository(name)}@{digest}"] = int(attrs.get("Size") or 0)
+                repository = upstream_name(normalize_repository(name), mirrors)
+                images[f"{repository}@{digest}"] = int(attrs.get("Size") or 0)
     recent = [r for r in records if r.size > 0 and r.seconds > 0][-THROUGHPUT_PULLS:]
     seconds = sum(r.seconds for r in recent)
     rate = sum(r.size for r in recent) / seconds if seconds > 0 else 0.0
@@ -56,8 +64,10 @@ def host_images(state: Path, client: docker.DockerClient, at: float = 0.0) -> Ho
 class HoldingsReporter:
     """Reports the host's images to the store when its pull log changed, or when asked to (`force`)."""
 
-    def __init__(self, host: str, state: Path, store: PlacementStore) -> None:
-        self.host, self.state, self.store = host, state, store
+    def __init__(
+        self, host: str, state: Path, store: PlacementStore, mirrors: tuple[Mirror, ...] = ()
+    ) -> None:
+        self.host, self.state, self.store, self.mirrors = host, state, store, mirrors
         self._seen: tuple[int, ...] | None = None
         self._failing = False  # the last try failed: said once, until a report goes through again
         self.line = ""  # the last report for `status`
@@ -84,7 +94,7 @@ class HoldingsReporter:
         except PreflightError as exc:
             return self._failed(exc)
         try:
-            held = host_images(self.state, client)
+            held = host_images(self.state, client, mirrors=self.mirrors)
         except PullError as exc:
             return self._failed(exc)
         finally:

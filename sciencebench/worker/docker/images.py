@@ -7,6 +7,7 @@ once. Credentials come only from this host's Docker config.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -158,7 +159,9 @@ class ImagePuller:
 
     With a `registry_gate` (registry -> (seconds the cluster still waits, its
     last answer), None: go), a pull from a registry the cluster is backing
-    off from is not sent: RegistryError, not `asked`.
+    off from is not sent: RegistryError, not `asked`. A `pull_hold` (ref ->
+    a context held while its pull runs) makes pulls of one image wait for one
+    another across the cluster (a mirror's first pull: `worker.runtime`).
     """
 
     def __init__(
@@ -168,12 +171,14 @@ class ImagePuller:
         lock_timeout_sec: float = 3 * 3600.0,
         image_budget: int = 0,
         registry_gate: Callable[[str], tuple[float, str] | None] | None = None,
+        pull_hold: Callable[[str], AbstractContextManager[None]] | None = None,
     ) -> None:
         self._state = state or state_dir()
         self.budget = ImageBudget(image_budget, self._state, pull_log_path(self._state))
         self._client = ClientPerProcess(client_factory or connect)
         self._lock_timeout_sec = lock_timeout_sec
         self._registry_gate = registry_gate
+        self._pull_hold = pull_hold
         self._guard = threading.Lock()
         self._pulls = 0
         # (ref, platform) -> when (monotonic) the engine last showed it present as pinned.
@@ -315,21 +320,22 @@ class ImagePuller:
             why = f"the cluster backs off from registry {registry} ({status}) for {wait:.0f}s more"
             raise RegistryError(f"pull of {ref} held back: {why}", registry, status, wait, asked=False)
         auth = registry_auth(registry)
-        started = time.monotonic()
-        try:
-            stream = client.api.pull(
-                repository, tag=digest, stream=True, decode=True, platform=platform,
-                auth_config=auth or {},
-            )  # fmt: skip
-            for message in stream:
-                error = message.get("errorDetail", {}).get("message") or message.get("error")
-                if error:
-                    raise _pull_error(ref, platform, registry, str(error), auth)
-        except docker.errors.APIError as exc:
-            raise _pull_error(ref, platform, registry, str(exc.explanation or exc), auth) from None
-        except ENGINE_ERRORS as exc:
-            raise PullError(f"pull of {ref} for {platform} failed: {one_line(str(exc))}") from None
-        seconds = time.monotonic() - started
+        with self._pull_hold(ref) if self._pull_hold is not None else contextlib.nullcontext():
+            started = time.monotonic()
+            try:
+                stream = client.api.pull(
+                    repository, tag=digest, stream=True, decode=True, platform=platform,
+                    auth_config=auth or {},
+                )  # fmt: skip
+                for message in stream:
+                    error = message.get("errorDetail", {}).get("message") or message.get("error")
+                    if error:
+                        raise _pull_error(ref, platform, registry, str(error), auth)
+            except docker.errors.APIError as exc:
+                raise _pull_error(ref, platform, registry, str(exc.explanation or exc), auth) from None
+            except ENGINE_ERRORS as exc:
+                raise PullError(f"pull of {ref} for {platform} failed: {one_line(str(exc))}") from None
+            seconds = time.monotonic() - started
         problem = self._absence(client, ref, platform)
         if problem is not None:
             raise PullError(f"pulled {ref} for {platform}, but the image {problem}")
