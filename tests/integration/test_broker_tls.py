@@ -17,6 +17,8 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 import redis
@@ -26,8 +28,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from sciencebench.coordination import acl, connect, scripts
-from sciencebench.coordination.keys import JobKeys, parking_token
-from sciencebench.coordination.protocol import Held
+from sciencebench.coordination.keys import ClusterKeys, JobKeys, parking_token
+from sciencebench.coordination.protocol import Coordinator, Held
+from sciencebench.coordination.registries import first_pull
 from sciencebench.core.models import Redispatch, TrialSpec
 from sciencebench.core.settings import Settings
 from tests.fixtures.flower import Flower
@@ -318,3 +321,18 @@ def test_the_login_user_parks_the_held_trials_it_sends_and_no_held_lease(broker:
     assert admin.get(JobKeys(job).lease("002#1")) == "worker-owner"
     assert not list(admin.scan_iter(JobKeys(job).parking("*")))
     assert _refused(admin) == []
+
+
+def test_the_worker_user_takes_and_gives_back_a_mirrors_first_pull(broker: TlsRedis) -> None:
+    """The first-pull lock works under the worker's ACL: given back at once, not left to lapse (another
+    host would wait out its hold for every image)."""
+    admin, worker = broker.client(), broker.client("worker")
+    key = ClusterKeys.mirror_pull("sha256:" + "ab" * 32)
+    store = cast(Coordinator, SimpleNamespace(client=worker))
+    with first_pull(store, "sha256:" + "ab" * 32, hold_sec=60):
+        assert 0 < admin.pttl(key) <= 60_000
+    assert admin.exists(key) == 0
+    admin.set(key, "another host's", px=60_000)  # held elsewhere: the wait ends with the other's release
+    with first_pull(store, "sha256:" + "ab" * 32, hold_sec=0.5):
+        pass
+    assert admin.get(key) == "another host's"  # never given back by one who does not hold it
