@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
 import click
@@ -65,6 +66,11 @@ from sciencebench.core.sizes import parse_size
               "repeatable. Without any, jobs may name any gateway but an internal address (loopback, "
               "private, link-local, ...); with some, only these [env: SCIENCEBENCH_GATEWAYS, comma- or "
               "space-separated].")  # fmt: skip
+@click.option("--host-address", "host_addresses", multiple=True, metavar="IP",
+              help="An address of the machine this worker's container runs on (a container sees only its "
+              "own); a job's gateway there is refused like one on the worker's own addresses, unless "
+              "listed with --gateway; repeatable [env: SCIENCEBENCH_HOST_ADDRESSES, comma- or "
+              "space-separated].")  # fmt: skip
 @click.option("--pids-limit", type=int, metavar="N",
               help="Processes each trial container may run (a fork bomb stops there) "
               f"[env: SCIENCEBENCH_PIDS_LIMIT; default: {DEFAULT_PIDS_LIMIT}; "
@@ -89,7 +95,7 @@ def worker(concurrency: int, cpus: float | None, memory: str | None, hostname: s
            env_file_roots: tuple[Path, ...], image_budget: str | None,
            agent_install: str | None, gateways: tuple[str, ...], pids_limit: int | None,
            disk_limit: str | None, pier_memory: str | None, registry_mirrors: tuple[str, ...],
-           ) -> None:  # fmt: skip
+           host_addresses: tuple[str, ...]) -> None:  # fmt: skip
     """Run a Celery worker that executes trials on this host.
 
     The worker runs its own Pier and serves only the jobs directories,
@@ -98,7 +104,8 @@ def worker(concurrency: int, cpus: float | None, memory: str | None, hostname: s
     image (SCIENCEBENCH_PROXY_IMAGE), pulled at start, and tells the cluster
     what it brings (agent install, proxy image, roots, gateways, limits), which
     submit checks. Its trials reach only the gateways its operator allows
-    (--gateway); each trial container runs at most --pids-limit processes and
+    (--gateway), never this machine's own addresses unlisted (in a container,
+    give them with --host-address); each trial container runs at most --pids-limit processes and
     writes at most --disk-limit to its writable layer; Pier itself takes at
     most --pier-memory. With --registry-mirror, task images of a mirrored
     registry are pulled through the mirror and run under its name, by the
@@ -123,6 +130,7 @@ def worker(concurrency: int, cpus: float | None, memory: str | None, hostname: s
         memory=_size_option("--memory", memory),
         agent_install=agent_install,
         gateways=parse_gateway_list(gateways, "--gateway"),
+        host_addresses=_addresses_option(host_addresses),
         pids_limit=_pids_option(pids_limit),
         disk_limit=_size_option("--disk-limit", disk_limit),
         pier_memory=_pier_memory_option(pier_memory),
@@ -130,6 +138,14 @@ def worker(concurrency: int, cpus: float | None, memory: str | None, hostname: s
     )
     run_worker(concurrency=concurrency, hostname=hostname, queues=queues, loglevel=loglevel,
                platform=platform, settings=settings)  # fmt: skip
+
+
+def _addresses_option(values: tuple[str, ...]) -> tuple[str, ...]:
+    """The --host-address values given, normalized; InputError for one that is not an IP address."""
+    try:
+        return tuple(str(ipaddress.ip_address(value.strip("[]"))) for value in values)
+    except ValueError as exc:
+        raise InputError(f"--host-address: {exc}") from None
 
 
 def _pids_option(value: int | None) -> int | None:

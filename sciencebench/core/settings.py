@@ -11,6 +11,7 @@ setting alone with `state_dir_from_env` or `raw_setting`.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import ssl
@@ -124,6 +125,10 @@ class Settings(BaseSettings):
     # The gateways this host's trials may reach (`worker --gateway`; comma- or space-separated URLs).
     # Empty: any gateway but an internal address; listed: only these (scheme, host, port).
     gateways: Annotated[tuple[Gateway, ...], NoDecode] = ()
+    # The addresses of the machine a worker in a container runs on (`worker --host-address`; comma- or
+    # space-separated IPs): a container sees only its own, and a gateway on one of these is refused
+    # like one on the worker's own (worker/gatewaypins.py).
+    host_addresses: Annotated[tuple[str, ...], NoDecode] = ()
     # Where `images bake` and a worker's online install find agent artifacts (`images bake --artifacts`).
     agent_artifacts: Path = DEFAULT_AGENT_ARTIFACTS
     # The npm registry a worker's online install fetches a missing harness tarball from (empty: npm's own).
@@ -152,6 +157,15 @@ class Settings(BaseSettings):
             except ProfileError as exc:
                 raise ValueError(str(exc)) from None
         return value
+
+    @field_validator("host_addresses", mode="before")
+    @classmethod
+    def _address_list(cls, value: Any) -> Any:
+        values = value.replace(",", " ").split() if isinstance(value, str) else list(value)
+        try:
+            return tuple(str(ipaddress.ip_address(str(item).strip("[]"))) for item in values)
+        except ValueError as exc:
+            raise ValueError(f"not an IP address: {exc}") from None
 
     @field_validator("registry_mirror", mode="before")
     @classmethod

@@ -2,7 +2,8 @@
 
 `core.gateways.pin_gateways` decides; this module knows the host: its own
 IPv4 addresses (every local address of its network namespace, from the
-kernel's routing table) and its broker's. The pins travel to the trial's
+kernel's routing table, and for a worker in a container its machine's, as
+its operator gives them: `host_addresses`) and its broker's. The pins travel to the trial's
 environment, whose proxy then resolves each name only to its pinned address.
 """
 
@@ -42,7 +43,7 @@ def gateway_pins(job: JobSpec, settings: Settings) -> dict[str, str]:
     """Each unlisted gateway name of `job` pinned to an address checked now (RefusedError if none may be)."""
     if not job.agent.gateways or settings.gateways:
         return {}
-    forbidden = local_addresses() | broker_addresses(settings.broker_url)
+    forbidden = local_addresses() | set(settings.host_addresses) | broker_addresses(settings.broker_url)
     try:
         return pin_gateways(job.agent.gateways, settings.gateways, forbidden)
     except ValueError as exc:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sciencebench.core.errors import PolicyRefused, RefusedError
+from sciencebench.core.errors import PolicyRefused, RefusedError, SettingsError
 from sciencebench.core.gateways import parse_gateway, parse_pins, pin_gateways, resolve_ipv4
 from sciencebench.core.settings import Settings
 from sciencebench.network.compose import PROXY_SERVICE, ProxyFiles, policy_compose
@@ -154,3 +154,35 @@ def test_an_address_literal_of_the_worker_or_its_broker_is_refused() -> None:
         pin_gateways(gw(f"https://{PUBLIC}:2375/v1"), [], forbidden={PUBLIC}, resolve=resolver({}))
     listed = gw(f"https://{PUBLIC}:2375")
     assert pin_gateways(gw(f"https://{PUBLIC}:2375/v1"), listed, forbidden={PUBLIC}) == {}
+
+
+def test_a_gateway_on_the_machine_of_a_worker_in_a_container_is_refused(tmp_path: Path) -> None:
+    # A container's routing table holds its own addresses only: the machine's come from its operator.
+    job, _, _ = codex_job(tmp_path)
+    literal = parse_gateway(f"https://{PUBLIC}:2375/v1", "X")
+    job = job.model_copy(update={"agent": job.agent.model_copy(update={"gateways": (literal,)})})
+    assert gateway_pins(job, Settings()) == {}  # not known as this machine's: left to the proxy
+    in_container = Settings.from_env({"SCIENCEBENCH_HOST_ADDRESSES": f"198.51.100.9, {PUBLIC}"})
+    assert in_container.host_addresses == ("198.51.100.9", PUBLIC)
+    with pytest.raises(RefusedError, match=f"{PUBLIC} is an address of this worker or its broker"):
+        gateway_pins(job, in_container)
+    with pytest.raises(SettingsError, match="not an IP address"):
+        Settings.from_env({"SCIENCEBENCH_HOST_ADDRESSES": "worker-host.example"})
+
+
+def test_the_worker_takes_its_machines_addresses_by_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from sciencebench import cli
+    from sciencebench.worker import main as worker_main
+
+    seen: list[Settings] = []
+    monkeypatch.setattr(worker_main, "run_worker", lambda **kw: seen.append(kw["settings"]))
+    monkeypatch.setenv("SCIENCEBENCH_PROXY_IMAGE", PROXY_IMAGE)
+    base = ["worker", "--jobs-root", "/srv/jobs", "--selection-root", "/srv/sel"]
+    done = CliRunner().invoke(cli.main, [*base, "--host-address", PUBLIC, "--host-address", "[2001:db8::1]"])
+    assert done.exit_code == 0, done.output
+    assert seen[0].host_addresses == (PUBLIC, "2001:db8::1")
+    bad = CliRunner().invoke(cli.main, [*base, "--host-address", "worker-host.example"])
+    assert bad.exit_code == 2 and "--host-address:" in bad.stderr and "Traceback" not in bad.output
+    assert len(bad.stderr.strip().splitlines()) == 1 and len(seen) == 1
