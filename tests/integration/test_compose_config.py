@@ -256,3 +256,23 @@ def test_the_mirror_is_an_optional_loopback_pull_through_cache() -> None:
     }
     (volume,) = mirror["volumes"]
     assert volume["type"] == "volume" and volume["target"] == "/var/lib/registry"
+
+
+def test_every_worker_setting_reaches_the_containerized_worker(tmp_path: Path) -> None:
+    """Each `sciencebench worker` option's variable is passed into the worker's container, with its value."""
+    import re
+
+    from sciencebench.cli.hosts import worker as worker_command
+
+    named = {name for param in worker_command.params for name in re.findall(
+        r"env: (SCIENCEBENCH_[A-Z_]+)", getattr(param, "help", "") or "")}  # fmt: skip
+    assert {"SCIENCEBENCH_GATEWAYS", "SCIENCEBENCH_PIER_MEMORY", "SCIENCEBENCH_HOST_ADDRESSES"} <= named
+    values = {"SCIENCEBENCH_GATEWAYS": "https://gw.example:443", "SCIENCEBENCH_HOST_ADDRESSES": "203.0.113.7",
+              "SCIENCEBENCH_PIDS_LIMIT": "512", "SCIENCEBENCH_PIER_MEMORY": "2G"}  # fmt: skip
+    env_file = tmp_path / "worker.env"
+    env_file.write_text(EXAMPLE_ENV.read_text() + "".join(f"{k}={v}\n" for k, v in values.items()))
+    done = _compose("worker-host.yml", "config", "--format", "json", env_file=env_file)
+    assert done.returncode == 0, done.stderr
+    environment = json.loads(done.stdout)["services"]["worker"]["environment"]
+    assert sorted(named - set(environment)) == []
+    assert {k: environment[k] for k in values} == values
